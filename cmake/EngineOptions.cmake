@@ -1,0 +1,18 @@
+# Warnings and sanitizers for every target of the project, through one interface library.
+add_library(engine_options INTERFACE)
+target_compile_options(engine_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wimplicit-fallthrough>
+  # GCC 12 reports a false -Wrestrict inside libstdc++'s string concatenation (GCC bug 105329).
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-restrict>)
+
+if(ENGINE_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "ENGINE_FUZZ needs clang (libFuzzer): configure with CXX=clang++ or the 'fuzz' preset")
+  endif()
+  set(ENGINE_SANITIZE ON)
+endif()
+if(ENGINE_SANITIZE)
+  set(sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  target_compile_options(engine_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${sanitize_flags}>)
+  target_link_options(engine_options INTERFACE ${sanitize_flags})
+endif()

@@ -1,0 +1,37 @@
+// The `engine` command line: one function per subcommand, wired up in main.cpp.
+//
+// Exit codes (documented in `engine help exit-codes` and the README):
+//   0  success
+//   1  internal error (a bug in the engine: please report it with the message)
+//   2  user error (bad recipe, bad override, missing file, bad command line)
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "recipe/load.h"
+
+namespace engine::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInternal = 1;
+inline constexpr int kExitUser = 2;
+
+struct RecipeArgs {
+  std::filesystem::path recipe;
+  std::vector<std::string> overrides;
+  int64_t world_size = 0;  // 0: from the environment
+
+  recipe::LoadOptions load_options() const;
+};
+
+int validate(const RecipeArgs& args);
+int config(const RecipeArgs& args, bool only_changed);
+int schema(bool markdown);
+int help(const std::string& topic);
+
+// One line describing a loaded recipe, printed by `engine validate`.
+std::string summary(const recipe::LoadedRecipe& loaded);
+
+}  // namespace engine::cli

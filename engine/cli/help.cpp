@@ -1,0 +1,110 @@
+#include <iostream>
+#include <map>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "recipe/schema.h"
+#include "recipe/suggest.h"
+
+namespace engine::cli {
+
+using namespace engine::recipe;
+
+namespace {
+
+const std::map<std::string, std::string>& topics() {
+  static const std::map<std::string, std::string> text = {
+      {"recipes",
+       "A recipe is a YAML file of sections: run, model, data, train, optimizer, scheduler.\n"
+       "`engine help <section>` lists a section's keys, `engine help <section>.<key>` explains one, and\n"
+       "docs/recipe-reference.md has them all.\n\n"
+       "Composition: `base: path.yaml` or `base: [a.yaml, b.yaml]` (relative to the recipe) loads those\n"
+       "recipes first, in order; the recipe's own keys go on top. Maps merge key by key; lists and\n"
+       "scalars are replaced whole. Cycles are errors.\n\n"
+       "Editor support: start the file with\n"
+       "  # yaml-language-server: $schema=<path to>/schemas/recipe.schema.json\n"},
+      {"overrides",
+       "After the recipe path, each argument overrides one key:\n"
+       "  engine validate recipe.yaml train.steps=100 optimizer.betas=[0.9,0.95]\n"
+       "  engine validate recipe.yaml ~scheduler.min_lr        (delete: the default applies)\n"
+       "Values are parsed as YAML. Overrides apply after all bases, in the order given. Errors in an\n"
+       "override are reported at <command line>:N:C, the N-th override, column C.\n"},
+      {"batch",
+       "global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size.\n"
+       "Any two of the three recipe keys determine the third (leave it `auto`); with only\n"
+       "micro_batch_size set, gradient_accumulation_steps is 1. world_size comes from --world-size, or\n"
+       "from mpirun's environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or is 1.\n"},
+      {"exit-codes",
+       "0  success\n"
+       "1  internal error: a bug in the engine; please report it with the message\n"
+       "2  user error: a recipe, override, file or command-line mistake, explained in the message\n"},
+  };
+  return text;
+}
+
+void print_section(const SectionSpec& section) {
+  std::cout << section.name << ": " << section.help << "\n\n";
+  for (const auto& key : section.keys) {
+    std::cout << "  " << key.name << "  (" << key.expectation();
+    if (key.required) std::cout << ", required";
+    else if (key.default_value && key.default_note.empty()) std::cout << ", default " << format_value(*key.default_value);
+    else if (!key.default_note.empty()) std::cout << ", default: " << key.default_note;
+    std::cout << ")\n      " << key.help << "\n";
+  }
+}
+
+void print_key(const KeySpec& key) {
+  std::cout << key.path() << "\n  " << key.help << "\n  expects: " << key.expectation() << "\n";
+  if (!key.unit.empty()) std::cout << "  unit: " << key.unit << "\n";
+  if (key.required) std::cout << "  required\n";
+  if (key.default_value && key.default_note.empty()) std::cout << "  default: " << format_value(*key.default_value) << "\n";
+  if (!key.default_note.empty()) std::cout << "  default: " << key.default_note << "\n";
+  if (key.applies_when) {
+    std::cout << "  only when " << key.section << "." << key.applies_when->key << " is";
+    for (const auto& v : key.applies_when->values) std::cout << " " << v;
+    std::cout << "\n";
+  }
+}
+
+}  // namespace
+
+int help(const std::string& topic) {
+  const Schema& schema = Schema::engine();
+  if (topic.empty()) {
+    std::cout << "engine: a declarative training engine driven by YAML recipes.\n\n"
+                 "commands:\n"
+                 "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
+                 "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"
+                 "  engine schema [--markdown]              JSON Schema of recipes (or the reference page)\n"
+                 "  engine help TOPIC                       this help, for a topic, section or key\n\n"
+                 "topics:";
+    for (const auto& [name, text] : topics()) std::cout << " " << name;
+    std::cout << "\nsections:";
+    for (const auto& section : schema.sections()) std::cout << " " << section.name;
+    std::cout << "\n";
+    return kExitOk;
+  }
+  if (auto it = topics().find(topic); it != topics().end()) {
+    std::cout << it->second;
+    return kExitOk;
+  }
+  if (const SectionSpec* section = schema.find_section(topic)) {
+    print_section(*section);
+    return kExitOk;
+  }
+  if (const KeySpec* key = schema.find_key(topic)) {
+    print_key(*key);
+    return kExitOk;
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, text] : topics()) names.push_back(name);
+  for (const auto& section : schema.sections()) {
+    names.push_back(section.name);
+    for (const auto& key : section.keys) names.push_back(key.path());
+  }
+  auto match = closest_match(topic, names);
+  throw UserError("no help topic '" + topic + "'" + (match ? "; did you mean '" + *match + "'?" : "") +
+                  " (run `engine help` for the list)");
+}
+
+}  // namespace engine::cli

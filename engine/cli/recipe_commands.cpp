@@ -1,0 +1,52 @@
+#include <iostream>
+
+#include "cli/commands.h"
+#include "recipe/export.h"
+
+namespace engine::cli {
+
+using namespace engine::recipe;
+
+LoadOptions RecipeArgs::load_options() const {
+  LoadOptions options;
+  options.overrides = overrides;
+  options.world = world_size > 0 ? WorldSize{world_size, "--world-size on the command line"}
+                                 : world_size_from_environment();
+  return options;
+}
+
+std::string summary(const LoadedRecipe& loaded) {
+  const Recipe& r = loaded.recipe;
+  const SectionSpec* model = Schema::engine().find_section("model");
+  const SectionSpec* data = Schema::engine().find_section("data");
+  std::string arch = std::get<std::string>(model->find("arch")->read(r));
+  std::string source = std::get<std::string>(data->find("source")->read(r));
+  std::string shape = r.model.arch == Arch::mlp
+                          ? std::to_string(r.model.n_layer) + " hidden layers of " + std::to_string(r.model.hidden_dim)
+                          : std::to_string(r.model.n_layer) + " layers, n_embd " + std::to_string(r.model.n_embd) +
+                                ", " + std::to_string(r.model.n_head) + " heads";
+  const auto& t = r.train;
+  return loaded.path.string() + ": ok: " + arch + " (" + shape + ") on " + source + ", " + std::to_string(t.steps) +
+         " steps of " + std::to_string(*t.global_batch_size) + " samples (micro-batch " +
+         std::to_string(*t.micro_batch_size) + " x " + std::to_string(*t.gradient_accumulation_steps) +
+         " accumulation x " + std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)");
+}
+
+int validate(const RecipeArgs& args) {
+  LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
+  std::cout << summary(loaded) << "\n";
+  return kExitOk;
+}
+
+int config(const RecipeArgs& args, bool only_changed) {
+  LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
+  std::cout << dump_recipe(loaded, Schema::engine(), only_changed);
+  return kExitOk;
+}
+
+int schema(bool markdown) {
+  std::cout << (markdown ? markdown_reference(Schema::engine()) : json_schema(Schema::engine()));
+  return kExitOk;
+}
+
+}  // namespace engine::cli

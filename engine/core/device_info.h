@@ -1,0 +1,14 @@
+// What accelerator support this build has, for `engine --version`.
+//
+// With CUDA (ENGINE_CUDA=ON or AUTO with a toolkit found), device_info_cuda.cu asks the runtime;
+// without it, device_info_no_cuda.cpp says the build is CPU-only. Either way the engine runs on CPU.
+#pragma once
+
+#include <string>
+
+namespace engine {
+
+// "CUDA 13.0 runtime, 1 device: NVIDIA H100 80GB HBM3 (sm_90)" / "CUDA: not built" / "... no device"
+std::string accelerator_summary();
+
+}  // namespace engine

@@ -1,0 +1,88 @@
+// engine: the command-line entry point. Parses arguments with CLI11 and maps failures to the
+// documented exit codes: 2 for user errors, 1 for internal errors (see cli/commands.h).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "core/device_info.h"
+#include "core/error.h"
+#include "core/version.h"
+#include "recipe/diagnostic.h"
+
+namespace {
+
+using engine::cli::RecipeArgs;
+
+void add_recipe_args(CLI::App* command, RecipeArgs& args) {
+  command->add_option("recipe", args.recipe, "Recipe file (YAML)")->required();
+  command->add_option("overrides", args.overrides, "Overrides: section.key=value or ~section.key");
+  command->add_option("--world-size", args.world_size, "Plan for this many ranks (default: from mpirun, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+std::string version_text() {
+  return std::string("engine ") + engine::kVersion + " (" + engine::kGitRevision + ", " + engine::kBuildType +
+         ")\n" + engine::accelerator_summary();
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"engine: a declarative training engine driven by YAML recipes"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the version and build information");
+
+  RecipeArgs recipe_args;
+  auto* validate = app.add_subcommand("validate", "Check a recipe and print a one-line summary, or every error");
+  add_recipe_args(validate, recipe_args);
+
+  bool only_changed = false;
+  auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
+  add_recipe_args(config, recipe_args);
+  config->add_flag("--diff", only_changed, "Only the keys whose value differs from the default");
+
+  bool markdown = false;
+  auto* schema = app.add_subcommand("schema", "Print the recipe JSON Schema (draft 2020-12)");
+  schema->add_flag("--markdown", markdown, "Print the reference page (docs/recipe-reference.md) instead");
+
+  std::string topic;
+  auto* help = app.add_subcommand("help", "Explain a topic, a section or a key");
+  help->add_option("topic", topic, "recipes, overrides, batch, exit-codes, a section or section.key");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? engine::cli::kExitOk : engine::cli::kExitUser;
+  }
+
+  if (show_version) {
+    std::cout << version_text() << "\n";
+    return engine::cli::kExitOk;
+  }
+  if (*validate) return engine::cli::validate(recipe_args);
+  if (*config) return engine::cli::config(recipe_args, only_changed);
+  if (*schema) return engine::cli::schema(markdown);
+  if (*help) return engine::cli::help(topic);
+  std::cout << app.help();
+  return engine::cli::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const engine::recipe::RecipeError& e) {
+    std::cerr << e.what() << "\n";
+    size_t count = e.diagnostics().size();
+    std::cerr << count << (count == 1 ? " error" : " errors") << "\n";
+    return engine::cli::kExitUser;
+  } catch (const engine::UserError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return engine::cli::kExitUser;
+  } catch (const std::exception& e) {
+    std::cerr << "internal error: " << e.what() << "\nThis is a bug in the engine; please report it.\n";
+    return engine::cli::kExitInternal;
+  }
+}

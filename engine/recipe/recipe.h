@@ -1,0 +1,106 @@
+// Recipe: the typed, validated form of a recipe file, one struct per section.
+//
+// Fields carry no defaults here: every key's type, default, range and help text is declared
+// once, in recipe/sections/<section>.cpp, and load_recipe() fills every field from the YAML or
+// from that declaration. Keys that do not apply (model.n_head for an MLP) keep a zero value.
+//
+//   Recipe recipe = load_recipe("recipes/quickstart.yaml", {"train.steps=50"}).recipe;
+//   for (int64_t step = 0; step < recipe.train.steps; ++step) ...
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace engine::recipe {
+
+struct RunSection {
+  std::string name;        // defaults to the recipe file's stem
+  std::string output_dir;  // runs are written to <output_dir>/<name>
+  int64_t seed;
+};
+
+enum class Arch { gpt, llama, mlp };
+enum class Activation { relu, gelu, silu };
+
+struct ModelSection {
+  Arch arch;
+  int64_t vocab_size;       // gpt, llama
+  int64_t context_length;   // gpt, llama: maximum positions
+  int64_t n_layer;          // transformer blocks, or hidden layers of an MLP
+  int64_t n_head;           // gpt, llama
+  int64_t n_embd;           // gpt, llama: model width
+  std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
+  double dropout;           // gpt
+  bool bias;                // gpt
+  double norm_eps;          // gpt, llama
+  double rope_theta;        // llama
+  bool tie_embeddings;      // gpt, llama
+  int64_t input_dim;        // mlp
+  int64_t hidden_dim;       // mlp
+  int64_t num_classes;      // mlp
+  Activation activation;    // mlp
+  double init_std;
+};
+
+enum class DataSource { synthetic_markov, text, tokens, classification };
+enum class TokenFormat { auto_detect, llmc, raw_uint16 };
+
+struct DataSection {
+  DataSource source;
+  std::optional<int64_t> sequence_length;  // token sources; auto resolves to model.context_length
+  std::filesystem::path path;              // text, tokens: resolved relative to the recipe file
+  TokenFormat format;                      // tokens
+  double val_fraction;                     // text, tokens, synthetic_markov, classification
+  int64_t order;                           // synthetic_markov
+  std::optional<int64_t> vocab_size;       // synthetic_markov; auto resolves to model.vocab_size
+  int64_t num_samples;                     // classification
+  double noise;                            // classification
+  bool shuffle;
+  int64_t prefetch;
+};
+
+struct TrainSection {
+  int64_t steps;
+  std::optional<int64_t> micro_batch_size;             // auto is resolved by the batch rule
+  std::optional<int64_t> gradient_accumulation_steps;  // so after loading all three are set
+  std::optional<int64_t> global_batch_size;
+  double gradient_clipping;
+  int64_t eval_every;
+  int64_t eval_batches;
+  int64_t log_every;
+};
+
+enum class OptimizerType { adamw, sgd };
+
+struct OptimizerSection {
+  OptimizerType type;
+  double lr;
+  std::vector<double> betas;  // adamw: (beta1, beta2)
+  double eps;                 // adamw
+  double weight_decay;
+  bool decay_norms_and_biases;
+  double momentum;            // sgd
+  bool nesterov;              // sgd
+};
+
+enum class SchedulerType { constant, linear, cosine };
+
+struct SchedulerSection {
+  SchedulerType type;
+  int64_t warmup_steps;
+  double min_lr;  // linear, cosine
+};
+
+struct Recipe {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  OptimizerSection optimizer;
+  SchedulerSection scheduler;
+};
+
+}  // namespace engine::recipe

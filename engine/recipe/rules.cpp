@@ -1,0 +1,176 @@
+#include "recipe/rules.h"
+
+#include <initializer_list>
+
+#include "recipe/schema.h"
+
+namespace engine::recipe {
+
+namespace {
+
+struct RuleContext {
+  LoadedRecipe& loaded;
+  DiagnosticSink& sink;
+  Recipe& r;
+
+  // The mark of the first of `keys` the user wrote, else the start of the recipe.
+  Mark where(std::initializer_list<const char*> keys) const {
+    for (const char* key : keys) {
+      auto it = loaded.marks.find(key);
+      if (it != loaded.marks.end()) return it->second;
+    }
+    return loaded.document;
+  }
+  // The first of `keys` the user wrote (where to report), else the first one.
+  std::string blame(std::initializer_list<const char*> keys) const {
+    for (const char* key : keys)
+      if (loaded.given(key)) return key;
+    return *keys.begin();
+  }
+  void error(std::initializer_list<const char*> keys, std::string message, std::vector<std::string> notes = {}) {
+    sink.error(where(keys), blame(keys), std::move(message), std::move(notes));
+  }
+};
+
+bool is_transformer(const Recipe& r) { return r.model.arch == Arch::gpt || r.model.arch == Arch::llama; }
+bool is_token_source(const Recipe& r) { return r.data.source != DataSource::classification; }
+std::string str(int64_t v) { return std::to_string(v); }
+
+void resolve_run_name(RuleContext& c) {
+  if (c.r.run.name.empty()) c.r.run.name = c.loaded.path.stem().string();
+}
+
+void resolve_model_auto(RuleContext& c) {
+  if (!is_transformer(c.r) || c.r.model.ffn_dim) return;
+  int64_t width = 4 * c.r.model.n_embd;
+  if (c.r.model.arch == Arch::llama) width = (2 * width / 3 + 63) / 64 * 64;
+  c.r.model.ffn_dim = width;
+}
+
+void check_attention_shape(RuleContext& c) {
+  if (!is_transformer(c.r)) return;
+  const auto& m = c.r.model;
+  if (m.n_embd % m.n_head != 0) {
+    c.error({"model.n_head", "model.n_embd"},
+            "n_embd " + str(m.n_embd) + " is not divisible by n_head " + str(m.n_head),
+            {"each head gets n_embd / n_head channels"});
+  } else if (m.arch == Arch::llama && (m.n_embd / m.n_head) % 2 != 0) {
+    c.error({"model.n_head", "model.n_embd"},
+            "head size n_embd / n_head = " + str(m.n_embd / m.n_head) + " is odd; rotary embeddings need an even head size");
+  }
+}
+
+void check_model_matches_data(RuleContext& c) {
+  bool mlp = c.r.model.arch == Arch::mlp;
+  if (mlp && is_token_source(c.r)) {
+    c.error({"data.source", "model.arch"}, "model.arch mlp trains on data.source classification, not token data");
+  } else if (!mlp && !is_token_source(c.r)) {
+    c.error({"data.source", "model.arch"}, "data.source classification feeds model.arch mlp, not a language model");
+  }
+}
+
+void resolve_data_auto(RuleContext& c) {
+  if (!is_transformer(c.r) || !is_token_source(c.r)) return;
+  auto& d = c.r.data;
+  if (!d.sequence_length) d.sequence_length = c.r.model.context_length;
+  if (*d.sequence_length > c.r.model.context_length)
+    c.error({"data.sequence_length", "model.context_length"},
+            "sequence_length " + str(*d.sequence_length) + " exceeds model.context_length " + str(c.r.model.context_length));
+  if (d.source == DataSource::synthetic_markov) {
+    if (!d.vocab_size) d.vocab_size = c.r.model.vocab_size;
+    if (*d.vocab_size > c.r.model.vocab_size)
+      c.error({"data.vocab_size", "model.vocab_size"},
+              "the Markov source emits " + str(*d.vocab_size) + " tokens but model.vocab_size is " + str(c.r.model.vocab_size));
+  }
+  if (d.source == DataSource::text && c.r.model.vocab_size < 256)
+    c.error({"model.vocab_size"}, "text data is tokenised as bytes and needs vocab_size >= 256, found " + str(c.r.model.vocab_size));
+}
+
+// global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two give the third.
+void resolve_batch(RuleContext& c) {
+  auto& t = c.r.train;
+  const int64_t world = c.loaded.world.size;
+  const std::string world_note = "world_size " + str(world) + " comes from " + c.loaded.world.source;
+  auto& micro = t.micro_batch_size;
+  auto& accum = t.gradient_accumulation_steps;
+  auto& global = t.global_batch_size;
+
+  if (!micro && !global) {
+    c.error({"train.micro_batch_size", "train.global_batch_size", "train.gradient_accumulation_steps"},
+            "set micro_batch_size or global_batch_size (the batch size is undetermined)",
+            {"global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two determine the third"});
+    return;
+  }
+  if (micro && global && accum) {
+    if (*micro * *accum * world != *global)
+      c.error({"train.global_batch_size", "train.micro_batch_size", "train.gradient_accumulation_steps"},
+              "global_batch_size " + str(*global) + " != micro_batch_size " + str(*micro) +
+                  " x gradient_accumulation_steps " + str(*accum) + " x world_size " + str(world) + " (= " +
+                  str(*micro * *accum * world) + ")",
+              {world_note, "set one of the three to auto to derive it"});
+    return;
+  }
+  if (micro && global) {
+    int64_t per_step = *micro * world;
+    if (*global % per_step != 0) {
+      c.error({"train.global_batch_size", "train.micro_batch_size"},
+              "global_batch_size " + str(*global) + " is not a multiple of micro_batch_size " + str(*micro) +
+                  " x world_size " + str(world) + " (= " + str(per_step) + "), so gradient_accumulation_steps cannot be derived",
+              {world_note});
+      return;
+    }
+    accum = *global / per_step;
+    return;
+  }
+  if (!accum) accum = 1;
+  if (micro) {
+    global = *micro * *accum * world;
+    return;
+  }
+  int64_t per_sample = *accum * world;
+  if (*global % per_sample != 0) {
+    c.error({"train.global_batch_size", "train.gradient_accumulation_steps"},
+            "global_batch_size " + str(*global) + " is not a multiple of gradient_accumulation_steps " + str(*accum) +
+                " x world_size " + str(world) + " (= " + str(per_sample) + "), so micro_batch_size cannot be derived",
+            {world_note});
+    return;
+  }
+  micro = *global / per_sample;
+}
+
+void check_schedule(RuleContext& c) {
+  if (c.r.scheduler.warmup_steps > c.r.train.steps)
+    c.error({"scheduler.warmup_steps", "train.steps"},
+            "warmup_steps " + str(c.r.scheduler.warmup_steps) + " exceeds train.steps " + str(c.r.train.steps));
+  if (c.r.scheduler.type != SchedulerType::constant && c.r.scheduler.min_lr > c.r.optimizer.lr)
+    c.error({"scheduler.min_lr", "optimizer.lr"},
+            "min_lr " + format_value(c.r.scheduler.min_lr) + " exceeds optimizer.lr " + format_value(c.r.optimizer.lr));
+}
+
+void check_optimizer(RuleContext& c) {
+  if (c.r.optimizer.type == OptimizerType::sgd && c.r.optimizer.nesterov && c.r.optimizer.momentum <= 0)
+    c.error({"optimizer.nesterov", "optimizer.momentum"}, "nesterov needs momentum > 0");
+}
+
+void check_evaluation(RuleContext& c) {
+  if (c.r.train.eval_every > 0 && c.r.data.val_fraction <= 0)
+    c.error({"train.eval_every", "data.val_fraction"},
+            "evaluation every " + str(c.r.train.eval_every) + " steps needs validation data; data.val_fraction is 0");
+}
+
+}  // namespace
+
+void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink) {
+  RuleContext context{loaded, sink, loaded.recipe};
+  resolve_run_name(context);
+  resolve_model_auto(context);
+  check_attention_shape(context);
+  check_model_matches_data(context);
+  resolve_data_auto(context);
+  resolve_batch(context);
+  check_schedule(context);
+  check_optimizer(context);
+  check_evaluation(context);
+}
+
+}  // namespace engine::recipe

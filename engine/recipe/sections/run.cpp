@@ -1,0 +1,19 @@
+#include "recipe/sections/sections.h"
+
+namespace engine::recipe {
+
+void declare_run(Schema& schema) {
+  auto run = schema.section("run", &Recipe::run, "Identity of the run and where its outputs go.");
+  run.key("name", &RunSection::name)
+      .derived_default("the recipe file's name without extension")
+      .help("Name of the run; outputs go to <output_dir>/<name>.");
+  run.key("output_dir", &RunSection::output_dir)
+      .def(std::string("runs"))
+      .help("Directory that holds the runs, relative to the working directory.");
+  run.key("seed", &RunSection::seed)
+      .def(1337)
+      .min(0)
+      .help("Seed of every random stream (initialisation, data order, dropout); same seed, same run.");
+}
+
+}  // namespace engine::recipe

@@ -1,0 +1,32 @@
+#include "recipe/sections/sections.h"
+
+namespace engine::recipe {
+
+void declare_all_sections(Schema& schema) {
+  declare_run(schema);
+  declare_model(schema);
+  declare_data(schema);
+  declare_train(schema);
+  declare_optimizer(schema);
+  declare_scheduler(schema);
+
+  // Planned sections: refused with a clear message until their feature is built.
+  schema.reserve("precision", "mixed precision (fp16/bf16) training");
+  schema.reserve("zero", "ZeRO sharding of optimizer state, gradients and parameters");
+  schema.reserve("offload", "CPU and NVMe offload");
+  schema.reserve("activation_checkpointing", "activation checkpointing");
+  schema.reserve("checkpoint", "checkpoint saving and resuming");
+  schema.reserve("plugins", "Lua plugins");
+  schema.reserve("logging", "logging and telemetry settings");
+}
+
+const Schema& Schema::engine() {
+  static const Schema schema = [] {
+    Schema s;
+    declare_all_sections(s);
+    return s;
+  }();
+  return schema;
+}
+
+}  // namespace engine::recipe

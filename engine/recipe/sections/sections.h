@@ -1,0 +1,18 @@
+// The recipe's sections, each declared in its own file. A feature that adds a section writes
+// declare_<section>() and calls it from declare_all_sections().
+#pragma once
+
+#include "recipe/schema.h"
+
+namespace engine::recipe {
+
+void declare_run(Schema& schema);
+void declare_model(Schema& schema);
+void declare_data(Schema& schema);
+void declare_train(Schema& schema);
+void declare_optimizer(Schema& schema);
+void declare_scheduler(Schema& schema);
+
+void declare_all_sections(Schema& schema);
+
+}  // namespace engine::recipe
