@@ -1,0 +1,135 @@
+// The engine binary as a user runs it: exit codes, one-line summaries, all errors at once,
+// resolved config, schema, help, and hostile files under a memory limit.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kSource = ENGINE_SOURCE_DIR;
+
+struct Result {
+  int status;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  std::string command = "cd '" + kSource.string() + "' && '" ENGINE_BINARY "' " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  Result result{-1, ""};
+  if (!pipe) return result;
+  std::array<char, 4096> buffer{};
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+
+TEST(Cli, ValidatePrintsOneLineAndExitsZero) {
+  Result r = run("validate recipes/quickstart.yaml");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "recipes/quickstart.yaml: ok: gpt")) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(Cli, ValidateWithOverrides) {
+  Result r = run("validate recipes/quickstart.yaml train.steps=70 train.global_batch_size=64 --world-size 2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "70 steps of 64 samples (micro-batch 16 x 2 accumulation x 2 ranks)")) << r.output;
+}
+
+TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
+  Result r = run("validate recipes/quickstart.yaml train.global_batch_size=40 >/dev/null; OMPI_COMM_WORLD_SIZE=3 '" ENGINE_BINARY
+                 "' validate recipes/quickstart.yaml train.gradient_accumulation_steps=1 train.global_batch_size=40");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "world_size 3 comes from the environment (OMPI_COMM_WORLD_SIZE=3)")) << r.output;
+}
+
+TEST(Cli, AllErrorsAndExitTwo) {
+  fs::path path = fs::temp_directory_path() / "engine_cli_bad.yaml";
+  std::ofstream(path) << "model:\n  arch: gpt\n  n_lyer: 2\ndata:\n  source: synthetic_markov\ntrain:\n  steps: -1\n"
+                         "  micro_batch_size: 4\noptimizer:\n  type: adam\n";
+  Result r = run("validate " + path.string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, path.string() + ":3:3: error: model.n_lyer: unknown key")) << r.output;
+  EXPECT_TRUE(contains(r.output, path.string() + ":7:10: error: train.steps: expected an integer >= 1, found '-1'")) << r.output;
+  EXPECT_TRUE(contains(r.output, path.string() + ":10:9: error: optimizer.type: expected one of adamw, sgd, found 'adam'; did you mean 'adamw'?")) << r.output;
+  EXPECT_TRUE(contains(r.output, "3 errors")) << r.output;
+}
+
+TEST(Cli, MissingFileIsAUserError) {
+  Result r = run("validate does/not/exist.yaml");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_TRUE(contains(r.output, "error: does/not/exist.yaml: no such file")) << r.output;
+}
+
+TEST(Cli, BadCommandLineIsAUserError) {
+  EXPECT_EQ(run("validate").status, 2);
+  EXPECT_EQ(run("frobnicate").status, 2);
+  EXPECT_EQ(run("validate recipes/quickstart.yaml --world-size 0").status, 2);
+}
+
+TEST(Cli, ConfigPrintsTheResolvedRecipe) {
+  Result r = run("config recipes/quickstart.yaml");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "gradient_accumulation_steps: 1")) << r.output;  // resolved from auto
+  EXPECT_TRUE(contains(r.output, "betas: [0.9, 0.999]")) << r.output;             // a default
+  EXPECT_FALSE(contains(r.output, "momentum")) << "sgd-only keys do not apply to adamw";
+}
+
+TEST(Cli, ConfigDiffShowsOnlyChangedKeys) {
+  Result r = run("config recipes/quickstart.yaml --diff train.log_every=10 optimizer.lr=0.01");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "lr: 0.01")) << r.output;
+  EXPECT_TRUE(contains(r.output, "steps: 300")) << r.output;
+  EXPECT_FALSE(contains(r.output, "log_every")) << "equal to the default: " << r.output;
+  EXPECT_FALSE(contains(r.output, "betas")) << r.output;
+}
+
+TEST(Cli, SchemaIsJsonSchema2020) {
+  Result r = run("schema");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_TRUE(contains(r.output, "\"$schema\": \"https://json-schema.org/draft/2020-12/schema\"")) << r.output;
+}
+
+TEST(Cli, VersionAndHelp) {
+  Result version = run("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_TRUE(contains(version.output, "engine 0.")) << version.output;
+  Result key = run("help train.micro_batch_size");
+  EXPECT_EQ(key.status, 0);
+  EXPECT_TRUE(contains(key.output, "any two determine the third")) << key.output;
+  Result codes = run("help exit-codes");
+  EXPECT_TRUE(contains(codes.output, "2  user error")) << codes.output;
+  Result unknown = run("help optimiser");
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_TRUE(contains(unknown.output, "did you mean 'optimizer'?")) << unknown.output;
+}
+
+TEST(Cli, HostileFilesUnderAMemoryLimit) {
+  for (const char* file : {"billion_laughs.yaml", "cyclic_alias.yaml", "garbage.bin", "empty.yaml"}) {
+    // 1 GiB of address space is far more than a recipe needs and far less than an alias bomb.
+    std::string limited = "sh -c \"ulimit -v 1048576; exec '" ENGINE_BINARY "' validate tests/recipe/hostile/" +
+                          std::string(file) + "\"";
+    std::string command = "cd '" + kSource.string() + "' && " + limited + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    std::array<char, 4096> buffer{};
+    while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+    int status = pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << file << ": " << output;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << file << ": " << output;
+    EXPECT_TRUE(contains(output, file)) << output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,122 @@
+// Cross-field rules: the batch triad, derived defaults and consistency between sections.
+#include "recipe_test_util.h"
+
+namespace engine::recipe::testing {
+namespace {
+
+const char* kModel =
+    "model: {arch: gpt, vocab_size: 64, context_length: 32, n_layer: 1, n_head: 2, n_embd: 32}\n"
+    "data: {source: synthetic_markov}\n";
+
+TrainSection train_of(const std::string& train, int64_t world = 1) {
+  Files files = recipe(std::string(kModel) + "train: {steps: 1, " + train + "}\n");
+  files.world = WorldSize{world, "test"};
+  return files.load().recipe.train;
+}
+
+TEST(BatchTriad, MicroBatchAloneMeansNoAccumulation) {
+  auto t = train_of("micro_batch_size: 8", 2);
+  EXPECT_EQ(*t.gradient_accumulation_steps, 1);
+  EXPECT_EQ(*t.global_batch_size, 16);
+}
+
+TEST(BatchTriad, MicroAndGlobalDetermineAccumulation) {
+  auto t = train_of("micro_batch_size: 4, global_batch_size: 32", 2);
+  EXPECT_EQ(*t.gradient_accumulation_steps, 4);
+}
+
+TEST(BatchTriad, GlobalAndAccumulationDetermineMicro) {
+  auto t = train_of("global_batch_size: 48, gradient_accumulation_steps: 3", 2);
+  EXPECT_EQ(*t.micro_batch_size, 8);
+}
+
+TEST(BatchTriad, GlobalAloneMeansOneMicroBatchPerRank) {
+  auto t = train_of("global_batch_size: 12", 3);
+  EXPECT_EQ(*t.micro_batch_size, 4);
+  EXPECT_EQ(*t.gradient_accumulation_steps, 1);
+}
+
+TEST(BatchTriad, ConsistentTripleIsAccepted) {
+  auto t = train_of("micro_batch_size: 2, gradient_accumulation_steps: 3, global_batch_size: 6");
+  EXPECT_EQ(*t.global_batch_size, 6);
+}
+
+TEST(BatchTriad, ExplicitAutoIsTheSameAsOmitting) {
+  auto t = train_of("micro_batch_size: 2, gradient_accumulation_steps: auto, global_batch_size: 8");
+  EXPECT_EQ(*t.gradient_accumulation_steps, 4);
+}
+
+TEST(BatchTriad, IndivisibleGlobalBatchIsAnError) {
+  Files files = recipe(std::string(kModel) + "train: {steps: 1, micro_batch_size: 3, global_batch_size: 10}\n");
+  auto errors = files.errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].message.find("global_batch_size 10 is not a multiple of micro_batch_size 3 x world_size 1"),
+            std::string::npos)
+      << errors[0].str();
+}
+
+TEST(BatchTriad, UndeterminedBatchIsAnError) {
+  auto errors = recipe(std::string(kModel) + "train: {steps: 1, gradient_accumulation_steps: 2}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "train.gradient_accumulation_steps");
+  EXPECT_NE(errors[0].message.find("undetermined"), std::string::npos);
+}
+
+TEST(Rules, AutoValuesAreResolved) {
+  LoadedRecipe loaded = recipe(std::string(kModel) + "train: {steps: 1, micro_batch_size: 1}\n").load();
+  EXPECT_EQ(*loaded.recipe.data.sequence_length, 32);
+  EXPECT_EQ(*loaded.recipe.data.vocab_size, 64);
+  EXPECT_EQ(*loaded.recipe.model.ffn_dim, 128);
+  EXPECT_EQ(loaded.recipe.run.name, "r");
+}
+
+TEST(Rules, LlamaFeedForwardWidthIsTwoThirdsRounded) {
+  auto r = recipe("model: {arch: llama, n_head: 2, n_embd: 96}\ndata: {source: synthetic_markov}\n"
+                  "train: {steps: 1, micro_batch_size: 1}\n")
+               .load()
+               .recipe;
+  EXPECT_EQ(*r.model.ffn_dim, 256);  // 2/3 * 384 = 256
+}
+
+TEST(Rules, HeadsMustDivideWidth) {
+  auto errors = recipe("model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
+                       "train: {steps: 1, micro_batch_size: 1}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].mark.str(), "r.yaml:1:28");
+  EXPECT_EQ(errors[0].key, "model.n_head");
+}
+
+TEST(Rules, SequenceLongerThanContextIsAnError) {
+  auto e2 = recipe("model: {arch: gpt, context_length: 16, n_head: 2, n_embd: 32}\n"
+                   "data: {source: synthetic_markov, sequence_length: 17}\ntrain: {steps: 1, micro_batch_size: 1}\n")
+                .errors();
+  ASSERT_EQ(e2.size(), 1u);
+  EXPECT_EQ(e2[0].key, "data.sequence_length");
+  EXPECT_NE(e2[0].message.find("exceeds model.context_length 16"), std::string::npos);
+}
+
+TEST(Rules, ModelAndDataMustFit) {
+  auto errors = recipe("model: {arch: mlp}\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "data.source");
+}
+
+TEST(Rules, WarmupLongerThanTheRunIsAnError) {
+  auto errors = recipe(std::string(kModel) + "train: {steps: 10, micro_batch_size: 1}\nscheduler: {warmup_steps: 11}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "scheduler.warmup_steps");
+}
+
+TEST(Rules, NesterovNeedsMomentum) {
+  auto errors = recipe("model: {arch: mlp}\ndata: {source: classification}\ntrain: {steps: 1, micro_batch_size: 1}\n"
+                       "optimizer: {type: sgd, nesterov: true}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "optimizer.nesterov");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing
