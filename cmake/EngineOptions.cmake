@@ -10,9 +10,13 @@ if(ENGINE_FUZZ)
     message(FATAL_ERROR "ENGINE_FUZZ needs clang (libFuzzer): configure with CXX=clang++ or the 'fuzz' preset")
   endif()
   set(ENGINE_SANITIZE ON)
+  # Coverage feedback from all of the engine's code, not just the fuzz target's own file.
+  target_compile_options(engine_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
 endif()
 if(ENGINE_SANITIZE)
   set(sanitize_flags -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
   target_compile_options(engine_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${sanitize_flags}>)
   target_link_options(engine_options INTERFACE ${sanitize_flags})
+  # Tests that cap address space (ulimit -v) skip themselves: ASan reserves terabytes of it.
+  target_compile_definitions(engine_options INTERFACE ENGINE_SANITIZED=1)
 endif()
