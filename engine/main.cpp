@@ -22,8 +22,8 @@ void add_recipe_args(CLI::App* command, RecipeArgs& args) {
 }
 
 std::string version_text() {
-  return std::string("engine ") + engine::kVersion + " (" + engine::kGitRevision + ", " + engine::kBuildType +
-         ")\n" + engine::accelerator_summary();
+  return std::string("engine ") + engine::kVersion + " (" + engine::kGitRevision + ", " + engine::kBuildType + ")\n" +
+         engine::accelerator_summary();
 }
 
 int run(int argc, char** argv) {

@@ -46,9 +46,12 @@ void print_section(const SectionSpec& section) {
   std::cout << section.name << ": " << section.help << "\n\n";
   for (const auto& key : section.keys) {
     std::cout << "  " << key.name << "  (" << key.expectation();
-    if (key.required) std::cout << ", required";
-    else if (key.default_value && key.default_note.empty()) std::cout << ", default " << format_value(*key.default_value);
-    else if (!key.default_note.empty()) std::cout << ", default: " << key.default_note;
+    if (key.required)
+      std::cout << ", required";
+    else if (key.default_value && key.default_note.empty())
+      std::cout << ", default " << format_value(*key.default_value);
+    else if (!key.default_note.empty())
+      std::cout << ", default: " << key.default_note;
     std::cout << ")\n      " << key.help << "\n";
   }
 }
@@ -57,7 +60,8 @@ void print_key(const KeySpec& key) {
   std::cout << key.path() << "\n  " << key.help << "\n  expects: " << key.expectation() << "\n";
   if (!key.unit.empty()) std::cout << "  unit: " << key.unit << "\n";
   if (key.required) std::cout << "  required\n";
-  if (key.default_value && key.default_note.empty()) std::cout << "  default: " << format_value(*key.default_value) << "\n";
+  if (key.default_value && key.default_note.empty())
+    std::cout << "  default: " << format_value(*key.default_value) << "\n";
   if (!key.default_note.empty()) std::cout << "  default: " << key.default_note << "\n";
   if (key.applies_when) {
     std::cout << "  only when " << key.section << "." << key.applies_when->key << " is";

@@ -10,8 +10,8 @@ using namespace engine::recipe;
 LoadOptions RecipeArgs::load_options() const {
   LoadOptions options;
   options.overrides = overrides;
-  options.world = world_size > 0 ? WorldSize{world_size, "--world-size on the command line"}
-                                 : world_size_from_environment();
+  options.world =
+      world_size > 0 ? WorldSize{world_size, "--world-size on the command line"} : world_size_from_environment();
   return options;
 }
 

@@ -18,7 +18,8 @@ std::string accelerator_summary() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
-    out += std::string(i ? "; " : ": ") + prop.name + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+    out += std::string(i ? "; " : ": ") + prop.name + " (sm_" + std::to_string(prop.major) +
+           std::to_string(prop.minor) + ")";
   }
   return out;
 }

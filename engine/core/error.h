@@ -28,7 +28,7 @@ class InternalError : public std::logic_error {
 
 }  // namespace engine
 
-#define ENGINE_CHECK(condition, message)                                   \
-  do {                                                                     \
+#define ENGINE_CHECK(condition, message)                                               \
+  do {                                                                                 \
     if (!(condition)) ::engine::fail_check(#condition, __FILE__, __LINE__, (message)); \
   } while (false)

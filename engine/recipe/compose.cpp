@@ -32,8 +32,10 @@ struct Composer {
       std::string cycle;
       for (size_t k = i; k < chain.size(); ++k) cycle += chain[k].second + " -> ";
       cycle += path.string();
-      throw RecipeError({Diagnostic{Mark{std::make_shared<Origin>(Origin{included_from, ""}), 0, 0}, "base",
-                                    "bases form a cycle: " + cycle, {}}});
+      throw RecipeError({Diagnostic{Mark{std::make_shared<Origin>(Origin{included_from, ""}), 0, 0},
+                                    "base",
+                                    "bases form a cycle: " + cycle,
+                                    {}}});
     }
     if (static_cast<int>(chain.size()) >= kMaxBaseDepth)
       throw UserError(path.string() + ": bases nest deeper than " + std::to_string(kMaxBaseDepth) + " files");
@@ -43,7 +45,8 @@ struct Composer {
     YamlNode root = parse_yaml(text, origin);
     if (root.kind == YamlNode::Kind::Null) {
       if (chain.empty())
-        throw RecipeError({Diagnostic{Mark{origin, 1, 1}, "", "recipe is empty; it needs at least the model, data and train sections", {}}});
+        throw RecipeError({Diagnostic{
+            Mark{origin, 1, 1}, "", "recipe is empty; it needs at least the model, data and train sections", {}}});
       return YamlNode::make_map(root.mark);
     }
     if (!root.is_map())
@@ -59,7 +62,8 @@ struct Composer {
     } else if (base.kind == YamlNode::Kind::Sequence) {
       for (const auto& item : base.items) base_paths.push_back(&item);
     } else {
-      throw RecipeError({Diagnostic{base.mark, "base", "expected a path or a list of paths, found " + base.describe(), {}}});
+      throw RecipeError(
+          {Diagnostic{base.mark, "base", "expected a path or a list of paths, found " + base.describe(), {}}});
     }
 
     chain.emplace_back(identity, path.string());
@@ -175,7 +179,8 @@ std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::s
       } else if (!child->is_map()) {
         std::string prefix;
         for (size_t k = 0; k <= i; ++k) prefix += (k ? "." : "") + parts[k];
-        if (!remove) sink.error(at, key, "cannot reach into '" + prefix + "': it is " + child->describe() + ", not a map");
+        if (!remove)
+          sink.error(at, key, "cannot reach into '" + prefix + "': it is " + child->describe() + ", not a map");
         failed = true;
         break;
       }

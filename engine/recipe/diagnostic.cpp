@@ -27,8 +27,7 @@ std::string render_diagnostics(const std::vector<Diagnostic>& diagnostics, size_
     if (i) out += "\n";
     out += diagnostics[i].str();
   }
-  if (diagnostics.size() > limit)
-    out += "\n... and " + std::to_string(diagnostics.size() - limit) + " more errors";
+  if (diagnostics.size() > limit) out += "\n... and " + std::to_string(diagnostics.size() - limit) + " more errors";
   return out;
 }
 

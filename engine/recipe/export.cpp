@@ -51,7 +51,8 @@ std::string markdown_reference(const Schema& schema) {
     for (const auto& spec : section.keys) {
       std::string type = kind_name(spec.kind);
       std::string def = spec.required ? "**required**"
-                        : spec.default_value && spec.default_note.empty() ? "`" + format_value(*spec.default_value) + "`"
+                        : spec.default_value && spec.default_note.empty()
+                            ? "`" + format_value(*spec.default_value) + "`"
                         : spec.default_value ? "`auto`: " + spec.default_note
                                              : spec.default_note;
       std::string allowed = spec.kind == ValueKind::Bool || spec.kind == ValueKind::String ? "" : spec.expectation();
@@ -80,8 +81,8 @@ std::string dump_recipe(const LoadedRecipe& loaded, const Schema& schema, bool o
       if (!key_applies(spec, section, loaded.recipe)) continue;
       // "Changed" means written by the user (in the recipe, a base or an override) with a value
       // other than the declared default; resolved `auto` and derived values are not changes.
-      if (only_changed && (!loaded.given(spec.path()) ||
-                           (spec.default_value && spec.read(loaded.recipe) == *spec.default_value)))
+      if (only_changed &&
+          (!loaded.given(spec.path()) || (spec.default_value && spec.read(loaded.recipe) == *spec.default_value)))
         continue;
       shown.push_back(&spec);
     }

@@ -32,12 +32,27 @@ Json key_json(const KeySpec& spec) {
   if (!spec.default_note.empty()) description += " Default: " + spec.default_note + ".";
   json["description"] = description;
   switch (spec.kind) {
-    case ValueKind::Bool: json["type"] = "boolean"; break;
-    case ValueKind::Int: json["type"] = "integer"; add_range(json, spec); break;
-    case ValueKind::Float: json["type"] = "number"; add_range(json, spec); break;
-    case ValueKind::String: json["type"] = "string"; break;
-    case ValueKind::Path: json["type"] = "string"; json["minLength"] = 1; break;
-    case ValueKind::Enum: json["enum"] = spec.choices; break;
+    case ValueKind::Bool:
+      json["type"] = "boolean";
+      break;
+    case ValueKind::Int:
+      json["type"] = "integer";
+      add_range(json, spec);
+      break;
+    case ValueKind::Float:
+      json["type"] = "number";
+      add_range(json, spec);
+      break;
+    case ValueKind::String:
+      json["type"] = "string";
+      break;
+    case ValueKind::Path:
+      json["type"] = "string";
+      json["minLength"] = 1;
+      break;
+    case ValueKind::Enum:
+      json["enum"] = spec.choices;
+      break;
     case ValueKind::IntOrAuto: {
       Json integer = {{"type", "integer"}};
       add_range(integer, spec);
@@ -73,8 +88,10 @@ Json variant_rules(const SectionSpec& section) {
         if (!spec.applies_when || spec.applies_when->key != selector.name) continue;
         const auto& values = spec.applies_when->values;
         bool applies = std::find(values.begin(), values.end(), choice) != values.end();
-        if (!applies) forbidden[spec.name] = false;
-        else if (spec.required) required.push_back(spec.name);
+        if (!applies)
+          forbidden[spec.name] = false;
+        else if (spec.required)
+          required.push_back(spec.name);
       }
       if (forbidden.empty() && required.empty()) continue;
       Json condition = {{"properties", {{selector.name, {{"const", choice}}}}}};
@@ -111,7 +128,8 @@ std::string json_schema(const Schema& schema) {
       keys[spec.name] = key_json(spec);
       if (spec.required && !spec.applies_when) section_required.push_back(spec.name);
     }
-    Json json = {{"description", section.help}, {"type", "object"}, {"properties", keys}, {"additionalProperties", false}};
+    Json json = {
+        {"description", section.help}, {"type", "object"}, {"properties", keys}, {"additionalProperties", false}};
     if (!section_required.empty()) {
       json["required"] = section_required;
       required.push_back(section.name);

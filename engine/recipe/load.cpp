@@ -14,7 +14,8 @@ WorldSize world_size_from_environment() {
     if (!value) continue;
     char* end = nullptr;
     long long size = std::strtoll(value, &end, 10);
-    if (end && *end == '\0' && size >= 1) return WorldSize{size, std::string("the environment (") + name + "=" + value + ")"};
+    if (end && *end == '\0' && size >= 1)
+      return WorldSize{size, std::string("the environment (") + name + "=" + value + ")"};
   }
   return WorldSize{};
 }

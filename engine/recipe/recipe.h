@@ -27,21 +27,21 @@ enum class Activation { relu, gelu, silu };
 
 struct ModelSection {
   Arch arch;
-  int64_t vocab_size;       // gpt, llama
-  int64_t context_length;   // gpt, llama: maximum positions
-  int64_t n_layer;          // transformer blocks, or hidden layers of an MLP
-  int64_t n_head;           // gpt, llama
-  int64_t n_embd;           // gpt, llama: model width
+  int64_t vocab_size;              // gpt, llama
+  int64_t context_length;          // gpt, llama: maximum positions
+  int64_t n_layer;                 // transformer blocks, or hidden layers of an MLP
+  int64_t n_head;                  // gpt, llama
+  int64_t n_embd;                  // gpt, llama: model width
   std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
-  double dropout;           // gpt
-  bool bias;                // gpt
-  double norm_eps;          // gpt, llama
-  double rope_theta;        // llama
-  bool tie_embeddings;      // gpt, llama
-  int64_t input_dim;        // mlp
-  int64_t hidden_dim;       // mlp
-  int64_t num_classes;      // mlp
-  Activation activation;    // mlp
+  double dropout;                  // gpt
+  bool bias;                       // gpt
+  double norm_eps;                 // gpt, llama
+  double rope_theta;               // llama
+  bool tie_embeddings;             // gpt, llama
+  int64_t input_dim;               // mlp
+  int64_t hidden_dim;              // mlp
+  int64_t num_classes;             // mlp
+  Activation activation;           // mlp
   double init_std;
 };
 
@@ -82,8 +82,8 @@ struct OptimizerSection {
   double eps;                 // adamw
   double weight_decay;
   bool decay_norms_and_biases;
-  double momentum;            // sgd
-  bool nesterov;              // sgd
+  double momentum;  // sgd
+  bool nesterov;    // sgd
 };
 
 enum class SchedulerType { constant, linear, cosine };

@@ -55,8 +55,8 @@ void check_attention_shape(RuleContext& c) {
             "n_embd " + str(m.n_embd) + " is not divisible by n_head " + str(m.n_head),
             {"each head gets n_embd / n_head channels"});
   } else if (m.arch == Arch::llama && (m.n_embd / m.n_head) % 2 != 0) {
-    c.error({"model.n_head", "model.n_embd"},
-            "head size n_embd / n_head = " + str(m.n_embd / m.n_head) + " is odd; rotary embeddings need an even head size");
+    c.error({"model.n_head", "model.n_embd"}, "head size n_embd / n_head = " + str(m.n_embd / m.n_head) +
+                                                  " is odd; rotary embeddings need an even head size");
   }
 }
 
@@ -74,16 +74,19 @@ void resolve_data_auto(RuleContext& c) {
   auto& d = c.r.data;
   if (!d.sequence_length) d.sequence_length = c.r.model.context_length;
   if (*d.sequence_length > c.r.model.context_length)
-    c.error({"data.sequence_length", "model.context_length"},
-            "sequence_length " + str(*d.sequence_length) + " exceeds model.context_length " + str(c.r.model.context_length));
+    c.error({"data.sequence_length", "model.context_length"}, "sequence_length " + str(*d.sequence_length) +
+                                                                  " exceeds model.context_length " +
+                                                                  str(c.r.model.context_length));
   if (d.source == DataSource::synthetic_markov) {
     if (!d.vocab_size) d.vocab_size = c.r.model.vocab_size;
     if (*d.vocab_size > c.r.model.vocab_size)
-      c.error({"data.vocab_size", "model.vocab_size"},
-              "the Markov source emits " + str(*d.vocab_size) + " tokens but model.vocab_size is " + str(c.r.model.vocab_size));
+      c.error({"data.vocab_size", "model.vocab_size"}, "the Markov source emits " + str(*d.vocab_size) +
+                                                           " tokens but model.vocab_size is " +
+                                                           str(c.r.model.vocab_size));
   }
   if (d.source == DataSource::text && c.r.model.vocab_size < 256)
-    c.error({"model.vocab_size"}, "text data is tokenised as bytes and needs vocab_size >= 256, found " + str(c.r.model.vocab_size));
+    c.error({"model.vocab_size"},
+            "text data is tokenised as bytes and needs vocab_size >= 256, found " + str(c.r.model.vocab_size));
 }
 
 // global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two give the third.
@@ -98,15 +101,16 @@ void resolve_batch(RuleContext& c) {
   if (!micro && !global) {
     c.error({"train.micro_batch_size", "train.global_batch_size", "train.gradient_accumulation_steps"},
             "set micro_batch_size or global_batch_size (the batch size is undetermined)",
-            {"global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two determine the third"});
+            {"global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two determine the "
+             "third"});
     return;
   }
   if (micro && global && accum) {
     if (*micro * *accum * world != *global)
       c.error({"train.global_batch_size", "train.micro_batch_size", "train.gradient_accumulation_steps"},
               "global_batch_size " + str(*global) + " != micro_batch_size " + str(*micro) +
-                  " x gradient_accumulation_steps " + str(*accum) + " x world_size " + str(world) + " (= " +
-                  str(*micro * *accum * world) + ")",
+                  " x gradient_accumulation_steps " + str(*accum) + " x world_size " + str(world) +
+                  " (= " + str(*micro * *accum * world) + ")",
               {world_note, "set one of the three to auto to derive it"});
     return;
   }
@@ -115,7 +119,8 @@ void resolve_batch(RuleContext& c) {
     if (*global % per_step != 0) {
       c.error({"train.global_batch_size", "train.micro_batch_size"},
               "global_batch_size " + str(*global) + " is not a multiple of micro_batch_size " + str(*micro) +
-                  " x world_size " + str(world) + " (= " + str(per_step) + "), so gradient_accumulation_steps cannot be derived",
+                  " x world_size " + str(world) + " (= " + str(per_step) +
+                  "), so gradient_accumulation_steps cannot be derived",
               {world_note});
       return;
     }

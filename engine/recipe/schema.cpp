@@ -6,14 +6,22 @@ namespace engine::recipe {
 
 std::string kind_name(ValueKind kind) {
   switch (kind) {
-    case ValueKind::Bool: return "boolean";
-    case ValueKind::Int: return "integer";
-    case ValueKind::Float: return "number";
-    case ValueKind::String: return "string";
-    case ValueKind::Enum: return "enum";
-    case ValueKind::Path: return "path";
-    case ValueKind::IntOrAuto: return "integer or auto";
-    case ValueKind::FloatList: return "list of numbers";
+    case ValueKind::Bool:
+      return "boolean";
+    case ValueKind::Int:
+      return "integer";
+    case ValueKind::Float:
+      return "number";
+    case ValueKind::String:
+      return "string";
+    case ValueKind::Enum:
+      return "enum";
+    case ValueKind::Path:
+      return "path";
+    case ValueKind::IntOrAuto:
+      return "integer or auto";
+    case ValueKind::FloatList:
+      return "list of numbers";
   }
   return "?";
 }
@@ -62,12 +70,18 @@ std::string KeySpec::expectation() const {
     range = std::string(exclusive_maximum ? " < " : " <= ") + format_bound(*maximum);
   }
   switch (kind) {
-    case ValueKind::Bool: return "true or false";
-    case ValueKind::Int: return "an integer" + range;
-    case ValueKind::Float: return "a number" + range;
-    case ValueKind::String: return "a string";
-    case ValueKind::Path: return "a file path";
-    case ValueKind::IntOrAuto: return "an integer" + range + " or auto";
+    case ValueKind::Bool:
+      return "true or false";
+    case ValueKind::Int:
+      return "an integer" + range;
+    case ValueKind::Float:
+      return "a number" + range;
+    case ValueKind::String:
+      return "a string";
+    case ValueKind::Path:
+      return "a file path";
+    case ValueKind::IntOrAuto:
+      return "an integer" + range + " or auto";
     case ValueKind::FloatList:
       return "a list of " + (list_length ? std::to_string(*list_length) + " " : std::string()) + "numbers" +
              (range.empty() ? "" : ", each" + range);

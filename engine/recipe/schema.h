@@ -37,7 +37,7 @@ enum class ValueKind { Bool, Int, Float, String, Enum, Path, IntOrAuto, FloatLis
 // A parsed key value. std::monostate stands for `auto`.
 using Value = std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<double>>;
 
-std::string kind_name(ValueKind kind);  // "integer", "number", "integer or auto", ...
+std::string kind_name(ValueKind kind);         // "integer", "number", "integer or auto", ...
 std::string format_value(const Value& value);  // YAML spelling: 8, 0.0003, auto, [0.9, 0.95]
 
 // The key applies only when a sibling enum key has one of these values.
@@ -59,9 +59,9 @@ struct KeySpec {
   std::optional<double> maximum;
   bool exclusive_minimum = false;
   bool exclusive_maximum = false;
-  std::vector<std::string> choices;  // Enum
+  std::vector<std::string> choices;   // Enum
   std::optional<size_t> list_length;  // FloatList
-  bool must_exist = false;             // Path: the file must exist when the recipe is loaded
+  bool must_exist = false;            // Path: the file must exist when the recipe is loaded
   std::optional<Condition> applies_when;
 
   std::function<void(Recipe&, const Value&)> assign;
@@ -169,21 +169,53 @@ class KeyDecl {
  public:
   explicit KeyDecl(KeySpec& spec) : spec_(spec) {}
 
-  KeyDecl& help(std::string text) { spec_.help = std::move(text); return *this; }
-  KeyDecl& unit(std::string text) { spec_.unit = std::move(text); return *this; }
-  KeyDecl& required() { spec_.required = true; return *this; }
-  KeyDecl& min(double value) { spec_.minimum = value; return *this; }
-  KeyDecl& max(double value) { spec_.maximum = value; return *this; }
-  KeyDecl& above(double value) { spec_.minimum = value; spec_.exclusive_minimum = true; return *this; }
-  KeyDecl& below(double value) { spec_.maximum = value; spec_.exclusive_maximum = true; return *this; }
-  KeyDecl& length(size_t n) { spec_.list_length = n; return *this; }
-  KeyDecl& must_exist() { spec_.must_exist = true; return *this; }
+  KeyDecl& help(std::string text) {
+    spec_.help = std::move(text);
+    return *this;
+  }
+  KeyDecl& unit(std::string text) {
+    spec_.unit = std::move(text);
+    return *this;
+  }
+  KeyDecl& required() {
+    spec_.required = true;
+    return *this;
+  }
+  KeyDecl& min(double value) {
+    spec_.minimum = value;
+    return *this;
+  }
+  KeyDecl& max(double value) {
+    spec_.maximum = value;
+    return *this;
+  }
+  KeyDecl& above(double value) {
+    spec_.minimum = value;
+    spec_.exclusive_minimum = true;
+    return *this;
+  }
+  KeyDecl& below(double value) {
+    spec_.maximum = value;
+    spec_.exclusive_maximum = true;
+    return *this;
+  }
+  KeyDecl& length(size_t n) {
+    spec_.list_length = n;
+    return *this;
+  }
+  KeyDecl& must_exist() {
+    spec_.must_exist = true;
+    return *this;
+  }
   KeyDecl& only_when(std::string key, std::vector<std::string> values) {
     spec_.applies_when = Condition{std::move(key), std::move(values)};
     return *this;
   }
   // A default computed by a rule at load time, described for the docs.
-  KeyDecl& derived_default(std::string note) { spec_.default_note = std::move(note); return *this; }
+  KeyDecl& derived_default(std::string note) {
+    spec_.default_note = std::move(note);
+    return *this;
+  }
   KeyDecl& auto_default(std::string note) {
     spec_.default_value = Value(std::monostate{});
     spec_.default_note = std::move(note);
@@ -201,9 +233,7 @@ class KeyDecl {
   }
 
   // Enum keys: the spelling of each value in recipes.
-  KeyDecl& choices(std::vector<std::pair<std::string, Field>> table)
-    requires std::is_enum_v<Field>
-  {
+  KeyDecl& choices(std::vector<std::pair<std::string, Field>> table) requires std::is_enum_v<Field> {
     *table_ = std::move(table);  // filled in place: the key's assign/read share this table
     spec_.choices.clear();
     for (const auto& [name, value] : *table_) spec_.choices.push_back(name);

@@ -27,11 +27,9 @@ size_t utf8_length(const std::string& text, size_t i) {
 
 void check_text(const std::string& text, const std::string& name) {
   for (size_t i = 0; i < text.size();) {
-    if (text[i] == '\0')
-      throw UserError(name + ": not a text file (NUL byte at offset " + std::to_string(i) + ")");
+    if (text[i] == '\0') throw UserError(name + ": not a text file (NUL byte at offset " + std::to_string(i) + ")");
     size_t length = utf8_length(text, i);
-    if (length == 0)
-      throw UserError(name + ": not a text file (invalid UTF-8 at offset " + std::to_string(i) + ")");
+    if (length == 0) throw UserError(name + ": not a text file (invalid UTF-8 at offset " + std::to_string(i) + ")");
     i += length;
   }
 }

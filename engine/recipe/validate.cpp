@@ -40,27 +40,36 @@ bool in_range(const KeySpec& spec, double value) {
 
 // A scalar that would be a number or boolean if it were not quoted.
 std::string quoted_hint(const YamlNode& node) {
-  if (node.kind == YamlNode::Kind::Scalar && node.quoted && (parse_double(node.scalar) || node.scalar == "true" || node.scalar == "false"))
+  if (node.kind == YamlNode::Kind::Scalar && node.quoted &&
+      (parse_double(node.scalar) || node.scalar == "true" || node.scalar == "false"))
     return "; remove the quotes";
   return "";
 }
 
 class ValueParser {
  public:
-  ValueParser(const KeySpec& spec, const YamlNode& node, std::string& error) : spec_(spec), node_(node), error_(error) {}
+  ValueParser(const KeySpec& spec, const YamlNode& node, std::string& error)
+      : spec_(spec), node_(node), error_(error) {}
 
   std::optional<Value> parse() {
     switch (spec_.kind) {
-      case ValueKind::Bool: return parse_bool();
-      case ValueKind::Int: return parse_int(node_);
-      case ValueKind::Float: return parse_float(node_);
-      case ValueKind::String: return parse_string();
-      case ValueKind::Enum: return parse_enum();
-      case ValueKind::Path: return parse_path();
+      case ValueKind::Bool:
+        return parse_bool();
+      case ValueKind::Int:
+        return parse_int(node_);
+      case ValueKind::Float:
+        return parse_float(node_);
+      case ValueKind::String:
+        return parse_string();
+      case ValueKind::Enum:
+        return parse_enum();
+      case ValueKind::Path:
+        return parse_path();
       case ValueKind::IntOrAuto:
         if (node_.kind == YamlNode::Kind::Scalar && node_.scalar == "auto") return Value(std::monostate{});
         return parse_int(node_);
-      case ValueKind::FloatList: return parse_float_list();
+      case ValueKind::FloatList:
+        return parse_float_list();
     }
     return std::nullopt;
   }
@@ -88,7 +97,8 @@ class ValueParser {
     if (!looks_like_int(s)) {
       if (auto d = parse_double(s)) {
         std::string hint = "";
-        if (*d == std::floor(*d) && std::abs(*d) < 9e18) hint = " (a number with a fraction or exponent; write " + std::to_string(static_cast<int64_t>(*d)) + ")";
+        if (*d == std::floor(*d) && std::abs(*d) < 9e18)
+          hint = " (a number with a fraction or exponent; write " + std::to_string(static_cast<int64_t>(*d)) + ")";
         return fail(hint);
       }
       return fail();
@@ -132,7 +142,8 @@ class ValueParser {
     if (spec_.must_exist) {
       std::error_code error;
       auto status = fs::status(path, error);
-      std::string relative = command_line ? " (relative to the working directory)" : " (relative to the recipe that names it)";
+      std::string relative =
+          command_line ? " (relative to the working directory)" : " (relative to the recipe that names it)";
       if (error || !fs::exists(status)) {
         error_ = "file not found: " + path.string() + relative;
         return std::nullopt;
@@ -174,9 +185,11 @@ std::vector<std::string> names_of(const SectionSpec& section) {
 
 // "did you mean 'lr'?" from the same section, or the section that has this exact key.
 std::vector<std::string> unknown_key_notes(const Schema& schema, const SectionSpec& section, const std::string& key) {
-  if (auto match = closest_match(key, names_of(section))) return {"did you mean '" + section.name + "." + *match + "'?"};
+  if (auto match = closest_match(key, names_of(section)))
+    return {"did you mean '" + section.name + "." + *match + "'?"};
   for (const auto& other : schema.sections())
-    if (other.find(key)) return {"'" + key + "' is a key of section '" + other.name + "': did you mean '" + other.name + "." + key + "'?"};
+    if (other.find(key))
+      return {"'" + key + "' is a key of section '" + other.name + "': did you mean '" + other.name + "." + key + "'?"};
   std::string known;
   for (const auto& name : names_of(section)) known += (known.empty() ? "" : ", ") + name;
   return {"keys of '" + section.name + "': " + known};
@@ -220,8 +233,10 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
     if (spec.applies_when) {
       const KeySpec* selector = section.find(spec.applies_when->key);
       auto it = given.find(spec.applies_when->key);
-      if (it != given.end()) selector_value = std::get<std::string>(it->second);
-      else if (selector && selector->default_value) selector_value = std::get<std::string>(*selector->default_value);
+      if (it != given.end())
+        selector_value = std::get<std::string>(it->second);
+      else if (selector && selector->default_value)
+        selector_value = std::get<std::string>(*selector->default_value);
       if (selector_value.empty()) continue;  // selector missing or invalid: already reported
       const auto& values = spec.applies_when->values;
       applies = std::find(values.begin(), values.end(), selector_value) != values.end();
@@ -243,8 +258,7 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
     } else if (spec.default_value) {
       spec.assign(out.recipe, *spec.default_value);
     } else if (spec.required && !invalid.count(spec.name)) {
-      sink.error(section_mark, spec.path(), "missing required key (" + spec.expectation() + ")",
-                 {spec.help});
+      sink.error(section_mark, spec.path(), "missing required key (" + spec.expectation() + ")", {spec.help});
     }
   }
 }
@@ -266,13 +280,15 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
       continue;
     }
     std::vector<std::string> notes;
-    if (auto match = closest_match(entry.key, section_names)) notes.push_back("did you mean '" + *match + "'?");
+    if (auto match = closest_match(entry.key, section_names))
+      notes.push_back("did you mean '" + *match + "'?");
     else if (const KeySpec* key = [&]() -> const KeySpec* {
                for (const auto& s : schema.sections())
                  if (const KeySpec* k = s.find(entry.key)) return k;
                return nullptr;
              }())
-      notes.push_back("'" + entry.key + "' is a key of section '" + key->section + "': write it under " + key->section + ":");
+      notes.push_back("'" + entry.key + "' is a key of section '" + key->section + "': write it under " + key->section +
+                      ":");
     else {
       std::string all;
       for (const auto& name : section_names) all += (all.empty() ? "" : ", ") + name;
@@ -287,7 +303,8 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
     for (const auto& section : schema.sections())
       for (const auto& key : section.keys) all_keys.push_back(key.path());
     auto match = closest_match(d.key, all_keys);
-    sink.error(d.mark, d.key, "cannot delete an unknown key", match ? std::vector<std::string>{"did you mean '" + *match + "'?"} : std::vector<std::string>{});
+    sink.error(d.mark, d.key, "cannot delete an unknown key",
+               match ? std::vector<std::string>{"did you mean '" + *match + "'?"} : std::vector<std::string>{});
   }
 
   for (const auto& section : schema.sections())

@@ -49,10 +49,14 @@ bool YamlNode::erase(std::string_view key) {
 
 std::string YamlNode::describe() const {
   switch (kind) {
-    case Kind::Null: return "null";
-    case Kind::Sequence: return "a list";
-    case Kind::Map: return "a map";
-    case Kind::Scalar: break;
+    case Kind::Null:
+      return "null";
+    case Kind::Sequence:
+      return "a list";
+    case Kind::Map:
+      return "a map";
+    case Kind::Scalar:
+      break;
   }
   std::string shown = scalar.size() > 40 ? scalar.substr(0, 37) + "..." : scalar;
   return quoted ? "\"" + shown + "\" (a quoted string)" : "'" + shown + "'";
@@ -114,7 +118,8 @@ class TreeBuilder : public YAML::EventHandler {
 
   void OnScalar(const YAML::Mark& m, const std::string& tag, YAML::anchor_t anchor, const std::string& value) override {
     bool quoted = tag == "!";
-    if (tag == "tag:yaml.org,2002:str") quoted = true;
+    if (tag == "tag:yaml.org,2002:str")
+      quoted = true;
     else if (tag != "?" && tag != "!")
       throw Abort{mark(m), "YAML tags such as '" + tag + "' are not supported in recipes"};
     count(m);
@@ -190,7 +195,8 @@ class TreeBuilder : public YAML::EventHandler {
         throw Abort{node.mark, "YAML merge keys ('<<') are not supported; compose recipes with 'base:'"};
       auto [it, inserted] = top.seen.emplace(node.scalar, node.mark);
       if (!inserted) {  // reported, and the second value dropped, so parsing can go on to find more
-        errors_.push_back({node.mark, "", "duplicate key '" + node.scalar + "' (first written at " + it->second.str() + ")", {}});
+        errors_.push_back(
+            {node.mark, "", "duplicate key '" + node.scalar + "' (first written at " + it->second.str() + ")", {}});
         top.skip_value = true;
       }
       top.has_key = true;

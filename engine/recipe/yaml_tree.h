@@ -53,8 +53,8 @@ struct YamlEntry {
 };
 
 struct ParseLimits {
-  int max_depth = 64;           // nested maps and lists
-  size_t max_nodes = 100'000;   // after alias expansion: defeats "billion laughs"
+  int max_depth = 64;          // nested maps and lists
+  size_t max_nodes = 100'000;  // after alias expansion: defeats "billion laughs"
 };
 
 // Parses one YAML document. An empty document yields a Null node. Throws RecipeError on any

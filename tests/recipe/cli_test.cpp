@@ -19,8 +19,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  std::string command = "cd '" + kSource.string() + "' && '" ENGINE_BINARY "' " + args + " 2>&1";
+// Runs a shell command in the source directory.
+Result run_shell(const std::string& shell_command) {
+  std::string command = "cd '" + kSource.string() + "' && " + shell_command + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   Result result{-1, ""};
   if (!pipe) return result;
@@ -31,7 +32,11 @@ Result run(const std::string& args) {
   return result;
 }
 
-bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+Result run(const std::string& args) { return run_shell("'" ENGINE_BINARY "' " + args); }
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
 
 TEST(Cli, ValidatePrintsOneLineAndExitsZero) {
   Result r = run("validate recipes/quickstart.yaml");
@@ -47,8 +52,9 @@ TEST(Cli, ValidateWithOverrides) {
 }
 
 TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
-  Result r = run("validate recipes/quickstart.yaml train.global_batch_size=40 >/dev/null; OMPI_COMM_WORLD_SIZE=3 '" ENGINE_BINARY
-                 "' validate recipes/quickstart.yaml train.gradient_accumulation_steps=1 train.global_batch_size=40");
+  Result r = run(
+      "validate recipes/quickstart.yaml train.global_batch_size=40 >/dev/null; OMPI_COMM_WORLD_SIZE=3 '" ENGINE_BINARY
+      "' validate recipes/quickstart.yaml train.gradient_accumulation_steps=1 train.global_batch_size=40");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "world_size 3 comes from the environment (OMPI_COMM_WORLD_SIZE=3)")) << r.output;
 }
@@ -60,8 +66,12 @@ TEST(Cli, AllErrorsAndExitTwo) {
   Result r = run("validate " + path.string());
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(contains(r.output, path.string() + ":3:3: error: model.n_lyer: unknown key")) << r.output;
-  EXPECT_TRUE(contains(r.output, path.string() + ":7:10: error: train.steps: expected an integer >= 1, found '-1'")) << r.output;
-  EXPECT_TRUE(contains(r.output, path.string() + ":10:9: error: optimizer.type: expected one of adamw, sgd, found 'adam'; did you mean 'adamw'?")) << r.output;
+  EXPECT_TRUE(contains(r.output, path.string() + ":7:10: error: train.steps: expected an integer >= 1, found '-1'"))
+      << r.output;
+  EXPECT_TRUE(contains(
+      r.output,
+      path.string() + ":10:9: error: optimizer.type: expected one of adamw, sgd, found 'adam'; did you mean 'adamw'?"))
+      << r.output;
   EXPECT_TRUE(contains(r.output, "3 errors")) << r.output;
 }
 
@@ -120,18 +130,10 @@ TEST(Cli, HostileFilesUnderAMemoryLimit) {
 #endif
   for (const char* file : {"billion_laughs.yaml", "cyclic_alias.yaml", "garbage.bin", "empty.yaml"}) {
     // 1 GiB of address space is far more than a recipe needs and far less than an alias bomb.
-    std::string limited = "sh -c \"ulimit -v 1048576; exec '" ENGINE_BINARY "' validate tests/recipe/hostile/" +
-                          std::string(file) + "\"";
-    std::string command = "cd '" + kSource.string() + "' && " + limited + " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string output;
-    std::array<char, 4096> buffer{};
-    while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-    int status = pclose(pipe);
-    ASSERT_TRUE(WIFEXITED(status)) << file << ": " << output;
-    EXPECT_EQ(WEXITSTATUS(status), 2) << file << ": " << output;
-    EXPECT_TRUE(contains(output, file)) << output;
+    Result r = run_shell("sh -c \"ulimit -v 1048576; exec '" ENGINE_BINARY "' validate tests/recipe/hostile/" +
+                         std::string(file) + "\"");
+    EXPECT_EQ(r.status, 2) << file << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, file)) << r.output;
   }
 }
 

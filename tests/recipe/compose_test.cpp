@@ -6,22 +6,25 @@ namespace engine::recipe::testing {
 namespace {
 
 TEST(Compose, BaseIsMergedUnderTheRecipeDeeply) {
-  Files files{{{"base.yaml", "model: {arch: gpt, n_layer: 6, n_head: 2, n_embd: 32}\noptimizer: {lr: 0.01, betas: [0.8, 0.9]}\n"},
-               {"r.yaml", "base: base.yaml\nmodel: {n_layer: 3}\ndata: {source: synthetic_markov}\n"
-                          "train: {steps: 5, micro_batch_size: 2}\noptimizer: {betas: [0.5, 0.6]}\n"}},
+  Files files{{{"base.yaml",
+                "model: {arch: gpt, n_layer: 6, n_head: 2, n_embd: 32}\noptimizer: {lr: 0.01, betas: [0.8, 0.9]}\n"},
+               {"r.yaml",
+                "base: base.yaml\nmodel: {n_layer: 3}\ndata: {source: synthetic_markov}\n"
+                "train: {steps: 5, micro_batch_size: 2}\noptimizer: {betas: [0.5, 0.6]}\n"}},
               {},
               {}};
   Recipe r = files.load().recipe;
-  EXPECT_EQ(r.model.n_layer, 3);                               // recipe wins
-  EXPECT_EQ(r.model.n_head, 2);                                // kept from the base
-  EXPECT_DOUBLE_EQ(r.optimizer.lr, 0.01);                      // sibling of a replaced key survives
+  EXPECT_EQ(r.model.n_layer, 3);                                  // recipe wins
+  EXPECT_EQ(r.model.n_head, 2);                                   // kept from the base
+  EXPECT_DOUBLE_EQ(r.optimizer.lr, 0.01);                         // sibling of a replaced key survives
   EXPECT_EQ(r.optimizer.betas, (std::vector<double>{0.5, 0.6}));  // lists are replaced whole
 }
 
 TEST(Compose, ListOfBasesMergesInOrder) {
   Files files{{{"a.yaml", "model: {arch: gpt, n_layer: 1}\ntrain: {steps: 7}\n"},
                {"b.yaml", "model: {n_layer: 2}\n"},
-               {"dir/r.yaml", "base: [../a.yaml, ../b.yaml]\ndata: {source: synthetic_markov}\ntrain: {micro_batch_size: 1}\n"}},
+               {"dir/r.yaml",
+                "base: [../a.yaml, ../b.yaml]\ndata: {source: synthetic_markov}\ntrain: {micro_batch_size: 1}\n"}},
               {},
               {}};
   Recipe r = files.load("dir/r.yaml").recipe;
@@ -108,10 +111,11 @@ TEST(Compose, OverrideCannotChangeBases) {
 }
 
 TEST(Compose, ValuesKeepTheMarkOfTheFileTheyCameFrom) {
-  Files files{{{"base.yaml", "model:\n  arch: gpt\n  n_head: 2\n  n_embd: 32\n"},
-               {"r.yaml", "base: base.yaml\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n"}},
-              {"model.n_layer=3"},
-              {}};
+  Files files{
+      {{"base.yaml", "model:\n  arch: gpt\n  n_head: 2\n  n_embd: 32\n"},
+       {"r.yaml", "base: base.yaml\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n"}},
+      {"model.n_layer=3"},
+      {}};
   LoadedRecipe loaded = files.load();
   EXPECT_EQ(loaded.marks.at("model.n_head").str(), "base.yaml:3:11");
   EXPECT_EQ(loaded.marks.at("train.steps").str(), "r.yaml:3:16");

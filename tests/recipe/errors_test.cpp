@@ -68,7 +68,8 @@ TEST(RecipeErrors, HalfOpenRangeIsExplained) {
 
 TEST(RecipeErrors, BadEnumValueSuggestsTheClosestChoice) {
   auto errors = recipe(std::string(kValidRecipe) + "scheduler:\n  type: cosin\n").errors();
-  expect_single(errors, "r.yaml:14:9", "scheduler.type", "one of constant, linear, cosine, found 'cosin'; did you mean 'cosine'?");
+  expect_single(errors, "r.yaml:14:9", "scheduler.type",
+                "one of constant, linear, cosine, found 'cosin'; did you mean 'cosine'?");
 }
 
 TEST(RecipeErrors, AmbiguousYamlBooleanIsRefused) {
@@ -103,7 +104,8 @@ TEST(RecipeErrors, KeyOfAnotherVariantIsRefused) {
 
 TEST(RecipeErrors, ErrorInABasePointsIntoTheBase) {
   Files files{{{"common/base.yaml", "model:\n  arch: gpt\n  n_head: many\n"},
-               {"r.yaml", "base: common/base.yaml\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n"}},
+               {"r.yaml",
+                "base: common/base.yaml\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n"}},
               {},
               {}};
   auto errors = files.errors();
@@ -162,7 +164,8 @@ TEST(RecipeErrors, MissingDataFileIsReportedRelativeToTheRecipe) {
     load_recipe(path);
     FAIL() << "loaded";
   } catch (const RecipeError& e) {
-    expect_single(e.diagnostics(), path.string() + ":4:9", "data.path", "file not found: " + (dir / "missing.txt").string());
+    expect_single(e.diagnostics(), path.string() + ":4:9", "data.path",
+                  "file not found: " + (dir / "missing.txt").string());
   }
 }
 
@@ -175,7 +178,7 @@ TEST(RecipeErrors, AllErrorsAreReportedAtOnceInReadingOrder) {
   ASSERT_EQ(errors.size(), 4u) << render_diagnostics(errors);
   EXPECT_EQ(errors[0].mark.str(), "r.yaml:2:9");  // arch: did you mean gpt
   EXPECT_NE(errors[0].message.find("did you mean 'gpt'"), std::string::npos);
-  EXPECT_EQ(errors[1].mark.str(), "r.yaml:3:3");  // n_lyer
+  EXPECT_EQ(errors[1].mark.str(), "r.yaml:3:3");   // n_lyer
   EXPECT_EQ(errors[2].mark.str(), "r.yaml:6:10");  // order out of range
   EXPECT_EQ(errors[3].mark.str(), "r.yaml:8:10");  // steps 0
 }

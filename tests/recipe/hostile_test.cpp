@@ -46,18 +46,14 @@ TEST_P(HostileCorpus, GivesAClearError) {
 
 INSTANTIATE_TEST_SUITE_P(
     Files, HostileCorpus,
-    ::testing::Values(CorpusCase{"billion_laughs.yaml", "alias bomb"},
-                      CorpusCase{"cyclic_alias.yaml", "cyclic alias"},
-                      CorpusCase{"cyclic_alias_flow.yaml", "cyclic alias"},
-                      CorpusCase{"empty.yaml", "recipe is empty"},
-                      CorpusCase{"comment_only.yaml", "recipe is empty"},
-                      CorpusCase{"garbage.bin", "not a text file"},
+    ::testing::Values(CorpusCase{"billion_laughs.yaml", "alias bomb"}, CorpusCase{"cyclic_alias.yaml", "cyclic alias"},
+                      CorpusCase{"cyclic_alias_flow.yaml", "cyclic alias"}, CorpusCase{"empty.yaml", "recipe is empty"},
+                      CorpusCase{"comment_only.yaml", "recipe is empty"}, CorpusCase{"garbage.bin", "not a text file"},
                       CorpusCase{"invalid_utf8.yaml", "invalid UTF-8 at offset 19"},
                       CorpusCase{"two_documents.yaml", "one YAML document"},
                       CorpusCase{"foreign_tag.yaml", "tags such as"},
                       CorpusCase{"complex_key.yaml", "keys must be plain names"},
-                      CorpusCase{"merge_key.yaml", "merge keys"},
-                      CorpusCase{"unclosed.yaml", "invalid YAML"},
+                      CorpusCase{"merge_key.yaml", "merge keys"}, CorpusCase{"unclosed.yaml", "invalid YAML"},
                       CorpusCase{"top_level_list.yaml", "a recipe is a map of sections"},
                       CorpusCase{"top_level_scalar.yaml", "a recipe is a map of sections"}),
     [](const auto& param_info) {

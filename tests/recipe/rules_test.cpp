@@ -71,16 +71,18 @@ TEST(Rules, AutoValuesAreResolved) {
 }
 
 TEST(Rules, LlamaFeedForwardWidthIsTwoThirdsRounded) {
-  auto r = recipe("model: {arch: llama, n_head: 2, n_embd: 96}\ndata: {source: synthetic_markov}\n"
-                  "train: {steps: 1, micro_batch_size: 1}\n")
+  auto r = recipe(
+               "model: {arch: llama, n_head: 2, n_embd: 96}\ndata: {source: synthetic_markov}\n"
+               "train: {steps: 1, micro_batch_size: 1}\n")
                .load()
                .recipe;
   EXPECT_EQ(*r.model.ffn_dim, 256);  // 2/3 * 384 = 256
 }
 
 TEST(Rules, HeadsMustDivideWidth) {
-  auto errors = recipe("model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
-                       "train: {steps: 1, micro_batch_size: 1}\n")
+  auto errors = recipe(
+                    "model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
+                    "train: {steps: 1, micro_batch_size: 1}\n")
                     .errors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].mark.str(), "r.yaml:1:28");
@@ -88,8 +90,9 @@ TEST(Rules, HeadsMustDivideWidth) {
 }
 
 TEST(Rules, SequenceLongerThanContextIsAnError) {
-  auto e2 = recipe("model: {arch: gpt, context_length: 16, n_head: 2, n_embd: 32}\n"
-                   "data: {source: synthetic_markov, sequence_length: 17}\ntrain: {steps: 1, micro_batch_size: 1}\n")
+  auto e2 = recipe(
+                "model: {arch: gpt, context_length: 16, n_head: 2, n_embd: 32}\n"
+                "data: {source: synthetic_markov, sequence_length: 17}\ntrain: {steps: 1, micro_batch_size: 1}\n")
                 .errors();
   ASSERT_EQ(e2.size(), 1u);
   EXPECT_EQ(e2[0].key, "data.sequence_length");
@@ -97,22 +100,23 @@ TEST(Rules, SequenceLongerThanContextIsAnError) {
 }
 
 TEST(Rules, ModelAndDataMustFit) {
-  auto errors = recipe("model: {arch: mlp}\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n")
-                    .errors();
+  auto errors =
+      recipe("model: {arch: mlp}\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n").errors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].key, "data.source");
 }
 
 TEST(Rules, WarmupLongerThanTheRunIsAnError) {
-  auto errors = recipe(std::string(kModel) + "train: {steps: 10, micro_batch_size: 1}\nscheduler: {warmup_steps: 11}\n")
-                    .errors();
+  auto errors =
+      recipe(std::string(kModel) + "train: {steps: 10, micro_batch_size: 1}\nscheduler: {warmup_steps: 11}\n").errors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].key, "scheduler.warmup_steps");
 }
 
 TEST(Rules, NesterovNeedsMomentum) {
-  auto errors = recipe("model: {arch: mlp}\ndata: {source: classification}\ntrain: {steps: 1, micro_batch_size: 1}\n"
-                       "optimizer: {type: sgd, nesterov: true}\n")
+  auto errors = recipe(
+                    "model: {arch: mlp}\ndata: {source: classification}\ntrain: {steps: 1, micro_batch_size: 1}\n"
+                    "optimizer: {type: sgd, nesterov: true}\n")
                     .errors();
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_EQ(errors[0].key, "optimizer.nesterov");

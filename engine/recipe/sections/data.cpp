@@ -12,40 +12,65 @@ void declare_data(Schema& schema) {
                 {"tokens", DataSource::tokens},
                 {"classification", DataSource::classification}})
       .required()
-      .help("synthetic_markov: a seeded Markov chain whose entropy rate is the loss floor; text: a UTF-8 "
-            "file as byte tokens; tokens: pre-tokenised uint16 files; classification: synthetic labelled "
-            "vectors for mlp.");
+      .help(
+          "synthetic_markov: a seeded Markov chain whose entropy rate is the loss floor; text: a UTF-8 "
+          "file as byte tokens; tokens: pre-tokenised uint16 files; classification: synthetic labelled "
+          "vectors for mlp.");
   data.key("sequence_length", &DataSection::sequence_length)
-      .auto_default("model.context_length").min(1).only_when("source", token_sources).unit("tokens")
+      .auto_default("model.context_length")
+      .min(1)
+      .only_when("source", token_sources)
+      .unit("tokens")
       .help("Tokens per training sample.");
   data.key("path", &DataSection::path)
-      .required().must_exist().only_when("source", file_sources)
+      .required()
+      .must_exist()
+      .only_when("source", file_sources)
       .help("Data file, relative to the recipe file that names it.");
   data.key("format", &DataSection::format)
-      .choices({{"auto", TokenFormat::auto_detect}, {"llmc", TokenFormat::llmc}, {"raw_uint16", TokenFormat::raw_uint16}})
-      .def(TokenFormat::auto_detect).only_when("source", {"tokens"})
-      .help("Token file layout: llmc (llm.c's .bin with its 256-int header), raw_uint16 (as nanoGPT "
-            "writes), or auto (detect the llm.c header).");
+      .choices(
+          {{"auto", TokenFormat::auto_detect}, {"llmc", TokenFormat::llmc}, {"raw_uint16", TokenFormat::raw_uint16}})
+      .def(TokenFormat::auto_detect)
+      .only_when("source", {"tokens"})
+      .help(
+          "Token file layout: llmc (llm.c's .bin with its 256-int header), raw_uint16 (as nanoGPT "
+          "writes), or auto (detect the llm.c header).");
   data.key("val_fraction", &DataSection::val_fraction)
-      .def(0.05).min(0).below(1)
+      .def(0.05)
+      .min(0)
+      .below(1)
       .help("Fraction of the data held out for validation.");
   data.key("order", &DataSection::order)
-      .def(2).min(1).max(4).only_when("source", {"synthetic_markov"})
+      .def(2)
+      .min(1)
+      .max(4)
+      .only_when("source", {"synthetic_markov"})
       .help("Order of the Markov chain: how many previous tokens determine the next one's distribution.");
   data.key("vocab_size", &DataSection::vocab_size)
-      .auto_default("model.vocab_size").min(2).only_when("source", {"synthetic_markov"}).unit("tokens")
+      .auto_default("model.vocab_size")
+      .min(2)
+      .only_when("source", {"synthetic_markov"})
+      .unit("tokens")
       .help("Number of distinct tokens the Markov source emits; at most model.vocab_size.");
   data.key("num_samples", &DataSection::num_samples)
-      .def(4096).min(1).only_when("source", {"classification"}).unit("samples")
+      .def(4096)
+      .min(1)
+      .only_when("source", {"classification"})
+      .unit("samples")
       .help("Number of labelled vectors generated.");
   data.key("noise", &DataSection::noise)
-      .def(0.1).min(0).only_when("source", {"classification"})
+      .def(0.1)
+      .min(0)
+      .only_when("source", {"classification"})
       .help("Standard deviation of the noise added to each class centre.");
   data.key("shuffle", &DataSection::shuffle)
       .def(true)
       .help("Shuffle samples each epoch (deterministically, from run.seed).");
   data.key("prefetch", &DataSection::prefetch)
-      .def(2).min(0).max(64).unit("batches")
+      .def(2)
+      .min(0)
+      .max(64)
+      .unit("batches")
       .help("Batches prepared ahead by the background loader; 0 loads on the training thread.");
 }
 

@@ -8,59 +8,91 @@ void declare_model(Schema& schema) {
   model.key("arch", &ModelSection::arch)
       .choices({{"gpt", Arch::gpt}, {"llama", Arch::llama}, {"mlp", Arch::mlp}})
       .required()
-      .help("Architecture: gpt (GPT-2: learned positions, LayerNorm, GELU), llama (RMSNorm, rotary, "
-            "SwiGLU, no biases) or mlp (a classifier).");
+      .help(
+          "Architecture: gpt (GPT-2: learned positions, LayerNorm, GELU), llama (RMSNorm, rotary, "
+          "SwiGLU, no biases) or mlp (a classifier).");
   model.key("vocab_size", &ModelSection::vocab_size)
-      .def(50257).min(2).only_when("arch", transformers).unit("tokens")
+      .def(50257)
+      .min(2)
+      .only_when("arch", transformers)
+      .unit("tokens")
       .help("Size of the token vocabulary.");
   model.key("context_length", &ModelSection::context_length)
-      .def(1024).min(1).only_when("arch", transformers).unit("tokens")
+      .def(1024)
+      .min(1)
+      .only_when("arch", transformers)
+      .unit("tokens")
       .help("Longest sequence the model accepts (the number of learned positions for gpt).");
   model.key("n_layer", &ModelSection::n_layer)
-      .def(12).min(1)
+      .def(12)
+      .min(1)
       .help("Number of transformer blocks, or of hidden layers for mlp.");
   model.key("n_head", &ModelSection::n_head)
-      .def(12).min(1).only_when("arch", transformers)
+      .def(12)
+      .min(1)
+      .only_when("arch", transformers)
       .help("Attention heads per block; must divide n_embd.");
   model.key("n_embd", &ModelSection::n_embd)
-      .def(768).min(1).only_when("arch", transformers)
+      .def(768)
+      .min(1)
+      .only_when("arch", transformers)
       .help("Model width (embedding and residual stream size).");
   model.key("ffn_dim", &ModelSection::ffn_dim)
       .auto_default("4 x n_embd for gpt; for llama 2/3 x 4 x n_embd rounded up to a multiple of 64")
-      .min(1).only_when("arch", transformers)
+      .min(1)
+      .only_when("arch", transformers)
       .help("Hidden width of each block's feed-forward network.");
   model.key("dropout", &ModelSection::dropout)
-      .def(0.0).min(0).below(1).only_when("arch", {"gpt"})
+      .def(0.0)
+      .min(0)
+      .below(1)
+      .only_when("arch", {"gpt"})
       .help("Dropout probability on attention, residual and embedding outputs.");
   model.key("bias", &ModelSection::bias)
-      .def(true).only_when("arch", {"gpt"})
+      .def(true)
+      .only_when("arch", {"gpt"})
       .help("Use biases in linear layers and LayerNorm.");
   model.key("norm_eps", &ModelSection::norm_eps)
-      .def(1e-5).above(0).only_when("arch", transformers)
+      .def(1e-5)
+      .above(0)
+      .only_when("arch", transformers)
       .help("Epsilon of LayerNorm/RMSNorm.");
   model.key("rope_theta", &ModelSection::rope_theta)
-      .def(10000.0).above(0).only_when("arch", {"llama"})
+      .def(10000.0)
+      .above(0)
+      .only_when("arch", {"llama"})
       .help("Base of the rotary embedding frequencies.");
   model.key("tie_embeddings", &ModelSection::tie_embeddings)
-      .def(true).only_when("arch", transformers)
+      .def(true)
+      .only_when("arch", transformers)
       .help("Share the token embedding with the output (LM head) weights.");
   model.key("input_dim", &ModelSection::input_dim)
-      .def(64).min(1).only_when("arch", {"mlp"}).unit("features")
+      .def(64)
+      .min(1)
+      .only_when("arch", {"mlp"})
+      .unit("features")
       .help("Number of input features.");
   model.key("hidden_dim", &ModelSection::hidden_dim)
-      .def(256).min(1).only_when("arch", {"mlp"})
+      .def(256)
+      .min(1)
+      .only_when("arch", {"mlp"})
       .help("Width of each hidden layer.");
   model.key("num_classes", &ModelSection::num_classes)
-      .def(10).min(2).only_when("arch", {"mlp"})
+      .def(10)
+      .min(2)
+      .only_when("arch", {"mlp"})
       .help("Number of output classes.");
   model.key("activation", &ModelSection::activation)
       .choices({{"relu", Activation::relu}, {"gelu", Activation::gelu}, {"silu", Activation::silu}})
-      .def(Activation::relu).only_when("arch", {"mlp"})
+      .def(Activation::relu)
+      .only_when("arch", {"mlp"})
       .help("Activation between hidden layers.");
   model.key("init_std", &ModelSection::init_std)
-      .def(0.02).above(0)
-      .help("Standard deviation of the normal weight initialisation (residual projections are further "
-            "scaled by 1/sqrt(2 x n_layer), as GPT-2 does).");
+      .def(0.02)
+      .above(0)
+      .help(
+          "Standard deviation of the normal weight initialisation (residual projections are further "
+          "scaled by 1/sqrt(2 x n_layer), as GPT-2 does).");
 }
 
 }  // namespace engine::recipe

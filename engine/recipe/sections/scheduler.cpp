@@ -5,14 +5,19 @@ namespace engine::recipe {
 void declare_scheduler(Schema& schema) {
   auto scheduler = schema.section("scheduler", &Recipe::scheduler, "How the learning rate changes over the run.");
   scheduler.key("type", &SchedulerSection::type)
-      .choices({{"constant", SchedulerType::constant}, {"linear", SchedulerType::linear}, {"cosine", SchedulerType::cosine}})
+      .choices(
+          {{"constant", SchedulerType::constant}, {"linear", SchedulerType::linear}, {"cosine", SchedulerType::cosine}})
       .def(SchedulerType::constant)
       .help("After warmup: constant keeps optimizer.lr; linear and cosine decay it to min_lr at the last step.");
   scheduler.key("warmup_steps", &SchedulerSection::warmup_steps)
-      .def(0).min(0).unit("steps")
+      .def(0)
+      .min(0)
+      .unit("steps")
       .help("Steps of linear warmup from 0 to optimizer.lr.");
   scheduler.key("min_lr", &SchedulerSection::min_lr)
-      .def(0.0).min(0).only_when("type", {"linear", "cosine"})
+      .def(0.0)
+      .min(0)
+      .only_when("type", {"linear", "cosine"})
       .help("Learning rate reached at the end of the decay; at most optimizer.lr.");
 }
 
