@@ -58,6 +58,7 @@ class DiagnosticSink {
   void error(const Mark& mark, std::string key, std::string message, std::vector<std::string> notes = {});
   bool empty() const { return diagnostics_.empty(); }
   size_t size() const { return diagnostics_.size(); }
+  const std::vector<Diagnostic>& diagnostics() const { return diagnostics_; }
   void throw_if_any();
 
  private:

@@ -33,8 +33,9 @@ LoadedRecipe load_recipe(const std::filesystem::path& path, const LoadOptions& o
 
   DiagnosticSink sink;
   validate_tree(root, Schema::engine(), deleted, loaded, sink);
-  sink.throw_if_any();  // rules assume every key holds a valid value
-  apply_rules(loaded, sink);
+  std::set<std::string> broken_sections;
+  for (const Diagnostic& d : sink.diagnostics()) broken_sections.insert(d.key.substr(0, d.key.find('.')));
+  apply_rules(loaded, sink, broken_sections);
   sink.throw_if_any();
   return loaded;
 }

@@ -1,5 +1,6 @@
 #include "recipe/rules.h"
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "recipe/schema.h"
@@ -165,17 +166,30 @@ void check_evaluation(RuleContext& c) {
 
 }  // namespace
 
-void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink) {
+void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
+  // Each rule with the sections it reads; a rule runs only when all of them validated, so it never
+  // reasons about a value that was rejected (and left unset) or reports a consequence of it.
+  struct Rule {
+    std::vector<std::string> sections;
+    void (*apply)(RuleContext&);
+  };
+  static const std::vector<Rule> rules = {
+      {{"run"}, resolve_run_name},
+      {{"model"}, resolve_model_auto},
+      {{"model"}, check_attention_shape},
+      {{"model", "data"}, check_model_matches_data},
+      {{"model", "data"}, resolve_data_auto},
+      {{"train"}, resolve_batch},
+      {{"train", "scheduler", "optimizer"}, check_schedule},
+      {{"optimizer"}, check_optimizer},
+      {{"train", "data"}, check_evaluation},
+  };
   RuleContext context{loaded, sink, loaded.recipe};
-  resolve_run_name(context);
-  resolve_model_auto(context);
-  check_attention_shape(context);
-  check_model_matches_data(context);
-  resolve_data_auto(context);
-  resolve_batch(context);
-  check_schedule(context);
-  check_optimizer(context);
-  check_evaluation(context);
+  for (const Rule& rule : rules) {
+    bool runnable = std::none_of(rule.sections.begin(), rule.sections.end(),
+                                 [&](const std::string& section) { return broken_sections.count(section) != 0; });
+    if (runnable) rule.apply(context);
+  }
 }
 
 }  // namespace engine::recipe

@@ -7,11 +7,16 @@
 //     gradient_accumulation_steps 3 x world_size 2 (= 48); world_size 2 comes from --world-size
 #pragma once
 
+#include <set>
+#include <string>
+
 #include "recipe/load.h"
 
 namespace engine::recipe {
 
-// Runs after validate_tree() succeeded: every applicable key holds a typed value.
-void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink);
+// Runs after validate_tree(). Rules that read a section listed in `broken_sections` (one with a
+// validation error) are skipped, so the errors they would find are reported with the others only
+// when they are real.
+void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections);
 
 }  // namespace engine::recipe

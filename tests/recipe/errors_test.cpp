@@ -185,3 +185,27 @@ TEST(RecipeErrors, AllErrorsAreReportedAtOnceInReadingOrder) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+TEST(RecipeErrors, RuleErrorsAreReportedTogetherWithValidationErrors) {
+  auto errors = recipe("model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
+                       "train: {steps: 1, micro_batch_size: 1, log_every: 0}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 2u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "model.n_head");  // a rule: n_embd % n_head
+  EXPECT_EQ(errors[1].key, "train.log_every");
+}
+
+TEST(RecipeErrors, RulesSkipSectionsThatFailedValidation) {
+  // micro_batch_size is rejected, so the batch rule must not also claim the batch is undetermined.
+  auto errors = recipe(std::string(kValidRecipe).replace(std::string(kValidRecipe).find("micro_batch_size: 4"), 19,
+                                                         "micro_batch_size: -4"))
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "train.micro_batch_size");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing
