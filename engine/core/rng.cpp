@@ -1,0 +1,55 @@
+#include "core/rng.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace engine {
+
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key) {
+  constexpr uint32_t kMultiplier0 = 0xD2511F53u, kMultiplier1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    uint64_t product0 = static_cast<uint64_t>(kMultiplier0) * counter[0];
+    uint64_t product1 = static_cast<uint64_t>(kMultiplier1) * counter[2];
+    counter = {static_cast<uint32_t>(product1 >> 32) ^ counter[1] ^ key[0], static_cast<uint32_t>(product1),
+               static_cast<uint32_t>(product0 >> 32) ^ counter[3] ^ key[1], static_cast<uint32_t>(product0)};
+    key[0] += kWeyl0;
+    key[1] += kWeyl1;
+  }
+  return counter;
+}
+
+RandomStream::RandomStream(uint64_t seed, RandomPurpose purpose, uint64_t position)
+    : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)},
+      purpose_(static_cast<uint32_t>(purpose)),
+      position_(position) {}
+
+uint32_t RandomStream::next_u32() {
+  // Word i of the stream is word (i % 4) of the block at counter (i / 4, purpose).
+  uint64_t block = position_ >> 2;
+  auto words = philox4x32({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), purpose_, 0}, key_);
+  return words[position_++ & 3];
+}
+
+double RandomStream::uniform() {
+  uint64_t high = next_u32() >> 5;  // 27 bits
+  uint64_t low = next_u32() >> 6;   // 26 bits
+  return static_cast<double>((high << 26) | low) * 0x1p-53;
+}
+
+float RandomStream::normal() {
+  double u1 = 1.0 - uniform();  // (0, 1]: log is finite
+  double u2 = uniform();
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+uint64_t RandomStream::below(uint64_t bound) {
+  // Rejection from 64 random bits: the largest multiple of bound is accepted, the rest redrawn.
+  uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  while (true) {
+    uint64_t value = (static_cast<uint64_t>(next_u32()) << 32) | next_u32();
+    if (value < limit) return value % bound;
+  }
+}
+
+}  // namespace engine
