@@ -36,6 +36,14 @@ int run(int argc, char** argv) {
   auto* validate = app.add_subcommand("validate", "Check a recipe and print a one-line summary, or every error");
   add_recipe_args(validate, recipe_args);
 
+  RecipeArgs train_args;
+  auto* train = app.add_subcommand("train", "Train a recipe: progress, metrics.jsonl and weights in the run directory");
+  add_recipe_args(train, train_args);
+
+  RecipeArgs plan_args;
+  auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");
+  add_recipe_args(plan, plan_args);
+
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
   add_recipe_args(config, recipe_args);
@@ -61,6 +69,8 @@ int run(int argc, char** argv) {
     return engine::cli::kExitOk;
   }
   if (*validate) return engine::cli::validate(recipe_args);
+  if (*train) return engine::cli::train(train_args);
+  if (*plan) return engine::cli::plan(plan_args);
   if (*config) return engine::cli::config(recipe_args, only_changed);
   if (*schema) return engine::cli::schema(markdown);
   if (*help) return engine::cli::help(topic);

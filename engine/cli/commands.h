@@ -27,6 +27,8 @@ struct RecipeArgs {
 };
 
 int validate(const RecipeArgs& args);
+int train(const RecipeArgs& args);
+int plan(const RecipeArgs& args);
 int config(const RecipeArgs& args, bool only_changed);
 int schema(bool markdown);
 int help(const std::string& topic);

@@ -77,6 +77,8 @@ int help(const std::string& topic) {
   if (topic.empty()) {
     std::cout << "engine: a declarative training engine driven by YAML recipes.\n\n"
                  "commands:\n"
+                 "  engine train RECIPE [OVERRIDES...]      train; outputs in <run.output_dir>/<run.name>\n"
+                 "  engine plan RECIPE [OVERRIDES...]       parameters, FLOPs and the exact memory plan\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
                  "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"
                  "  engine schema [--markdown]              JSON Schema of recipes (or the reference page)\n"

@@ -55,6 +55,7 @@ struct DataSection {
   TokenFormat format;                      // tokens
   double val_fraction;                     // text, tokens, synthetic_markov, classification
   int64_t order;                           // synthetic_markov
+  int64_t branching;                       // synthetic_markov
   std::optional<int64_t> vocab_size;       // synthetic_markov; auto resolves to model.vocab_size
   int64_t num_samples;                     // classification
   double noise;                            // classification

@@ -46,6 +46,12 @@ void declare_data(Schema& schema) {
       .max(4)
       .only_when("source", {"synthetic_markov"})
       .help("Order of the Markov chain: how many previous tokens determine the next one's distribution.");
+  data.key("branching", &DataSection::branching)
+      .def(4)
+      .min(1)
+      .max(64)
+      .only_when("source", {"synthetic_markov"})
+      .help("Successors per context, with Zipf probabilities 1/(j+1); the entropy rate is their entropy.");
   data.key("vocab_size", &DataSection::vocab_size)
       .auto_default("model.vocab_size")
       .min(2)

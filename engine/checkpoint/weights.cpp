@@ -1,0 +1,87 @@
+#include "checkpoint/weights.h"
+
+#include <cstring>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+
+namespace engine {
+
+namespace {
+
+bool is_conv1d(const std::string& name, recipe::Arch arch) {
+  if (arch != recipe::Arch::gpt) return false;
+  for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}) {
+    std::string s = suffix;
+    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
+void transpose(const float* in, float* out, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+}  // namespace
+
+void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
+                  const std::map<std::string, std::string>& metadata) {
+  const Graph& g = store.graph();
+  std::vector<SafeTensor> tensors;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const Param& p = g.params()[i];
+    const Shape& shape = g.value(p.value).shape;
+    SafeTensor t{p.name, DType::f32, shape.dims, std::vector<std::byte>(size_t(shape.numel()) * 4)};
+    const float* data = store.param(int(i));
+    if (is_conv1d(p.name, arch)) {
+      transpose(data, reinterpret_cast<float*>(t.data.data()), shape[0], shape[1]);
+      t.shape = {shape[1], shape[0]};
+    } else {
+      std::memcpy(t.data.data(), data, t.data.size());
+    }
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(path, tensors, metadata);
+}
+
+void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
+  SafetensorsFile file = read_safetensors(path);
+  const Graph& g = store.graph();
+  std::vector<std::string> problems;
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const Param& p = g.params()[i];
+    const Shape& shape = g.value(p.value).shape;
+    auto it = file.tensors.find(p.name);
+    if (it == file.tensors.end()) {
+      problems.push_back("missing tensor '" + p.name + "' " + shape.str());
+      continue;
+    }
+    const SafeTensor& t = it->second;
+    bool conv = is_conv1d(p.name, arch);
+    std::vector<int64_t> expected = conv ? std::vector<int64_t>{shape[1], shape[0]} : shape.dims;
+    if (t.dtype != DType::f32 || t.shape != expected) {
+      problems.push_back("tensor '" + p.name + "' is " + std::string(dtype_name(t.dtype)) + " " + Shape(t.shape).str() +
+                         ", expected f32 " + Shape(expected).str());
+      continue;
+    }
+    float* data = store.param(int(i));
+    if (conv)
+      transpose(reinterpret_cast<const float*>(t.data.data()), data, shape[1], shape[0]);
+    else
+      std::memcpy(data, t.data.data(), t.data.size());
+  }
+  for (const auto& [name, t] : file.tensors) {
+    bool known = false;
+    for (const Param& p : g.params()) known = known || p.name == name;
+    if (!known) problems.push_back("unexpected tensor '" + name + "'");
+  }
+  if (!problems.empty()) {
+    std::string message = path.string() + ": weights do not fit the model:";
+    for (size_t i = 0; i < problems.size() && i < 20; ++i) message += "\n  " + problems[i];
+    if (problems.size() > 20) message += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+    throw UserError(message);
+  }
+}
+
+}  // namespace engine

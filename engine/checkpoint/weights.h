@@ -1,0 +1,24 @@
+// Model weights to and from safetensors under Hugging Face names and layouts.
+//
+// GPT-2's Hugging Face checkpoints store the four linear layers of a block (attn.c_attn,
+// attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D weights, (in, out); the engine stores every linear
+// weight (out, in), so those are transposed on the way in and out. Everything else keeps its
+// layout. Import checks that every parameter is present with the right shape and dtype (F32), and
+// names any missing, unexpected or mis-shaped tensor.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "graph/graph.h"
+#include "recipe/recipe.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
+                  const std::map<std::string, std::string>& metadata);
+void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
+
+}  // namespace engine

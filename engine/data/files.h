@@ -1,0 +1,32 @@
+// File-backed token data: `text` (any UTF-8 file, one token per byte) and `tokens` (pre-tokenised
+// uint16: llm.c's .bin with its 256-int32 header, or raw uint16 as nanoGPT writes).
+//
+// The token stream is split once: the first (1 - val_fraction) for training, the rest for
+// validation. Each split is cut into windows of T + 1 tokens (stride T); an epoch visits every
+// window once, in an order shuffled per epoch from the seed (or in file order with shuffle: false).
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace engine {
+
+class TokenFile : public Dataset {
+ public:
+  // Loads and checks the file; throws UserError naming the file (and the offset of a bad token).
+  TokenFile(const recipe::Recipe& recipe);
+
+  void fill(Split split, int64_t index, Batch& batch) const override;
+  std::string describe() const override;
+
+ private:
+  std::vector<int32_t> tokens_;
+  int64_t train_end_ = 0;  // tokens [0, train_end) train, [train_end, size) validation
+  uint64_t seed_;
+  bool shuffle_;
+  std::string description_;
+};
+
+}  // namespace engine

@@ -1,0 +1,104 @@
+#include "graph/autodiff.h"
+
+#include "core/error.h"
+
+namespace engine {
+
+namespace {
+
+// out (+)= in, elementwise.
+void accumulate_cpu(const Node& node, const KernelContext& ctx) {
+  const float* in = ctx.f32(node.inputs[0]);
+  float* out = ctx.f32(node.outputs[0]);
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+  if (ctx.accumulates(node, 0)) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] += in[i];
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i];
+  }
+}
+
+}  // namespace
+
+const OpDef kAccumulate{"accumulate", accumulate_cpu, nullptr,
+                        [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
+
+GradBuilder::GradBuilder(Graph& graph) : graph_(graph), wants_(graph.values().size(), false) {
+  for (const auto& param : graph.params()) wants_[static_cast<size_t>(param.value)] = true;
+  for (size_t i = 0; i < graph.forward_size(); ++i) {
+    const Node& node = graph.nodes()[i];
+    bool any = false;
+    for (ValueId in : node.inputs) any = any || wants_[static_cast<size_t>(in)];
+    if (any && node.op->grad)
+      for (ValueId out : node.outputs) wants_[static_cast<size_t>(out)] = true;
+  }
+}
+
+ValueId GradBuilder::grad(ValueId value) const {
+  auto it = grads_.find(value);
+  return it == grads_.end() ? kNoValue : it->second;
+}
+
+GradBuilder::Target GradBuilder::target(ValueId value) {
+  const Value& v = graph_.value(value);
+  if (v.placement == Placement::parameter) return {graph_.params()[static_cast<size_t>(v.param)].grad, true};
+  auto it = grads_.find(value);
+  if (it == grads_.end()) {
+    ValueId grad = graph_.add_activation("d" + v.name, v.shape);
+    grads_[value] = grad;
+    grad_owners_[grad] = 1;
+    return {grad, false};
+  }
+  if (grad_owners_[it->second] == 1) return {it->second, true};
+  // The gradient is shared with another value (an identity pass-through): adding in place would
+  // change the other's gradient too, so this value gets a copy first.
+  ValueId copy = graph_.add_activation("d" + v.name, v.shape);
+  graph_.add_node(Node{&kAccumulate, {it->second}, {copy}, {}, false, true, v.name});
+  grad_owners_[it->second] -= 1;
+  it->second = copy;
+  grad_owners_[copy] = 1;
+  return {copy, true};
+}
+
+void GradBuilder::emit(const OpDef& op, std::vector<ValueId> inputs, std::vector<ValueId> outputs, Target target,
+                       Attrs attrs, const std::string& name) {
+  Node node{&op, std::move(inputs), std::move(outputs), std::move(attrs), target.accumulate, true, name};
+  graph_.add_node(std::move(node));
+}
+
+void GradBuilder::pass_through(ValueId value, ValueId grad, const std::string& name) {
+  if (!wants(value)) return;
+  const Value& v = graph_.value(value);
+  auto it = grads_.find(value);
+  if (v.placement != Placement::parameter && it == grads_.end()) {
+    grads_[value] = grad;
+    grad_owners_[grad] += 1;
+    return;
+  }
+  Target t = target(value);
+  graph_.add_node(Node{&kAccumulate, {grad}, {t.value}, {}, t.accumulate, true, name});
+}
+
+void autodiff(Graph& graph) {
+  ENGINE_CHECK(graph.loss() != kNoValue, "autodiff needs a loss");
+  if (graph.forward_size() == 0) graph.mark_forward_end();
+  GradBuilder builder(graph);
+  const size_t forward = graph.forward_size();
+  for (size_t i = forward; i-- > 0;) {
+    const Node node = graph.nodes()[i];  // a copy: rules append to the node list
+    if (!node.op->grad) continue;
+    bool is_loss = false;
+    bool has_grad = false;
+    for (ValueId out : node.outputs) {
+      is_loss = is_loss || out == graph.loss();
+      has_grad = has_grad || builder.grad(out) != kNoValue;
+    }
+    bool wanted = false;
+    for (ValueId in : node.inputs) wanted = wanted || builder.wants(in);
+    if ((is_loss || has_grad) && wanted) node.op->grad(builder, node);
+  }
+}
+
+}  // namespace engine

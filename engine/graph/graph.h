@@ -1,0 +1,113 @@
+// Graph: one training step as a flat, topologically ordered list of nodes over typed values.
+//
+// Model builders append forward nodes through op builder functions (ops/<family>/<op>.h), which
+// check shapes and compute nothing, so a shape error surfaces while the recipe is compiled, naming
+// the layer. autodiff() appends the backward nodes; the planner (plan/) gives every activation an
+// offset in one arena; the executor (runtime/) replays the nodes every step.
+//
+// Values live in one of four places:
+//   activation  intermediate results, placed in the arena by the planner
+//   parameter   weights, in the flat buffer of their wrap unit (one transformer block = one unit)
+//   gradient    parameter gradients, laid out like the parameters; kernels accumulate into them
+//   input       per-step data fed by the trainer (token ids, targets)
+//
+//   Graph g;
+//   int unit = g.add_unit("block.0");
+//   ValueId w = g.add_param("h.0.mlp.c_fc.weight", Shape{4 * C, C}, unit, ParamInit::normal(0.02));
+//   ValueId y = ops::linear(g, x, w, b, "h.0.mlp.c_fc");
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace engine {
+
+struct OpDef;
+using ValueId = int32_t;
+inline constexpr ValueId kNoValue = -1;
+
+enum class Placement { activation, parameter, gradient, input };
+
+struct Value {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;
+  Placement placement = Placement::activation;
+  int param = -1;  // parameter and gradient values: index into Graph::params
+};
+
+// Per-op attributes, interpreted by each op (documented in its header).
+struct Attrs {
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+};
+
+struct Node {
+  const OpDef* op = nullptr;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  Attrs attrs;
+  bool accumulate = false;  // outputs are added to (gradients), not overwritten
+  bool backward = false;
+  std::string name;  // the layer it belongs to, for messages and traces
+};
+
+struct ParamInit {
+  enum class Kind { normal, zeros, ones } kind = Kind::normal;
+  double std = 0.02;
+  static ParamInit normal(double s) { return {Kind::normal, s}; }
+  static ParamInit zeros() { return {Kind::zeros, 0}; }
+  static ParamInit ones() { return {Kind::ones, 0}; }
+};
+
+struct Param {
+  std::string name;
+  ValueId value = kNoValue;
+  ValueId grad = kNoValue;
+  int unit = 0;
+  int64_t offset = 0;  // elements from the start of the unit's buffer
+  ParamInit init;
+  bool decay = true;  // weight decay applies (off for biases and norms by default)
+};
+
+// A wrap unit: parameters that ZeRO-3 gathers and releases together and offload moves together.
+struct Unit {
+  std::string name;
+  int64_t numel = 0;
+};
+
+class Graph {
+ public:
+  int add_unit(std::string name);
+  ValueId add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay = true);
+  ValueId add_input(std::string name, Shape shape, DType dtype);
+  ValueId add_activation(std::string name, Shape shape, DType dtype = DType::f32);
+  // Appends a node; returns nothing: builders create output values first.
+  void add_node(Node node);
+
+  const Value& value(ValueId id) const { return values_[static_cast<size_t>(id)]; }
+  const std::vector<Value>& values() const { return values_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Param>& params() const { return params_; }
+  const std::vector<Unit>& units() const { return units_; }
+  int64_t param_count() const;
+
+  ValueId loss() const { return loss_; }
+  void set_loss(ValueId loss) { loss_ = loss; }
+  size_t forward_size() const { return forward_size_; }  // nodes before autodiff appended any
+  void mark_forward_end() { forward_size_ = nodes_.size(); }
+
+ private:
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::vector<Param> params_;
+  std::vector<Unit> units_;
+  ValueId loss_ = kNoValue;
+  size_t forward_size_ = 0;
+};
+
+}  // namespace engine

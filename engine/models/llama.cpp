@@ -1,0 +1,73 @@
+// Llama: token embedding, pre-RMSNorm blocks of rotary causal self-attention and a SwiGLU MLP,
+// no biases, a final RMSNorm and an LM head (tied to the embedding when tie_embeddings).
+#include <cmath>
+
+#include "elementwise/add.h"
+#include "linalg/linear.h"
+#include "loss/cross_entropy.h"
+#include "models/model.h"
+#include "nn/activation.h"
+#include "nn/attention.h"
+#include "nn/embedding.h"
+#include "nn/layernorm.h"
+#include "nn/rotary.h"
+
+namespace engine {
+
+ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale) {
+  const auto& m = recipe.model;
+  const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
+  const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
+  ModelGraph model;
+  Graph& g = model.graph;
+  model.batch = batch;
+  model.sequence = sequence;
+  model.classes = V;
+  model.inputs = g.add_input("tokens", Shape{batch, sequence}, DType::i32);
+  model.targets = g.add_input("targets", Shape{batch, sequence}, DType::i32);
+  auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
+    return g.add_param(name, std::move(shape), unit, ParamInit::normal(s), true);
+  };
+  auto norm_weight = [&](const std::string& name, int unit) {
+    return g.add_param(name, Shape{C}, unit, ParamInit::ones(), false);
+  };
+
+  int embeddings = g.add_unit("embeddings");
+  ValueId embed = weight("model.embed_tokens.weight", Shape{V, C}, embeddings, std);
+  ValueId x = ops::embedding(g, model.inputs, embed, kNoValue, "embeddings");
+
+  for (int64_t l = 0; l < L; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    int unit = g.add_unit("layers." + std::to_string(l));
+    ValueId ln1 = norm_weight(p + "input_layernorm.weight", unit);
+    ValueId qkv_w = weight(p + "self_attn.qkv_proj.weight", Shape{3 * C, C}, unit, std);
+    ValueId o_w = weight(p + "self_attn.o_proj.weight", Shape{C, C}, unit, residual_std);
+    ValueId ln2 = norm_weight(p + "post_attention_layernorm.weight", unit);
+    ValueId gate_w = weight(p + "mlp.gate_proj.weight", Shape{F, C}, unit, std);
+    ValueId up_w = weight(p + "mlp.up_proj.weight", Shape{F, C}, unit, std);
+    ValueId down_w = weight(p + "mlp.down_proj.weight", Shape{C, F}, unit, residual_std);
+
+    ValueId h = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
+    ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
+    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary");
+    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn");
+    x = ops::add(g, x, ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), p + "residual_1");
+    h = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
+    ValueId gate = ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj");
+    ValueId up = ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj");
+    ValueId f = ops::swiglu(g, gate, up, p + "mlp.swiglu");
+    x = ops::add(g, x, ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), p + "residual_2");
+  }
+
+  int head = g.add_unit("head");
+  ValueId norm = norm_weight("model.norm.weight", head);
+  ValueId lm_head = m.tie_embeddings ? embed : weight("lm_head.weight", Shape{V, C}, head, std);
+  x = ops::rmsnorm(g, x, norm, m.norm_eps, "model.norm");
+  model.logits = ops::linear(g, x, lm_head, kNoValue, "lm_head");
+  model.losses = ops::softmax_cross_entropy(g, model.logits, model.targets, loss_scale, "loss");
+  g.set_loss(model.losses);
+  g.mark_forward_end();
+  return model;
+}
+
+}  // namespace engine

@@ -1,0 +1,38 @@
+// Model builders: a recipe's model section turned into a forward graph that ends in a loss.
+//
+// Builders emit nodes through the op builders and compute nothing; a shape mistake is reported
+// here, naming the layer. Parameters are grouped into wrap units: the embeddings, one unit per
+// transformer block (or MLP layer), and the final norm and head. Parameter names follow Hugging
+// Face (GPT-2: `h.0.attn.c_attn.weight`; Llama: `model.layers.0.mlp.gate_proj.weight`), with one
+// difference: linear weights are stored (out, in) as nn.Linear does.
+//
+//   ModelGraph model = build_model(recipe, /*micro_batch=*/8, /*loss_scale=*/1.0 / (8 * 64));
+//   autodiff(model.graph);
+#pragma once
+
+#include <cstdint>
+
+#include "graph/graph.h"
+#include "recipe/recipe.h"
+
+namespace engine {
+
+struct ModelGraph {
+  Graph graph;
+  ValueId inputs = kNoValue;   // tokens (B, T) i32, or features (B, input_dim) f32 for mlp
+  ValueId targets = kNoValue;  // (B, T) or (B) i32
+  ValueId losses = kNoValue;   // per-row losses (B*T) or (B)
+  ValueId logits = kNoValue;   // (B, T, V) or (B, classes); overwritten by the loss's gradient
+  int64_t batch = 0;
+  int64_t sequence = 0;  // T for language models, 1 for mlp
+  int64_t classes = 0;   // vocabulary or number of classes
+};
+
+// `loss_scale` multiplies each row's loss gradient: 1 / (rows per optimizer step).
+ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale);
+
+ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
+ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
+ModelGraph build_mlp(const recipe::Recipe& recipe, int64_t batch, double loss_scale);
+
+}  // namespace engine

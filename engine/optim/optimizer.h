@@ -1,0 +1,38 @@
+// Optimizers, learning-rate schedules and gradient clipping, over a ParameterStore.
+//
+//   auto optimizer = make_optimizer(recipe.optimizer, store);
+//   double norm = clip_gradients(store, recipe.train.gradient_clipping);   // global L2 norm
+//   optimizer->step(learning_rate(recipe, step));
+//
+// AdamW decouples weight decay (w -= lr * wd * w) and corrects the moment estimates' bias; SGD
+// supports momentum, Nesterov and L2 weight decay (PyTorch's torch.optim.SGD semantics). Biases
+// and normalisation weights get no weight decay unless optimizer.decay_norms_and_biases.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "recipe/recipe.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update with learning rate `lr`; `step` counts updates from 1.
+  virtual void step(double lr) = 0;
+  // Optimizer state, for checkpoints and `engine plan`.
+  virtual int64_t state_bytes() const = 0;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config, ParameterStore& store);
+
+// The learning rate of optimizer step `step` (0-based) under the recipe's schedule.
+double learning_rate(const recipe::Recipe& recipe, int64_t step);
+
+// Global L2 norm of all gradients (accumulated in double); when max_norm > 0 and the norm exceeds
+// it, scales every gradient by max_norm / norm. Returns the norm before clipping.
+double clip_gradients(ParameterStore& store, double max_norm);
+
+}  // namespace engine

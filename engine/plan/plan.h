@@ -1,0 +1,38 @@
+// Plan: the static schedule of a step and where every activation lives.
+//
+// The planner takes the nodes a step runs (forward only for evaluation, forward + backward for
+// training), computes each activation's live interval (first to last node that touches it) and
+// gives it an offset in one arena so that values alive at the same time never overlap. A step then
+// allocates nothing, and the arena size is the activation peak, known before the first step.
+//
+//   Plan train = plan_step(graph, all_nodes(graph));
+//   Plan eval = plan_step(graph, forward_nodes(graph));
+//   std::printf("activations: %lld bytes\n", train.arena_bytes);
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace engine {
+
+inline constexpr int64_t kArenaAlignment = 64;
+
+struct Plan {
+  std::vector<size_t> nodes;     // indices into graph.nodes(), in execution order
+  std::vector<int64_t> offsets;  // per ValueId: byte offset in the arena, -1 if not an activation of this plan
+  int64_t arena_bytes = 0;
+  int64_t unplaced_bytes = 0;  // sum of all activation sizes: what no reuse would cost
+};
+
+std::vector<size_t> forward_nodes(const Graph& graph);
+std::vector<size_t> all_nodes(const Graph& graph);
+
+// `keep` lists activations the caller reads after the step (the per-row losses): they stay live
+// to the end of the plan instead of being overwritten once their last consumer has run.
+Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<ValueId>& keep = {});
+
+int64_t value_bytes(const Value& value);
+
+}  // namespace engine

@@ -1,0 +1,42 @@
+// Executor: replays a Plan on the CPU. It owns the activation arena and the input buffers and
+// points every value at its memory once; a step is then a loop over the plan's nodes calling
+// their kernels, with no allocation.
+//
+//   Executor exec(graph, params);                 // params: the model's parameter storage
+//   exec.add_plan("train", plan_step(graph, all_nodes(graph)));
+//   std::memcpy(exec.input(tokens), batch.data(), bytes);
+//   exec.run("train", step, micro_step);
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "graph/op.h"
+#include "plan/plan.h"
+#include "runtime/buffer.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+class Executor {
+ public:
+  Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed);
+
+  // Plans share one arena, sized for the largest.
+  void add_plan(const std::string& name, Plan plan);
+  const Plan& plan(const std::string& name) const { return plans_.at(name); }
+  void* input(ValueId id) { return inputs_.at(id).data(); }
+  float* value_f32(const std::string& plan, ValueId id);  // an activation as placed by a plan
+  void run(const std::string& plan, uint64_t step, uint64_t micro_step);
+
+ private:
+  const Graph& graph_;
+  ParameterStore& parameters_;
+  uint64_t seed_;
+  std::map<std::string, Plan> plans_;
+  std::map<ValueId, Buffer> inputs_;
+  Buffer arena_;
+};
+
+}  // namespace engine

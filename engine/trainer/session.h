@@ -1,0 +1,51 @@
+// Session: everything a recipe compiles into, ready to step. Building one validates the data,
+// builds the model graph, differentiates it, plans memory for training and evaluation, and
+// allocates parameters, gradients, optimizer state and the activation arena, once.
+//
+//   Session session(loaded.recipe, loaded.world);
+//   session.store.initialize(seed);
+//   double loss = session.train_micro_batch(batch, step, micro);   // mean loss of the micro-batch
+//   MemoryPlan memory = session.memory();
+#pragma once
+
+#include <memory>
+
+#include "data/dataset.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "recipe/load.h"
+#include "runtime/executor.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+struct MemoryPlan {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, inputs = 0;
+  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs; }
+};
+
+class Session {
+ public:
+  explicit Session(const recipe::Recipe& recipe);
+
+  // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
+  double train_micro_batch(const Batch& batch, int64_t step, int64_t micro);
+  // Mean loss over `batches` validation batches (forward only).
+  double evaluate(int64_t batches);
+  MemoryPlan memory() const;
+  double flops_per_micro_batch() const;  // forward + backward, counted from the graph's nodes
+
+  const recipe::Recipe& recipe;
+  std::unique_ptr<Dataset> data;
+  ModelGraph model;
+  ParameterStore store;
+  std::unique_ptr<Optimizer> optimizer;
+  Executor executor;
+  int64_t micro_batch, accumulation;
+
+ private:
+  void load_batch(const Batch& batch);
+  double mean_loss(const std::string& plan);
+};
+
+}  // namespace engine

@@ -1,0 +1,86 @@
+#include "trainer/telemetry.h"
+
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <string>
+
+namespace engine {
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  return text;
+}
+
+std::string format_fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
+std::string format_duration(double seconds) {
+  auto s = int64_t(seconds + 0.5);
+  char text[32];
+  if (s >= 3600)
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60),
+                  (long long)(s % 60));
+  else
+    std::snprintf(text, sizeof text, "%lld:%02lld", (long long)(s / 60), (long long)(s % 60));
+  return text;
+}
+
+namespace {
+
+int64_t status_field(const std::string& field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+int64_t resident_bytes() { return status_field("VmRSS"); }
+int64_t peak_resident_bytes() { return status_field("VmHWM"); }
+
+ProgressLine::ProgressLine(std::ostream& out, bool terminal, int64_t total)
+    : out_(out), terminal_(terminal), total_(total) {}
+
+void ProgressLine::update(int64_t step, double loss, double lr, double rate, double elapsed, int64_t memory) {
+  std::ostringstream line;
+  char lr_text[32];
+  std::snprintf(lr_text, sizeof lr_text, "%.2e", lr);
+  double eta = step > 0 ? elapsed / double(step) * double(total_ - step) : 0;
+  line << "step " << step << "/" << total_ << " | loss " << format_fixed(loss, 4) << " | lr " << lr_text << " | "
+       << format_fixed(rate / 1000, 1) << "k tok/s | elapsed " << format_duration(elapsed) << " | ETA "
+       << format_duration(eta) << " | mem " << format_bytes(memory);
+  if (terminal_) {
+    out_ << "\r\033[K" << line.str() << std::flush;
+    live_ = true;
+  } else {
+    out_ << line.str() << "\n" << std::flush;
+  }
+}
+
+void ProgressLine::note(const std::string& line) {
+  if (terminal_ && live_) out_ << "\r\033[K";
+  out_ << line << "\n" << std::flush;
+  live_ = false;
+}
+
+void ProgressLine::finish() {
+  if (terminal_ && live_) out_ << "\n";
+  live_ = false;
+}
+
+}  // namespace engine

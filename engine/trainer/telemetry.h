@@ -1,0 +1,34 @@
+// What a user sees while training: a live progress line on a terminal, plain periodic lines
+// otherwise, and small formatting helpers.
+//
+//   step 120/300 | loss 1.4821 | lr 2.1e-03 | 182.4k tok/s | elapsed 0:07 | ETA 0:10 | mem 142 MB
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace engine {
+
+std::string format_bytes(int64_t bytes);             // "142.3 MB"
+std::string format_fixed(double value, int digits);  // "1.4821"
+std::string format_duration(double seconds);         // "1:02:03", "0:07"
+int64_t resident_bytes();                            // current resident memory of this process
+int64_t peak_resident_bytes();                       // its high-water mark (VmHWM)
+
+class ProgressLine {
+ public:
+  ProgressLine(std::ostream& out, bool terminal, int64_t total_steps);
+  void update(int64_t step, double loss, double lr, double tokens_per_second, double elapsed, int64_t memory);
+  // A line that stays (evaluation results), printed above the live line on a terminal.
+  void note(const std::string& line);
+  void finish();
+
+ private:
+  std::ostream& out_;
+  bool terminal_;
+  int64_t total_;
+  bool live_ = false;
+};
+
+}  // namespace engine

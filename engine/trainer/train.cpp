@@ -1,0 +1,129 @@
+#include "trainer/train.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "checkpoint/weights.h"
+#include "core/error.h"
+#include "data/loader.h"
+#include "recipe/export.h"
+#include "trainer/session.h"
+#include "trainer/telemetry.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_interrupt(int) {
+  g_stop_requested = true;
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  fs::path temporary = path;
+  temporary += ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw UserError(temporary.string() + ": write failed (disk full?)");
+  }
+  fs::rename(temporary, path);
+}
+
+}  // namespace
+
+TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
+  const recipe::Recipe& r = loaded.recipe;
+  TrainSummary summary;
+  summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
+  std::error_code error;
+  fs::create_directories(summary.run_dir, error);
+  if (error) throw UserError(summary.run_dir.string() + ": cannot create the run directory: " + error.message());
+  write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
+
+  Session session(r);
+  session.store.initialize(uint64_t(r.run.seed));
+  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
+  out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
+      << " wrap units; data: " << session.data->describe() << "\n";
+  if (auto floor = session.data->loss_floor()) out << "loss floor (exact entropy of the data): " << *floor << " nats\n";
+  MemoryPlan memory = session.memory();
+  out << "memory plan: " << format_bytes(memory.total()) << " (activations " << format_bytes(memory.activations)
+      << ")\n";
+
+  std::ofstream metrics(summary.run_dir / "metrics.jsonl", std::ios::trunc);
+  ProgressLine progress(out, isatty(STDOUT_FILENO) && &out == &std::cout, r.train.steps);
+  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch);
+  g_stop_requested = false;
+  auto previous_handler = std::signal(SIGINT, on_interrupt);
+
+  const auto start = std::chrono::steady_clock::now();
+  auto window_start = start;
+  int64_t window_rows = 0;
+  for (int64_t step = 0; step < r.train.steps; ++step) {
+    session.store.zero_grads();
+    double loss = 0;
+    for (int64_t micro = 0; micro < session.accumulation; ++micro)
+      loss += session.train_micro_batch(loader.next(), step, micro) / double(session.accumulation);
+    double grad_norm = clip_gradients(session.store, r.train.gradient_clipping);
+    double lr = learning_rate(r, step);
+    session.optimizer->step(lr);
+    window_rows += rows_per_step;
+    summary.steps = step + 1;
+    summary.final_loss = loss;
+
+    const bool last = step + 1 == r.train.steps || g_stop_requested;
+    if ((step + 1) % r.train.log_every == 0 || last || step == 0) {
+      auto now = std::chrono::steady_clock::now();
+      double window = std::chrono::duration<double>(now - window_start).count();
+      double elapsed = std::chrono::duration<double>(now - start).count();
+      double rate = window > 0 ? double(window_rows) / window : 0;
+      window_start = now;
+      window_rows = 0;
+      metrics
+          << nlohmann::json{{"step", step + 1},          {"loss", loss},        {"lr", lr}, {"grad_norm", grad_norm},
+                            {"tokens_per_second", rate}, {"elapsed_s", elapsed}}
+                 .dump()
+          << "\n";
+      metrics.flush();
+      progress.update(step + 1, loss, lr, rate, elapsed, resident_bytes());
+    }
+    if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || last)) {
+      double val = session.evaluate(r.train.eval_batches);
+      summary.final_val_loss = val;
+      metrics << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
+      metrics.flush();
+      progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
+    }
+    if (g_stop_requested) {
+      summary.interrupted = true;
+      break;
+    }
+  }
+  std::signal(SIGINT, previous_handler);
+  progress.finish();
+
+  fs::path weights = summary.run_dir / "model.safetensors";
+  std::string arch = r.model.arch == recipe::Arch::gpt ? "gpt" : r.model.arch == recipe::Arch::llama ? "llama" : "mlp";
+  save_weights(weights, session.store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(summary.steps)}});
+  if (summary.interrupted)
+    out << "interrupted after step " << summary.steps << "; weights saved to " << weights.string() << "\n";
+  else
+    out << "done: " << summary.steps << " steps, final loss " << format_fixed(summary.final_loss, 4)
+        << "; weights saved to " << weights.string() << "\n";
+  return summary;
+}
+
+}  // namespace engine

@@ -1,0 +1,30 @@
+// train: the training loop of `engine train`.
+//
+// Each optimizer step zeroes the gradients, runs gradient_accumulation_steps micro-batches (each
+// forward + backward, gradients accumulating), clips by global norm, sets the scheduled learning
+// rate and applies the optimizer. Every log_every steps it records a metrics line; every
+// eval_every steps it measures the validation loss. Outputs go to <output_dir>/<name>/:
+//   recipe.yaml        the resolved recipe (what `engine config` prints)
+//   metrics.jsonl      one JSON object per logged step and evaluation
+//   model.safetensors  the final weights (Hugging Face names), written atomically
+// Ctrl-C stops after the current step and still saves the weights.
+#pragma once
+
+#include <filesystem>
+#include <iosfwd>
+
+#include "recipe/load.h"
+
+namespace engine {
+
+struct TrainSummary {
+  std::filesystem::path run_dir;
+  int64_t steps = 0;
+  double final_loss = 0;
+  double final_val_loss = -1;
+  bool interrupted = false;
+};
+
+TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out);
+
+}  // namespace engine

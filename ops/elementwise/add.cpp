@@ -1,0 +1,35 @@
+#include "elementwise/add.h"
+
+namespace engine::ops {
+
+namespace {
+
+void add_cpu(const Node& node, const KernelContext& ctx) {
+  const float* a = ctx.f32(node.inputs[0]);
+  const float* b = ctx.f32(node.inputs[1]);
+  float* y = ctx.f32(node.outputs[0]);
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void add_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  gb.pass_through(node.inputs[0], dy, node.name);
+  gb.pass_through(node.inputs[1], dy, node.name);
+}
+
+}  // namespace
+
+const OpDef kAdd{"add", add_cpu, add_grad, elementwise_flops};
+
+ValueId add(Graph& g, ValueId a, ValueId b, const std::string& name) {
+  if (g.value(a).shape != g.value(b).shape)
+    shape_error(name, "cannot add " + g.value(a).shape.str() + " and " + g.value(b).shape.str());
+  ValueId y = g.add_activation(name + ".out", g.value(a).shape);
+  g.add_node(Node{&kAdd, {a, b}, {y}, {}, false, false, name});
+  return y;
+}
+
+}  // namespace engine::ops

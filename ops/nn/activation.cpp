@@ -1,0 +1,110 @@
+#include "nn/activation.h"
+
+namespace engine::ops {
+
+namespace {
+
+template <class F>
+void unary_cpu(const Node& node, const KernelContext& ctx) {
+  const float* x = ctx.f32(node.inputs[0]);
+  float* y = ctx.f32(node.outputs[0]);
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = F::forward(x[i]);
+}
+
+// inputs x, dy; output dx
+template <class F>
+void unary_backward_cpu(const Node& node, const KernelContext& ctx) {
+  const float* x = ctx.f32(node.inputs[0]);
+  const float* dy = ctx.f32(node.inputs[1]);
+  float* dx = ctx.f32(node.outputs[0]);
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+  if (ctx.accumulates(node, 0)) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] += F::derivative(x[i]) * dy[i];
+  } else {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) dx[i] = F::derivative(x[i]) * dy[i];
+  }
+}
+
+template <const OpDef* Backward>
+void unary_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(*Backward, {node.inputs[0], dy}, {t.value}, t, {}, node.name);
+}
+
+ValueId unary(Graph& g, const OpDef& op, ValueId x, const std::string& name) {
+  ValueId y = g.add_activation(name + ".out", g.value(x).shape);
+  g.add_node(Node{&op, {x}, {y}, {}, false, false, name});
+  return y;
+}
+
+void swiglu_cpu(const Node& node, const KernelContext& ctx) {
+  const float* a = ctx.f32(node.inputs[0]);
+  const float* b = ctx.f32(node.inputs[1]);
+  float* y = ctx.f32(node.outputs[0]);
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = Silu::forward(a[i]) * b[i];
+}
+
+// inputs a, b, dy; outputs da, db (each written or accumulated per its own target)
+void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
+  const float* a = ctx.f32(node.inputs[0]);
+  const float* b = ctx.f32(node.inputs[1]);
+  const float* dy = ctx.f32(node.inputs[2]);
+  float* da = ctx.f32(node.outputs[0]);
+  float* db = ctx.f32(node.outputs[1]);
+  bool acc_a = node.attrs.ints[0] != 0, acc_b = node.attrs.ints[1] != 0;
+  int64_t n = ctx.shape(node.inputs[0]).numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float va = Silu::derivative(a[i]) * b[i] * dy[i];
+    float vb = Silu::forward(a[i]) * dy[i];
+    da[i] = acc_a ? da[i] + va : va;
+    db[i] = acc_b ? db[i] + vb : vb;
+  }
+}
+
+void swiglu_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  auto ta = gb.target(node.inputs[0]);
+  auto tb = gb.target(node.inputs[1]);
+  gb.graph().add_node(Node{&kSwigluBackward,
+                           {node.inputs[0], node.inputs[1], dy},
+                           {ta.value, tb.value},
+                           Attrs{{ta.accumulate ? 1 : 0, tb.accumulate ? 1 : 0}, {}},
+                           false,
+                           true,
+                           node.name});
+}
+
+}  // namespace
+
+const OpDef kGelu{"gelu", unary_cpu<Gelu>, unary_grad<&kGeluBackward>, elementwise_flops};
+const OpDef kGeluBackward{"gelu_backward", unary_backward_cpu<Gelu>, nullptr, elementwise_flops};
+const OpDef kRelu{"relu", unary_cpu<Relu>, unary_grad<&kReluBackward>, elementwise_flops};
+const OpDef kReluBackward{"relu_backward", unary_backward_cpu<Relu>, nullptr, elementwise_flops};
+const OpDef kSilu{"silu", unary_cpu<Silu>, unary_grad<&kSiluBackward>, elementwise_flops};
+const OpDef kSiluBackward{"silu_backward", unary_backward_cpu<Silu>, nullptr, elementwise_flops};
+const OpDef kSwiglu{"swiglu", swiglu_cpu, swiglu_grad, elementwise_flops};
+const OpDef kSwigluBackward{"swiglu_backward", swiglu_backward_cpu, nullptr, elementwise_flops};
+
+ValueId gelu(Graph& g, ValueId x, const std::string& name) { return unary(g, kGelu, x, name); }
+ValueId relu(Graph& g, ValueId x, const std::string& name) { return unary(g, kRelu, x, name); }
+ValueId silu(Graph& g, ValueId x, const std::string& name) { return unary(g, kSilu, x, name); }
+
+ValueId swiglu(Graph& g, ValueId a, ValueId b, const std::string& name) {
+  if (g.value(a).shape != g.value(b).shape)
+    shape_error(name, "gate " + g.value(a).shape.str() + " and value " + g.value(b).shape.str() + " differ");
+  ValueId y = g.add_activation(name + ".out", g.value(a).shape);
+  g.add_node(Node{&kSwiglu, {a, b}, {y}, {}, false, false, name});
+  return y;
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,50 @@
+// Pointwise activations and their gradients. The math of each lives once, in a functor shared by
+// forward and backward kernels (and by the CUDA kernels when they arrive).
+//
+//   gelu  (tanh approximation, as GPT-2):  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+//   relu:                                  max(x, 0)
+//   silu:                                  x sigmoid(x)
+//   swiglu(a, b) = silu(a) * b             (Llama's feed-forward gate; a and b have one shape)
+#pragma once
+
+#include <cmath>
+
+#include "op_util.h"
+
+namespace engine::ops {
+
+struct Gelu {
+  static constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  static constexpr float kKappa = 0.044715f;
+  static float forward(float x) {
+    float inner = kBeta * (x + kKappa * x * x * x);
+    return 0.5f * x * (1.0f + std::tanh(inner));
+  }
+  static float derivative(float x) {
+    float inner = kBeta * (x + kKappa * x * x * x);
+    float t = std::tanh(inner);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * x * x);
+  }
+};
+
+struct Relu {
+  static float forward(float x) { return x > 0.0f ? x : 0.0f; }
+  static float derivative(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+};
+
+struct Silu {
+  static float forward(float x) { return x / (1.0f + std::exp(-x)); }
+  static float derivative(float x) {
+    float s = 1.0f / (1.0f + std::exp(-x));
+    return s * (1.0f + x * (1.0f - s));
+  }
+};
+
+ValueId gelu(Graph& g, ValueId x, const std::string& name);
+ValueId relu(Graph& g, ValueId x, const std::string& name);
+ValueId silu(Graph& g, ValueId x, const std::string& name);
+ValueId swiglu(Graph& g, ValueId a, ValueId b, const std::string& name);
+
+extern const OpDef kGelu, kGeluBackward, kRelu, kReluBackward, kSilu, kSiluBackward, kSwiglu, kSwigluBackward;
+
+}  // namespace engine::ops

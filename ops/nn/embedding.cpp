@@ -1,0 +1,86 @@
+#include "nn/embedding.h"
+
+#include <algorithm>
+
+namespace engine::ops {
+
+namespace {
+
+void embedding_cpu(const Node& node, const KernelContext& ctx) {
+  const Shape& ts = ctx.shape(node.inputs[0]);
+  int64_t batch = ts[0], time = ts[1], channels = ctx.shape(node.inputs[1])[1];
+  const int32_t* tokens = ctx.i32(node.inputs[0]);
+  const float* table = ctx.f32(node.inputs[1]);
+  const float* positions = node.inputs.size() > 2 ? ctx.f32(node.inputs[2]) : nullptr;
+  float* out = ctx.f32(node.outputs[0]);
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < batch * time; ++bt) {
+    const float* row = table + int64_t(tokens[bt]) * channels;
+    float* o = out + bt * channels;
+    if (positions) {
+      const float* pos = positions + (bt % time) * channels;
+      for (int64_t c = 0; c < channels; ++c) o[c] = row[c] + pos[c];
+    } else {
+      std::copy(row, row + channels, o);
+    }
+  }
+}
+
+// inputs: dout (B, T, C), tokens (B, T); outputs: dtable [, dpositions]
+void embedding_backward_cpu(const Node& node, const KernelContext& ctx) {
+  const Shape& ds = ctx.shape(node.inputs[0]);
+  int64_t batch = ds[0], time = ds[1], channels = ds[2];
+  const float* dout = ctx.f32(node.inputs[0]);
+  const int32_t* tokens = ctx.i32(node.inputs[1]);
+  float* dtable = ctx.f32(node.outputs[0]);
+  float* dpos = node.outputs.size() > 1 ? ctx.f32(node.outputs[1]) : nullptr;
+  const int64_t block = 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < channels; c0 += block) {
+    int64_t c1 = std::min(channels, c0 + block);
+    for (int64_t bt = 0; bt < batch * time; ++bt) {
+      const float* d = dout + bt * channels;
+      float* row = dtable + int64_t(tokens[bt]) * channels;
+      for (int64_t c = c0; c < c1; ++c) row[c] += d[c];
+      if (dpos) {
+        float* p = dpos + (bt % time) * channels;
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+      }
+    }
+  }
+}
+
+void embedding_grad(GradBuilder& gb, const Node& node) {
+  ValueId dout = gb.grad(node.outputs[0]);
+  if (dout == kNoValue) return;
+  std::vector<ValueId> outs{gb.target(node.inputs[1]).value};
+  if (node.inputs.size() > 2) outs.push_back(gb.target(node.inputs[2]).value);
+  gb.graph().add_node(Node{&kEmbeddingBackward, {dout, node.inputs[0]}, outs, {}, true, true, node.name});
+}
+
+}  // namespace
+
+const OpDef kEmbedding{"embedding", embedding_cpu, embedding_grad, elementwise_flops};
+const OpDef kEmbeddingBackward{
+    "embedding_backward", embedding_backward_cpu, nullptr,
+    [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
+
+ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name) {
+  const Shape& ts = g.value(tokens).shape;
+  const Shape& tab = g.value(table).shape;
+  if (ts.rank() != 2 || g.value(tokens).dtype != DType::i32) shape_error(name, "tokens must be (B, T) int32");
+  if (tab.rank() != 2) shape_error(name, "table must be (V, C), got " + tab.str());
+  std::vector<ValueId> inputs{tokens, table};
+  if (positions != kNoValue) {
+    const Shape& ps = g.value(positions).shape;
+    if (ps.rank() != 2 || ps[1] != tab[1] || ps[0] < ts[1])
+      shape_error(name, "position table " + ps.str() + " cannot cover " + std::to_string(ts[1]) +
+                            " positions of width " + std::to_string(tab[1]));
+    inputs.push_back(positions);
+  }
+  ValueId out = g.add_activation(name + ".out", Shape{ts[0], ts[1], tab[1]});
+  g.add_node(Node{&kEmbedding, inputs, {out}, {}, false, false, name});
+  return out;
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,18 @@
+// embedding: rows of a table picked by token ids, plus (optionally) a learned position table.
+//
+//   tokens (B, T) i32   table (V, C)   positions (P, C) or none, P >= T   ->   out (B, T, C)
+//   out[b, t] = table[tokens[b, t]] + positions[t]
+//
+// Backward (embedding_backward): dtable[tokens[b, t]] += dout[b, t], dpositions[t] += dout[b, t].
+// Rows hit by several tokens are summed in a fixed order: each thread owns a slice of channels.
+#pragma once
+
+#include "op_util.h"
+
+namespace engine::ops {
+
+ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name);
+
+extern const OpDef kEmbedding, kEmbeddingBackward;
+
+}  // namespace engine::ops

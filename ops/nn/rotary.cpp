@@ -1,0 +1,71 @@
+#include "nn/rotary.h"
+
+#include <cmath>
+#include <vector>
+
+namespace engine::ops {
+
+namespace {
+
+// direction +1 rotates (forward), -1 rotates back (backward). inputs[0] is the source.
+void rotate(const Node& node, const KernelContext& ctx, float direction) {
+  const Shape& s = ctx.shape(node.inputs[0]);
+  int64_t batch = s[0], time = s[1], c = s[2] / 3, heads = node.attrs.ints[0], hd = c / heads, half = hd / 2;
+  double theta = node.attrs.floats[0];
+  const float* in = ctx.f32(node.inputs[0]);
+  float* out = ctx.f32(node.outputs[0]);
+  bool accumulate = ctx.accumulates(node, 0);
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(theta, -2.0 * double(i) / double(hd));
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < batch * time; ++bt) {
+    int64_t t = bt % time;
+    const float* src = in + bt * 3 * c;
+    float* dst = out + bt * 3 * c;
+    for (int64_t part = 0; part < 2; ++part) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* x = src + part * c + h * hd;
+        float* y = dst + part * c + h * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          double angle = double(t) * inv_freq[size_t(i)];
+          float cs = float(std::cos(angle)), sn = direction * float(std::sin(angle));
+          float a = x[i] * cs - x[i + half] * sn;
+          float b = x[i] * sn + x[i + half] * cs;
+          y[i] = accumulate ? y[i] + a : a;
+          y[i + half] = accumulate ? y[i + half] + b : b;
+        }
+      }
+    }
+    for (int64_t i = 0; i < c; ++i) dst[2 * c + i] = accumulate ? dst[2 * c + i] + src[2 * c + i] : src[2 * c + i];
+  }
+}
+
+void rotary_cpu(const Node& node, const KernelContext& ctx) { rotate(node, ctx, 1.0f); }
+void rotary_backward_cpu(const Node& node, const KernelContext& ctx) { rotate(node, ctx, -1.0f); }
+
+void rotary_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kRotaryBackward, {dy}, {t.value}, t, node.attrs, node.name);
+}
+
+}  // namespace
+
+const OpDef kRotary{"rotary", rotary_cpu, rotary_grad,
+                    [](const Graph& g, const Node& n) { return 3.0 * double(g.value(n.inputs[0]).shape.numel()); }};
+const OpDef kRotaryBackward{"rotary_backward", rotary_backward_cpu, nullptr, [](const Graph& g, const Node& n) {
+                              return 3.0 * double(g.value(n.inputs[0]).shape.numel());
+                            }};
+
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name) {
+  const Shape& s = g.value(qkv).shape;
+  if (s.rank() != 3 || s[2] % 3 != 0) shape_error(name, "qkv must be (B, T, 3C), got " + s.str());
+  int64_t c = s[2] / 3;
+  if (c % n_head != 0 || (c / n_head) % 2 != 0) shape_error(name, "rotary needs an even head size");
+  ValueId y = g.add_activation(name + ".out", s);
+  g.add_node(Node{&kRotary, {qkv}, {y}, Attrs{{n_head}, {theta}}, false, false, name});
+  return y;
+}
+
+}  // namespace engine::ops
