@@ -5,12 +5,16 @@ namespace engine::recipe {
 namespace fs = std::filesystem;
 
 void deep_merge(YamlNode& bottom, YamlNode top) {
+  // An empty section (`optimizer:` with its keys commented out) adds nothing; it does not erase
+  // what a base set. Use a `~section` override to remove a section.
+  if (bottom.is_map() && top.kind == YamlNode::Kind::Null) return;
   if (!bottom.is_map() || !top.is_map()) {
     bottom = std::move(top);
     return;
   }
   for (auto& entry : top.entries) {
     YamlNode* existing = bottom.find(entry.key);
+    if (existing && existing->is_map() && entry.value.kind == YamlNode::Kind::Null) continue;
     if (existing && existing->is_map() && entry.value.is_map()) {
       deep_merge(*existing, std::move(entry.value));
     } else {
@@ -23,7 +27,9 @@ namespace {
 
 struct Composer {
   const SourceReader& reader;
+  std::vector<Diagnostic>& soft_errors;
   std::vector<std::pair<std::string, std::string>> chain;  // (identity, display name) being loaded
+  int files_loaded = 0;
 
   YamlNode load(const fs::path& path, std::string included_from) {
     std::string identity = reader.identity(path);
@@ -39,10 +45,15 @@ struct Composer {
     }
     if (static_cast<int>(chain.size()) >= kMaxBaseDepth)
       throw UserError(path.string() + ": bases nest deeper than " + std::to_string(kMaxBaseDepth) + " files");
+    // Every inclusion counts, so bases that fan out (a diamond repeated at every level) stop here
+    // instead of loading an exponential number of files.
+    if (++files_loaded > kMaxBaseFiles)
+      throw UserError(path.string() + ": a recipe may load at most " + std::to_string(kMaxBaseFiles) +
+                      " files through its bases (counting repeats)");
 
-    std::string text = reader.read(path);
-    auto origin = std::make_shared<Origin>(Origin{path.string(), std::move(included_from)});
-    YamlNode root = parse_yaml(text, origin);
+    auto text = std::make_shared<const std::string>(reader.read(path));
+    auto origin = std::make_shared<Origin>(Origin{path.string(), std::move(included_from), text});
+    YamlNode root = parse_yaml(*text, origin, ParseLimits{}, &soft_errors);
     if (root.kind == YamlNode::Kind::Null) {
       if (chain.empty())
         throw RecipeError({Diagnostic{
@@ -106,15 +117,15 @@ std::vector<std::string> split_key(const std::string& path) {
 
 }  // namespace
 
-YamlNode compose_recipe(const fs::path& path, const SourceReader& reader) {
-  Composer composer{reader, {}};
+YamlNode compose_recipe(const fs::path& path, const SourceReader& reader, std::vector<Diagnostic>& soft_errors) {
+  Composer composer{reader, soft_errors, {}};
   return composer.load(path, "");
 }
 
-std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::string>& overrides) {
+std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::string>& overrides,
+                                        DiagnosticSink& sink) {
   std::vector<DeletedKey> deleted;
-  auto command_line = std::make_shared<Origin>(Origin{"<command line>", ""});
-  DiagnosticSink sink;
+  auto command_line = std::make_shared<Origin>(Origin{"<command line>", "", nullptr});
   for (size_t index = 0; index < overrides.size(); ++index) {
     const std::string& text = overrides[index];
     int number = static_cast<int>(index) + 1;
@@ -143,7 +154,7 @@ std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::s
       std::string value_text = text.substr(equals + 1);
       int value_column = static_cast<int>(equals) + 2;
       try {
-        auto origin = std::make_shared<Origin>(Origin{"<command line>", ""});
+        auto origin = std::make_shared<Origin>(Origin{"<command line>", "", nullptr});
         value = parse_yaml(value_text, origin, ParseLimits{16, 10'000});
       } catch (const RecipeError& e) {
         for (const auto& d : e.diagnostics())
@@ -169,6 +180,9 @@ std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::s
     bool failed = false;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       YamlNode* child = parent->find(parts[i]);
+      if (child && child->kind == YamlNode::Kind::Null && !remove) {
+        *child = YamlNode::make_map(at);  // an empty section: fill it
+      }
       if (!child) {
         if (remove) {
           failed = true;  // nothing to delete
@@ -193,7 +207,6 @@ std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::s
       parent->set(parts.back(), at, std::move(value));
     }
   }
-  sink.throw_if_any();
   return deleted;
 }
 

@@ -24,9 +24,12 @@
 namespace engine::recipe {
 
 inline constexpr int kMaxBaseDepth = 16;
+inline constexpr int kMaxBaseFiles = 64;
 
-// Loads `path` and its bases recursively. Throws RecipeError or UserError.
-YamlNode compose_recipe(const std::filesystem::path& path, const SourceReader& reader);
+// Loads `path` and its bases recursively. Throws RecipeError or UserError for problems that leave
+// no recipe to check; problems that do (duplicate keys) are appended to `soft_errors`.
+YamlNode compose_recipe(const std::filesystem::path& path, const SourceReader& reader,
+                        std::vector<Diagnostic>& soft_errors);
 
 // Merges `top` over `bottom`: maps deep, everything else replaced.
 void deep_merge(YamlNode& bottom, YamlNode top);
@@ -37,8 +40,9 @@ struct DeletedKey {
   std::string key;
 };
 
-// Applies `key.path=value` and `~key.path` overrides in order. Deleting a key that is not set is
-// not an error (its default applies either way). Throws RecipeError.
-std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::string>& overrides);
+// Applies `key.path=value` and `~key.path` overrides in order, reporting bad ones into `sink` and
+// applying the rest. Deleting a key that is not set is not an error (its default applies anyway).
+std::vector<DeletedKey> apply_overrides(YamlNode& root, const std::vector<std::string>& overrides,
+                                        DiagnosticSink& sink);
 
 }  // namespace engine::recipe

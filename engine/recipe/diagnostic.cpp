@@ -5,9 +5,20 @@
 
 namespace engine::recipe {
 
+int Mark::character_column() const {
+  if (!origin || !origin->text || offset < 0 || size_t(offset) > origin->text->size()) return column;
+  const std::string& text = *origin->text;
+  size_t line_start = size_t(offset) - size_t(std::max(0, column - 1));
+  if (line_start > size_t(offset)) return column;
+  int characters = 1;
+  for (size_t i = line_start; i < size_t(offset); ++i)
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++characters;
+  return characters;
+}
+
 std::string Mark::str() const {
   std::string out = origin ? origin->name : std::string("<unknown>");
-  if (line > 0) out += ":" + std::to_string(line) + ":" + std::to_string(column);
+  if (line > 0) out += ":" + std::to_string(line) + ":" + std::to_string(character_column());
   return out;
 }
 

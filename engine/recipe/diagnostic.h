@@ -21,16 +21,20 @@ namespace engine::recipe {
 // Where a document came from: a file path as the user would write it, or "<command line>".
 struct Origin {
   std::string name;
-  std::string included_from;  // "child.yaml:2:7" when this file is a base of another; else empty
+  std::string included_from;                // "child.yaml:2:7" when this file is a base of another; else empty
+  std::shared_ptr<const std::string> text;  // the document, to count columns in characters
 };
 
-// A position in a document; line and column are 1-based, 0 when unknown.
+// A position in a document; line and column are 1-based, 0 when unknown. `column` counts bytes;
+// str() reports characters (UTF-8 code points) when the document text is known.
 struct Mark {
   std::shared_ptr<const Origin> origin;
   int line = 0;
   int column = 0;
+  int offset = -1;  // byte offset in the document, -1 when unknown
 
   std::string str() const;  // "file:line:column"
+  int character_column() const;
 };
 
 struct Diagnostic {

@@ -1,6 +1,7 @@
 #include <yaml-cpp/emitter.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "recipe/export.h"
 
@@ -90,7 +91,18 @@ std::string dump_recipe(const LoadedRecipe& loaded, const Schema& schema, bool o
     out << YAML::Key << section.name << YAML::Value << YAML::BeginMap;
     for (const KeySpec* spec : shown) {
       out << YAML::Key << spec->name << YAML::Value;
-      emit_value(out, spec->read(loaded.recipe));
+      Value value = spec->read(loaded.recipe);
+      bool derived_auto = loaded.auto_keys.count(spec->path()) != 0;
+      if (derived_auto) {
+        // Written as auto so the output loads back the same under another world size; the
+        // comment shows what it resolved to here.
+        out << "auto" << YAML::Comment("resolved: " + format_value(value));
+      } else if (spec->kind == ValueKind::Path) {
+        // Absolute, so the output loads back from wherever it is saved.
+        out << std::filesystem::absolute(std::get<std::string>(value)).lexically_normal().string();
+      } else {
+        emit_value(out, value);
+      }
     }
     out << YAML::EndMap;
   }

@@ -22,7 +22,10 @@ Json value_json(const Value& value) {
 
 void add_range(Json& json, const KeySpec& spec) {
   if (spec.minimum) json[spec.exclusive_minimum ? "exclusiveMinimum" : "minimum"] = *spec.minimum;
-  if (spec.maximum) json[spec.exclusive_maximum ? "exclusiveMaximum" : "maximum"] = *spec.maximum;
+  if (spec.maximum)
+    json[spec.exclusive_maximum ? "exclusiveMaximum" : "maximum"] = *spec.maximum;
+  else if (spec.limit)
+    json["maximum"] = *spec.limit;
 }
 
 Json key_json(const KeySpec& spec) {
@@ -72,9 +75,9 @@ Json key_json(const KeySpec& spec) {
   return json;
 }
 
-// For each value of a selector key (model.arch, data.source, ...): the keys that must not appear
-// and the keys that are required, as if/then clauses.
-Json variant_rules(const SectionSpec& section) {
+// For each value of a selector key (model.arch, data.source, ...), as if/then clauses: the keys
+// that must not appear (required = false), or the keys that must (required = true).
+Json variant_rules(const SectionSpec& section, bool required_mode) {
   Json rules = Json::array();
   for (const auto& selector : section.keys) {
     if (selector.kind != ValueKind::Enum) continue;
@@ -120,7 +123,10 @@ std::string json_schema(const Schema& schema) {
       {"description", "Recipe(s) this one builds on, relative to this file; merged in order, then this file on top."},
       {"anyOf", Json::array({Json{{"type", "string"}, {"minLength", 1}},
                              Json{{"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}}}})}};
-  Json required = Json::array();
+  // Required keys are only enforced on a recipe without `base:`: an editor checks one file at a
+  // time and cannot see what the bases provide.
+  Json required_sections = Json::array();
+  Json required_parts = Json::object();
   for (const auto& section : schema.sections()) {
     Json keys;
     Json section_required = Json::array();
@@ -128,19 +134,28 @@ std::string json_schema(const Schema& schema) {
       keys[spec.name] = key_json(spec);
       if (spec.required && !spec.applies_when) section_required.push_back(spec.name);
     }
-    Json json = {
-        {"description", section.help}, {"type", "object"}, {"properties", keys}, {"additionalProperties", false}};
-    if (!section_required.empty()) {
-      json["required"] = section_required;
-      required.push_back(section.name);
-    }
-    Json rules = variant_rules(section);
-    if (!rules.empty()) json["allOf"] = rules;
+    // A section may be empty (`optimizer:` with its keys commented out): null is allowed.
+    Json json = {{"description", section.help},
+                 {"type", Json::array({"object", "null"})},
+                 {"properties", keys},
+                 {"additionalProperties", false}};
+    Json forbidden = variant_rules(section, false);
+    if (!forbidden.empty()) json["allOf"] = forbidden;
     properties[section.name] = json;
+
+    Json part = Json::object();
+    if (!section_required.empty()) {
+      part["required"] = section_required;
+      required_sections.push_back(section.name);
+    }
+    Json needed = variant_rules(section, true);
+    if (!needed.empty()) part["allOf"] = needed;
+    if (!part.empty()) required_parts[section.name] = part;
   }
   root["properties"] = properties;
-  root["required"] = required;
   root["additionalProperties"] = false;
+  root["if"] = {{"not", {{"required", Json::array({"base"})}}}};
+  root["then"] = {{"required", required_sections}, {"properties", required_parts}};
   return root.dump(2) + "\n";
 }
 

@@ -1,5 +1,6 @@
 #include "recipe/load.h"
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "recipe/compose.h"
@@ -13,9 +14,12 @@ WorldSize world_size_from_environment() {
     const char* value = std::getenv(name);
     if (!value) continue;
     char* end = nullptr;
+    errno = 0;
     long long size = std::strtoll(value, &end, 10);
-    if (end && *end == '\0' && size >= 1)
-      return WorldSize{size, std::string("the environment (") + name + "=" + value + ")"};
+    if (errno != 0 || end == value || *end != '\0' || size < 1 || size > kMaxWorldSize)
+      throw UserError(std::string("environment variable ") + name + "=" + value + " is not a world size (1 to " +
+                      std::to_string(kMaxWorldSize) + ")");
+    return WorldSize{size, std::string("the environment (") + name + "=" + value + ")"};
   }
   return WorldSize{};
 }
@@ -27,11 +31,13 @@ LoadedRecipe load_recipe(const std::filesystem::path& path, const LoadOptions& o
   LoadedRecipe loaded;
   loaded.path = path;
   loaded.world = options.world;
-  YamlNode root = compose_recipe(path, reader);
-  std::vector<DeletedKey> deleted = apply_overrides(root, options.overrides);
-  loaded.document = Mark{std::make_shared<Origin>(Origin{path.string(), ""}), 1, 1};
-
+  std::vector<Diagnostic> soft_errors;
+  YamlNode root = compose_recipe(path, reader, soft_errors);
   DiagnosticSink sink;
+  for (auto& d : soft_errors) sink.error(d.mark, d.key, d.message, d.notes);
+  std::vector<DeletedKey> deleted = apply_overrides(root, options.overrides, sink);
+  loaded.document = Mark{std::make_shared<Origin>(Origin{path.string(), "", nullptr}), 1, 1};
+
   validate_tree(root, Schema::engine(), deleted, loaded, sink);
   std::set<std::string> broken_sections;
   for (const Diagnostic& d : sink.diagnostics()) broken_sections.insert(d.key.substr(0, d.key.find('.')));

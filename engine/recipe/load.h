@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "recipe/source.h"
 
 namespace engine::recipe {
+
+inline constexpr int64_t kMaxWorldSize = 1 << 20;
 
 // How many ranks the run will have, and who said so (for messages about the batch triad).
 struct WorldSize {
@@ -40,6 +43,7 @@ struct LoadedRecipe {
   std::filesystem::path path;
   WorldSize world;
   std::map<std::string, Mark> marks;  // "train.steps" -> where it was written; only keys given
+  std::set<std::string> auto_keys;    // keys whose value was `auto` (given or by default), now resolved
   Mark document;                      // the start of the recipe file
 
   bool given(const std::string& key) const { return marks.count(key) != 0; }

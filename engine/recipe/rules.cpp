@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 
 #include "recipe/schema.h"
 
@@ -90,6 +91,13 @@ void resolve_data_auto(RuleContext& c) {
             "text data is tokenised as bytes and needs vocab_size >= 256, found " + str(c.r.model.vocab_size));
 }
 
+// a x b, or nullopt when it does not fit in 64 bits.
+std::optional<int64_t> product(int64_t a, int64_t b) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
 // global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two give the third.
 void resolve_batch(RuleContext& c) {
   auto& t = c.r.train;
@@ -104,6 +112,17 @@ void resolve_batch(RuleContext& c) {
             "set micro_batch_size or global_batch_size (the batch size is undetermined)",
             {"global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two determine the "
              "third"});
+    return;
+  }
+  // Keys are bounded by their declarations, but their product may still not fit.
+  for (const auto& value : {micro, accum}) {
+    if (value && !product(*value, world)) {
+      c.error({"train.micro_batch_size", "train.gradient_accumulation_steps"}, "batch sizes are too large (overflow)");
+      return;
+    }
+  }
+  if (micro && accum && !product(*micro * world, *accum)) {
+    c.error({"train.micro_batch_size", "train.gradient_accumulation_steps"}, "batch sizes are too large (overflow)");
     return;
   }
   if (micro && global && accum) {

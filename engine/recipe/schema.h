@@ -59,6 +59,7 @@ struct KeySpec {
   std::optional<double> maximum;
   bool exclusive_minimum = false;
   bool exclusive_maximum = false;
+  std::optional<double> limit;        // a sanity bound (against overflow), not part of the documented range
   std::vector<std::string> choices;   // Enum
   std::optional<size_t> list_length;  // FloatList
   bool must_exist = false;            // Path: the file must exist when the recipe is loaded
@@ -197,6 +198,10 @@ class KeyDecl {
   KeyDecl& below(double value) {
     spec_.maximum = value;
     spec_.exclusive_maximum = true;
+    return *this;
+  }
+  KeyDecl& limit(double value) {
+    spec_.limit = value;
     return *this;
   }
   KeyDecl& length(size_t n) {

@@ -108,6 +108,8 @@ class ValueParser {
     auto [end, error] = std::from_chars(begin, s.data() + s.size(), value);
     if (error != std::errc() || end != s.data() + s.size()) return fail(" (out of the 64-bit integer range)");
     if (!in_range(spec_, static_cast<double>(value))) return fail();
+    if (spec_.limit && static_cast<double>(value) > *spec_.limit)
+      return fail(" (above this engine's limit of " + std::to_string(static_cast<int64_t>(*spec_.limit)) + ")");
     return Value(value);
   }
 
@@ -232,6 +234,7 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
     std::string selector_value;
     if (spec.applies_when) {
       const KeySpec* selector = section.find(spec.applies_when->key);
+      if (invalid.count(spec.applies_when->key)) continue;  // the selector's own error says enough
       auto it = given.find(spec.applies_when->key);
       if (it != given.end())
         selector_value = std::get<std::string>(it->second);
@@ -255,8 +258,10 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
     }
     if (it != given.end()) {
       spec.assign(out.recipe, it->second);
+      if (std::holds_alternative<std::monostate>(it->second)) out.auto_keys.insert(spec.path());
     } else if (spec.default_value) {
       spec.assign(out.recipe, *spec.default_value);
+      if (std::holds_alternative<std::monostate>(*spec.default_value)) out.auto_keys.insert(spec.path());
     } else if (spec.required && !invalid.count(spec.name)) {
       sink.error(section_mark, spec.path(), "missing required key (" + spec.expectation() + ")", {spec.help});
     }

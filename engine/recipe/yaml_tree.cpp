@@ -58,7 +58,22 @@ std::string YamlNode::describe() const {
     case Kind::Scalar:
       break;
   }
-  std::string shown = scalar.size() > 40 ? scalar.substr(0, 37) + "..." : scalar;
+  // At most 40 characters (cut at a UTF-8 boundary), with line breaks shown as \n.
+  std::string shown;
+  size_t characters = 0;
+  for (size_t i = 0; i < scalar.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(scalar[i]);
+    if ((c & 0xC0) != 0x80 && ++characters > 40) {
+      shown += "...";
+      break;
+    }
+    if (c == '\n')
+      shown += "\\n";
+    else if (c == '\r')
+      shown += "\\r";
+    else
+      shown += static_cast<char>(c);
+  }
   return quoted ? "\"" + shown + "\" (a quoted string)" : "'" + shown + "'";
 }
 
@@ -95,7 +110,7 @@ class TreeBuilder : public YAML::EventHandler {
   YamlNode take_root() { return std::move(root_); }
   std::vector<Diagnostic>& errors() { return errors_; }
   int documents() const { return documents_; }
-  Mark mark(const YAML::Mark& m) const { return Mark{origin_, m.line + 1, m.column + 1}; }
+  Mark mark(const YAML::Mark& m) const { return Mark{origin_, m.line + 1, m.column + 1, m.pos}; }
 
   void OnDocumentStart(const YAML::Mark& m) override {
     if (++documents_ > 1) throw Abort{mark(m), "a recipe holds one YAML document; found a second '---'"};
@@ -103,6 +118,7 @@ class TreeBuilder : public YAML::EventHandler {
   void OnDocumentEnd() override {}
 
   void OnNull(const YAML::Mark& m, YAML::anchor_t anchor) override {
+    count(m);
     YamlNode node;
     node.mark = mark(m);
     finish(std::move(node), anchor);
@@ -240,7 +256,8 @@ class TreeBuilder : public YAML::EventHandler {
 
 }  // namespace
 
-YamlNode parse_yaml(std::string_view text, std::shared_ptr<const Origin> origin, const ParseLimits& limits) {
+YamlNode parse_yaml(std::string_view text, std::shared_ptr<const Origin> origin, const ParseLimits& limits,
+                    std::vector<Diagnostic>* soft_errors) {
   std::istringstream stream{std::string(text)};
   TreeBuilder builder(origin, limits);
   try {
@@ -254,7 +271,10 @@ YamlNode parse_yaml(std::string_view text, std::shared_ptr<const Origin> origin,
   } catch (const YAML::Exception& e) {
     throw RecipeError({Diagnostic{builder.mark(e.mark), "", "invalid YAML: " + e.msg, {}}});
   }
-  if (!builder.errors().empty()) throw RecipeError(std::move(builder.errors()));
+  if (!builder.errors().empty()) {
+    if (!soft_errors) throw RecipeError(std::move(builder.errors()));
+    for (auto& d : builder.errors()) soft_errors->push_back(std::move(d));
+  }
   YamlNode root = builder.take_root();
   if (builder.documents() == 0) root.mark = Mark{origin, 1, 1};
   return root;

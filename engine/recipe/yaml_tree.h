@@ -58,7 +58,9 @@ struct ParseLimits {
 };
 
 // Parses one YAML document. An empty document yields a Null node. Throws RecipeError on any
-// syntax error or exceeded limit, with the position in `origin`.
-YamlNode parse_yaml(std::string_view text, std::shared_ptr<const Origin> origin, const ParseLimits& limits = {});
+// syntax error or exceeded limit, with the position in `origin`. Problems that leave a usable tree
+// (duplicate keys: the first value is kept) go to `soft_errors` when given, else are thrown too.
+YamlNode parse_yaml(std::string_view text, std::shared_ptr<const Origin> origin, const ParseLimits& limits = {},
+                    std::vector<Diagnostic>* soft_errors = nullptr);
 
 }  // namespace engine::recipe

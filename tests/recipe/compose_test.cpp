@@ -133,3 +133,48 @@ TEST(Compose, DeepMergeReplacesNonMaps) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+TEST(Compose, BasesThatFanOutStopAtTheFileLimit) {
+  Files files;
+  for (int i = 1; i < 16; ++i) {
+    std::string next = "l" + std::to_string(i + 1) + ".yaml";
+    files.files["l" + std::to_string(i) + ".yaml"] = "base: [" + next + ", " + next + ", " + next + ", " + next + "]\n";
+  }
+  files.files["l16.yaml"] = "model: {arch: gpt}\n";
+  try {
+    files.load("l1.yaml");
+    FAIL() << "loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 64 files"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Compose, DiamondBasesAreNotACycle) {
+  Files files{{{"d.yaml", "model: {arch: gpt, n_head: 2, n_embd: 32}\n"},
+               {"b.yaml", "base: d.yaml\n"},
+               {"c.yaml", "base: d.yaml\ndata: {source: synthetic_markov}\n"},
+               {"r.yaml", "base: [b.yaml, c.yaml]\ntrain: {steps: 1, micro_batch_size: 1}\n"}},
+              {},
+              {}};
+  EXPECT_EQ(files.load().recipe.model.n_head, 2);
+}
+
+TEST(Compose, AnEmptySectionDoesNotEraseTheBase) {
+  Files files{{{"base.yaml", std::string(kValidRecipe) + "optimizer: {lr: 0.1}\n"},
+               {"r.yaml", "base: base.yaml\noptimizer:\n  # lr: 0.5\n"}},
+              {},
+              {}};
+  EXPECT_DOUBLE_EQ(files.load().recipe.optimizer.lr, 0.1);
+}
+
+TEST(Compose, OverrideIntoAnEmptySection) {
+  Files files = recipe(std::string(kValidRecipe) + "run:\n");
+  files.overrides = {"run.seed=3"};
+  EXPECT_EQ(files.load().recipe.run.seed, 3);
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing

@@ -190,8 +190,9 @@ namespace engine::recipe::testing {
 namespace {
 
 TEST(RecipeErrors, RuleErrorsAreReportedTogetherWithValidationErrors) {
-  auto errors = recipe("model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
-                       "train: {steps: 1, micro_batch_size: 1, log_every: 0}\n")
+  auto errors = recipe(
+                    "model: {arch: gpt, n_head: 5, n_embd: 32}\ndata: {source: synthetic_markov}\n"
+                    "train: {steps: 1, micro_batch_size: 1, log_every: 0}\n")
                     .errors();
   ASSERT_EQ(errors.size(), 2u) << render_diagnostics(errors);
   EXPECT_EQ(errors[0].key, "model.n_head");  // a rule: n_embd % n_head
@@ -200,11 +201,57 @@ TEST(RecipeErrors, RuleErrorsAreReportedTogetherWithValidationErrors) {
 
 TEST(RecipeErrors, RulesSkipSectionsThatFailedValidation) {
   // micro_batch_size is rejected, so the batch rule must not also claim the batch is undetermined.
-  auto errors = recipe(std::string(kValidRecipe).replace(std::string(kValidRecipe).find("micro_batch_size: 4"), 19,
-                                                         "micro_batch_size: -4"))
+  auto errors = recipe(std::string(kValidRecipe)
+                           .replace(std::string(kValidRecipe).find("micro_batch_size: 4"), 19, "micro_batch_size: -4"))
                     .errors();
   ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
   EXPECT_EQ(errors[0].key, "train.micro_batch_size");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+TEST(RecipeErrors, DuplicateKeysAreReportedWithTheOtherErrors) {
+  auto errors = recipe(std::string(kValidRecipe) + "run: {seed: 1, seed: 2, name: [x]}\n").errors();
+  ASSERT_EQ(errors.size(), 2u) << render_diagnostics(errors);
+  EXPECT_NE(errors[0].message.find("duplicate key 'seed'"), std::string::npos);
+  EXPECT_EQ(errors[1].key, "run.name");
+}
+
+TEST(RecipeErrors, AMalformedOverrideDoesNotHideOtherErrors) {
+  Files files = recipe(std::string(kValidRecipe) + "  log_every: 0\n");
+  files.overrides = {"bad", "train.steps=x"};
+  auto errors = files.errors();
+  ASSERT_EQ(errors.size(), 3u) << render_diagnostics(errors);
+}
+
+TEST(RecipeErrors, AnInvalidSelectorDoesNotAlsoRejectItsVariantKeys) {
+  auto errors = recipe(std::string(kValidRecipe) + "scheduler: {type: lin, min_lr: 0.0}\n").errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "scheduler.type");
+}
+
+TEST(RecipeErrors, ColumnsCountCharactersNotBytes) {
+  auto errors = recipe(std::string(kValidRecipe) + "run: {name: éééé, seed: x}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].mark.str(), "r.yaml:13:25");
+}
+
+TEST(RecipeErrors, LongValuesAreShortenedWithoutSplittingCharacters) {
+  auto errors = recipe(std::string(kValidRecipe) + "run: {seed: " + std::string(38, 'a') + "ééé}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].message.find(std::string(38, 'a') + "éé..."), std::string::npos) << errors[0].message;
+}
+
+TEST(RecipeErrors, HugeValuesHitTheEngineLimitInsteadOfOverflowing) {
+  Files files = recipe(kValidRecipe);
+  files.overrides = {"train.micro_batch_size=4611686018427387904", "model.n_embd=4611686018427387904"};
+  auto errors = files.errors();
+  ASSERT_EQ(errors.size(), 2u) << render_diagnostics(errors);
+  EXPECT_NE(errors[0].message.find("above this engine's limit"), std::string::npos);
 }
 
 }  // namespace

@@ -124,3 +124,20 @@ TEST(Rules, NesterovNeedsMomentum) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+TEST(WorldSize, GarbageInTheEnvironmentIsAUserError) {
+  ::setenv("OMPI_COMM_WORLD_SIZE", "99999999999999999999", 1);
+  EXPECT_THROW(world_size_from_environment(), UserError);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "abc", 1);
+  EXPECT_THROW(world_size_from_environment(), UserError);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(world_size_from_environment().size, 4);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(world_size_from_environment().size, 1);
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing

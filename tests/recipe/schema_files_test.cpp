@@ -69,6 +69,17 @@ TEST(SchemaFiles, EveryKeyIsDocumented) {
   }
 }
 
+TEST(SchemaFiles, ConfigOutputLoadsBackUnderAnotherWorldSize) {
+  LoadOptions four;
+  four.world = WorldSize{4, "test"};
+  LoadedRecipe first = load_recipe(kSource / "recipes/examples/gpt-shakespeare.yaml", four);
+  fs::path dumped = fs::temp_directory_path() / "engine_config_world.yaml";  // elsewhere: paths must be absolute
+  std::ofstream(dumped) << dump_recipe(first, Schema::engine(), false);
+  LoadedRecipe second = load_recipe(dumped);
+  EXPECT_EQ(*second.recipe.train.global_batch_size, 32);  // micro 16 x accumulation 2 x 1 rank
+  EXPECT_EQ(second.recipe.data.path, first.recipe.data.path.lexically_normal());
+}
+
 TEST(SchemaFiles, ConfigOutputLoadsBackToTheSameRecipe) {
   LoadedRecipe first = load_recipe(kSource / "recipes/quickstart.yaml");
   fs::path dumped = fs::temp_directory_path() / "engine_config_roundtrip.yaml";

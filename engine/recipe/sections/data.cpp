@@ -21,6 +21,7 @@ void declare_data(Schema& schema) {
       .min(1)
       .only_when("source", token_sources)
       .unit("tokens")
+      .limit(1 << 24)
       .help("Tokens per training sample.");
   data.key("path", &DataSection::path)
       .required()
@@ -57,12 +58,14 @@ void declare_data(Schema& schema) {
       .min(2)
       .only_when("source", {"synthetic_markov"})
       .unit("tokens")
+      .limit(1 << 24)
       .help("Number of distinct tokens the Markov source emits; at most model.vocab_size.");
   data.key("num_samples", &DataSection::num_samples)
       .def(4096)
       .min(1)
       .only_when("source", {"classification"})
       .unit("samples")
+      .limit(int64_t(1) << 32)
       .help("Number of labelled vectors generated.");
   data.key("noise", &DataSection::noise)
       .def(0.1)

@@ -16,31 +16,37 @@ void declare_model(Schema& schema) {
       .min(2)
       .only_when("arch", transformers)
       .unit("tokens")
+      .limit(1 << 24)
       .help("Size of the token vocabulary.");
   model.key("context_length", &ModelSection::context_length)
       .def(1024)
       .min(1)
       .only_when("arch", transformers)
       .unit("tokens")
+      .limit(1 << 24)
       .help("Longest sequence the model accepts (the number of learned positions for gpt).");
   model.key("n_layer", &ModelSection::n_layer)
       .def(12)
       .min(1)
+      .limit(1 << 12)
       .help("Number of transformer blocks, or of hidden layers for mlp.");
   model.key("n_head", &ModelSection::n_head)
       .def(12)
       .min(1)
       .only_when("arch", transformers)
+      .limit(1 << 12)
       .help("Attention heads per block; must divide n_embd.");
   model.key("n_embd", &ModelSection::n_embd)
       .def(768)
       .min(1)
       .only_when("arch", transformers)
+      .limit(1 << 20)
       .help("Model width (embedding and residual stream size).");
   model.key("ffn_dim", &ModelSection::ffn_dim)
       .auto_default("4 x n_embd for gpt; for llama 2/3 x 4 x n_embd rounded up to a multiple of 64")
       .min(1)
       .only_when("arch", transformers)
+      .limit(1 << 22)
       .help("Hidden width of each block's feed-forward network.");
   model.key("dropout", &ModelSection::dropout)
       .def(0.0)
@@ -71,16 +77,19 @@ void declare_model(Schema& schema) {
       .min(1)
       .only_when("arch", {"mlp"})
       .unit("features")
+      .limit(1 << 24)
       .help("Number of input features.");
   model.key("hidden_dim", &ModelSection::hidden_dim)
       .def(256)
       .min(1)
       .only_when("arch", {"mlp"})
+      .limit(1 << 22)
       .help("Width of each hidden layer.");
   model.key("num_classes", &ModelSection::num_classes)
       .def(10)
       .min(2)
       .only_when("arch", {"mlp"})
+      .limit(1 << 24)
       .help("Number of output classes.");
   model.key("activation", &ModelSection::activation)
       .choices({{"relu", Activation::relu}, {"gelu", Activation::gelu}, {"silu", Activation::silu}})

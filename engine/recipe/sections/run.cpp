@@ -13,6 +13,7 @@ void declare_run(Schema& schema) {
   run.key("seed", &RunSection::seed)
       .def(1337)
       .min(0)
+      .limit((int64_t(1) << 53))
       .help("Seed of every random stream (initialisation, data order, dropout); same seed, same run.");
 }
 

@@ -13,6 +13,7 @@ void declare_scheduler(Schema& schema) {
       .def(0)
       .min(0)
       .unit("steps")
+      .limit(int64_t(1) << 40)
       .help("Steps of linear warmup from 0 to optimizer.lr.");
   scheduler.key("min_lr", &SchedulerSection::min_lr)
       .def(0.0)
