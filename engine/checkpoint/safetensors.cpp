@@ -47,7 +47,9 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   const uint64_t data_size = size - 8 - header_length;
   SafetensorsFile file;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto& [name, entry] : json.items()) {
+  for (auto& item : json.items()) {
+    const std::string name = item.key();
+    auto& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) throw fail("__metadata__ is not an object");
       for (auto& [k, v] : entry.items())

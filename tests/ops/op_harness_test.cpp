@@ -1,0 +1,354 @@
+// The op harness: every op's forward kernel against a plain double-precision reference, and its
+// backward (through autodiff, as training runs it) against central finite differences of that
+// reference, on random shapes including odd sizes.
+//
+// Each case builds a one-op graph whose float inputs are parameters (so their gradients land in
+// the gradient buffers) and ends in a weighted sum L = sum(R * out) with fixed random weights R,
+// whose gradient rule seeds dout = R.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "core/rng.h"
+#include "elementwise/add.h"
+#include "graph/autodiff.h"
+#include "linalg/linear.h"
+#include "loss/cross_entropy.h"
+#include "nn/activation.h"
+#include "nn/attention.h"
+#include "nn/embedding.h"
+#include "nn/layernorm.h"
+#include "nn/rotary.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+
+namespace engine {
+namespace {
+
+using Tensor = std::vector<double>;
+
+// L = sum(R * y): the harness's loss. inputs y, R (an input value); output L (1).
+void weighted_sum_cpu(const Node& node, const KernelContext& ctx) {
+  const float* y = ctx.f32(node.inputs[0]);
+  const float* r = ctx.f32(node.inputs[1]);
+  double sum = 0;
+  for (int64_t i = 0; i < ctx.shape(node.inputs[0]).numel(); ++i) sum += double(y[i]) * r[i];
+  *ctx.f32(node.outputs[0]) = float(sum);
+}
+void weighted_sum_grad(GradBuilder& gb, const Node& node) {
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kAccumulate, {node.inputs[1]}, {t.value}, t, {}, node.name);
+}
+const OpDef kWeightedSum{"weighted_sum", weighted_sum_cpu, weighted_sum_grad, nullptr};
+
+struct Case {
+  std::string name;
+  std::vector<Shape> float_inputs;  // become parameters
+  Shape tokens;                     // optional i32 input
+  int64_t token_range = 0;
+  // Builds the op from the parameter values (and the token input); returns its output.
+  std::function<ValueId(Graph&, const std::vector<ValueId>&, ValueId tokens)> build;
+  // The same op in double precision.
+  std::function<Tensor(const std::vector<Tensor>&, const std::vector<int32_t>&)> reference;
+  double forward_tolerance = 1e-4;
+  double backward_tolerance = 2e-3;
+  bool weighted = true;  // false for the loss op, whose gradient ignores R (R = 1)
+};
+
+void run_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  Graph g;
+  int unit = g.add_unit("op");
+  std::vector<ValueId> params;
+  for (size_t i = 0; i < c.float_inputs.size(); ++i)
+    params.push_back(g.add_param("in" + std::to_string(i), c.float_inputs[i], unit, ParamInit::normal(1.0)));
+  ValueId tokens = c.tokens.rank() ? g.add_input("tokens", c.tokens, DType::i32) : kNoValue;
+  ValueId out = c.build(g, params, tokens);
+  ValueId weights = g.add_input("R", g.value(out).shape, DType::f32);
+  ValueId loss = g.add_activation("L", Shape{1});
+  g.add_node(Node{&kWeightedSum, {out, weights}, {loss}, {}, false, false, "L"});
+  g.set_loss(loss);
+  g.mark_forward_end();
+  autodiff(g);
+
+  ParameterStore store(g);
+  store.initialize(seed);
+  Executor exec(g, store, seed);
+  exec.add_plan("step", plan_step(g, all_nodes(g), {out}));
+
+  RandomStream rng(seed, RandomPurpose::test);
+  std::vector<int32_t> token_values(c.tokens.rank() ? static_cast<size_t>(c.tokens.numel()) : 0);
+  for (auto& t : token_values) t = int32_t(rng.below(uint64_t(c.token_range)));
+  if (tokens != kNoValue) std::memcpy(exec.input(tokens), token_values.data(), token_values.size() * 4);
+  const int64_t n_out = g.value(out).shape.numel();
+  Tensor r(static_cast<size_t>(n_out));
+  for (auto& v : r) v = c.weighted ? double(rng.normal()) : 1.0;
+  auto* r_buffer = static_cast<float*>(exec.input(weights));
+  for (int64_t i = 0; i < n_out; ++i) r_buffer[i] = float(r[size_t(i)]);
+
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const float* p = store.param(int(i));
+    inputs.emplace_back(p, p + store.numel(int(i)));
+  }
+  store.zero_grads();
+  exec.run("step", 0, 0);
+
+  // Forward against the double reference.
+  Tensor expected = c.reference(inputs, token_values);
+  ASSERT_EQ(int64_t(expected.size()), n_out);
+  const float* got = exec.value_f32("step", out);
+  for (int64_t i = 0; i < n_out; ++i) {
+    double e = expected[size_t(i)];
+    ASSERT_NEAR(got[i], e, c.forward_tolerance * (1 + std::abs(e))) << "output " << i;
+  }
+
+  // Backward against central differences of the reference loss.
+  auto reference_loss = [&](const std::vector<Tensor>& x) {
+    Tensor y = c.reference(x, token_values);
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * r[i];
+    return sum;
+  };
+  for (size_t p = 0; p < params.size(); ++p) {
+    const float* grad = store.grad(int(p));
+    int64_t n = store.numel(int(p));
+    for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 17)) {
+      std::vector<Tensor> x = inputs;
+      const double h = 1e-5;
+      x[p][size_t(k)] = inputs[p][size_t(k)] + h;
+      double up = reference_loss(x);
+      x[p][size_t(k)] = inputs[p][size_t(k)] - h;
+      double down = reference_loss(x);
+      double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[k], numeric, c.backward_tolerance * (1 + std::abs(numeric)))
+          << "d input " << p << "[" << k << "]";
+    }
+  }
+}
+
+// ---- double-precision references ----
+
+Tensor ref_linear(const Tensor& x, const Tensor& w, const Tensor* b, int64_t rows, int64_t k, int64_t m) {
+  Tensor y(size_t(rows * m));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < m; ++j) {
+      double s = b ? (*b)[size_t(j)] : 0;
+      for (int64_t i = 0; i < k; ++i) s += x[size_t(r * k + i)] * w[size_t(j * k + i)];
+      y[size_t(r * m + j)] = s;
+    }
+  return y;
+}
+
+Tensor ref_norm(const Tensor& x, const Tensor& w, const Tensor* b, int64_t rows, int64_t c, bool rms, double eps) {
+  Tensor y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    if (!rms) {
+      for (int64_t i = 0; i < c; ++i) mean += x[size_t(r * c + i)];
+      mean /= double(c);
+    }
+    for (int64_t i = 0; i < c; ++i) var += std::pow(x[size_t(r * c + i)] - mean, 2);
+    var /= double(c);
+    double rstd = 1 / std::sqrt(var + eps);
+    for (int64_t i = 0; i < c; ++i)
+      y[size_t(r * c + i)] = (x[size_t(r * c + i)] - mean) * rstd * w[size_t(i)] + (b ? (*b)[size_t(i)] : 0);
+  }
+  return y;
+}
+
+template <class F>
+Tensor ref_map(const Tensor& x, F f) {
+  Tensor y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f(x[i]);
+  return y;
+}
+
+double gelu_d(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double silu_d(double x) { return x / (1 + std::exp(-x)); }
+
+Tensor ref_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
+  int64_t hd = C / H;
+  Tensor out(size_t(B * T * C), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(size_t(t + 1));
+        double mx = -1e300;
+        for (int64_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i)
+            d += qkv[size_t((b * T + t) * 3 * C + h * hd + i)] * qkv[size_t((b * T + u) * 3 * C + C + h * hd + i)];
+          s[size_t(u)] = d / std::sqrt(double(hd));
+          mx = std::max(mx, s[size_t(u)]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - mx));
+        for (int64_t u = 0; u <= t; ++u)
+          for (int64_t i = 0; i < hd; ++i)
+            out[size_t((b * T + t) * C + h * hd + i)] +=
+                s[size_t(u)] / z * qkv[size_t((b * T + u) * 3 * C + 2 * C + h * hd + i)];
+      }
+  return out;
+}
+
+Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, double theta) {
+  int64_t hd = C / H, half = hd / 2;
+  Tensor y = qkv;
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          double angle = double(bt % T) * std::pow(theta, -2.0 * double(i) / double(hd));
+          size_t a = size_t(bt * 3 * C + part * C + h * hd + i), b = a + size_t(half);
+          y[a] = qkv[a] * std::cos(angle) - qkv[b] * std::sin(angle);
+          y[b] = qkv[a] * std::sin(angle) + qkv[b] * std::cos(angle);
+        }
+  return y;
+}
+
+std::vector<Case> cases(std::mt19937& shape_rng) {
+  auto pick = [&](int lo, int hi) { return int64_t(std::uniform_int_distribution<int>(lo, hi)(shape_rng)); };
+  const int64_t rows = pick(1, 9), k = pick(1, 13), m = pick(1, 11), c = pick(2, 17);
+  const int64_t B = pick(1, 3), T = pick(1, 7), H = pick(1, 3), hd = 2 * pick(1, 3), C = H * hd, V = pick(2, 13);
+  std::vector<Case> all;
+  all.push_back(
+      {"linear+bias",
+       {Shape{rows, k}, Shape{m, k}, Shape{m}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::linear(g, p[0], p[1], p[2], "linear"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_linear(x[0], x[1], &x[2], rows, k, m); }});
+  all.push_back(
+      {"linear (3-D input, no bias)",
+       {Shape{2, rows, k}, Shape{m, k}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::linear(g, p[0], p[1], kNoValue, "linear"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_linear(x[0], x[1], nullptr, 2 * rows, k, m); }});
+  all.push_back(
+      {"layernorm",
+       {Shape{rows, c}, Shape{c}, Shape{c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::layernorm(g, p[0], p[1], p[2], 1e-5, "ln"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_norm(x[0], x[1], &x[2], rows, c, false, 1e-5); }});
+  all.push_back(
+      {"layernorm without shift",
+       {Shape{rows, c}, Shape{c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) {
+         return ops::layernorm(g, p[0], p[1], kNoValue, 1e-5, "ln");
+       },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_norm(x[0], x[1], nullptr, rows, c, false, 1e-5); }});
+  all.push_back(
+      {"rmsnorm",
+       {Shape{rows, c}, Shape{c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rmsnorm(g, p[0], p[1], 1e-6, "rms"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_norm(x[0], x[1], nullptr, rows, c, true, 1e-6); }});
+  all.push_back({"gelu",
+                 {Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::gelu(g, p[0], "gelu"); },
+                 [](const std::vector<Tensor>& x, const auto&) { return ref_map(x[0], gelu_d); }});
+  all.push_back({"relu",
+                 {Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::relu(g, p[0], "relu"); },
+                 [](const std::vector<Tensor>& x, const auto&) {
+                   return ref_map(x[0], [](double v) { return v > 0 ? v : 0; });
+                 }});
+  all.push_back({"silu",
+                 {Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::silu(g, p[0], "silu"); },
+                 [](const std::vector<Tensor>& x, const auto&) { return ref_map(x[0], silu_d); }});
+  all.push_back({"swiglu",
+                 {Shape{rows, c}, Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::swiglu(g, p[0], p[1], "swiglu"); },
+                 [](const std::vector<Tensor>& x, const auto&) {
+                   Tensor y(x[0].size());
+                   for (size_t i = 0; i < y.size(); ++i) y[i] = silu_d(x[0][i]) * x[1][i];
+                   return y;
+                 }});
+  all.push_back({"add",
+                 {Shape{rows, c}, Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::add(g, p[0], p[1], "add"); },
+                 [](const std::vector<Tensor>& x, const auto&) {
+                   Tensor y(x[0].size());
+                   for (size_t i = 0; i < y.size(); ++i) y[i] = x[0][i] + x[1][i];
+                   return y;
+                 }});
+  all.push_back(
+      {"embedding with positions",
+       {Shape{V, c}, Shape{T + 1, c}},
+       Shape{B, T},
+       V,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId t) { return ops::embedding(g, t, p[0], p[1], "emb"); },
+       [=](const std::vector<Tensor>& x, const std::vector<int32_t>& tok) {
+         Tensor y(size_t(B * T * c));
+         for (int64_t bt = 0; bt < B * T; ++bt)
+           for (int64_t i = 0; i < c; ++i)
+             y[size_t(bt * c + i)] = x[0][size_t(tok[size_t(bt)] * c + i)] + x[1][size_t((bt % T) * c + i)];
+         return y;
+       }});
+  all.push_back(
+      {"causal_attention",
+       {Shape{B, T, 3 * C}},
+       {},
+       0,
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::causal_attention(g, p[0], H, "attn"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], B, T, C, H); }});
+  all.push_back(
+      {"rotary",
+       {Shape{B, T, 3 * C}},
+       {},
+       0,
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], H, 10000.0, "rope"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, 10000.0); }});
+  Case xent{"softmax_cross_entropy",
+            {Shape{rows, V}},
+            Shape{rows},
+            V,
+            [](Graph& g, const std::vector<ValueId>& p, ValueId t) {
+              return ops::softmax_cross_entropy(g, p[0], t, 1.0, "xent");
+            },
+            [=](const std::vector<Tensor>& x, const std::vector<int32_t>& tok) {
+              Tensor y(static_cast<size_t>(rows));
+              for (int64_t r = 0; r < rows; ++r) {
+                double mx = -1e300, z = 0;
+                for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[0][size_t(r * V + v)]);
+                for (int64_t v = 0; v < V; ++v) z += std::exp(x[0][size_t(r * V + v)] - mx);
+                y[size_t(r)] = std::log(z) + mx - x[0][size_t(r * V + tok[size_t(r)])];
+              }
+              return y;
+            }};
+  xent.weighted = false;
+  all.push_back(xent);
+  return all;
+}
+
+class OpHarness : public ::testing::TestWithParam<int> {};
+
+TEST_P(OpHarness, ForwardMatchesDoubleReferenceAndBackwardMatchesFiniteDifferences) {
+  std::mt19937 shape_rng{static_cast<uint32_t>(GetParam())};
+  for (const Case& c : cases(shape_rng)) run_case(c, uint64_t(GetParam()) + 11);
+}
+
+// Each seed draws new random shapes (odd sizes included) for every op.
+INSTANTIATE_TEST_SUITE_P(RandomShapes, OpHarness, ::testing::Range(1, 9));
+
+}  // namespace
+}  // namespace engine
