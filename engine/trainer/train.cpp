@@ -53,6 +53,7 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
   if (error) throw UserError(summary.run_dir.string() + ": cannot create the run directory: " + error.message());
   write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
 
+  const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
   const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
@@ -115,6 +116,18 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
   std::signal(SIGINT, previous_handler);
   progress.finish();
 
+  const int64_t peak_rss = peak_resident_bytes();
+  write_text_atomically(summary.run_dir / "summary.json",
+                        nlohmann::json{{"steps", summary.steps},
+                                       {"final_loss", summary.final_loss},
+                                       {"final_val_loss", summary.final_val_loss},
+                                       {"loss_floor", session.data->loss_floor() ? *session.data->loss_floor() : -1.0},
+                                       {"interrupted", summary.interrupted},
+                                       {"planned_bytes", memory.total()},
+                                       {"baseline_rss_bytes", baseline_rss},
+                                       {"peak_rss_bytes", peak_rss}}
+                                .dump(2) +
+                            "\n");
   fs::path weights = summary.run_dir / "model.safetensors";
   std::string arch = r.model.arch == recipe::Arch::gpt ? "gpt" : r.model.arch == recipe::Arch::llama ? "llama" : "mlp";
   save_weights(weights, session.store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(summary.steps)}});

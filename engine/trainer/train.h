@@ -7,6 +7,7 @@
 //   recipe.yaml        the resolved recipe (what `engine config` prints)
 //   metrics.jsonl      one JSON object per logged step and evaluation
 //   model.safetensors  the final weights (Hugging Face names), written atomically
+//   summary.json       final losses, the planned memory and the measured peak resident memory
 // Ctrl-C stops after the current step and still saves the weights.
 #pragma once
 
