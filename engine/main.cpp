@@ -44,6 +44,22 @@ int run(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");
   add_recipe_args(plan, plan_args);
 
+  std::filesystem::path export_run, export_destination;
+  auto* export_cmd = app.add_subcommand("export", "Write a run's final weights to a safetensors file");
+  export_cmd->add_option("run_dir", export_run, "Run directory (<output_dir>/<name>)")->required();
+  export_cmd->add_option("destination", export_destination, "Output .safetensors file")->required();
+
+  engine::cli::GenerateArgs generate_args;
+  auto* generate = app.add_subcommand("generate", "Sample text from a model trained on text data");
+  generate->add_option("run_dir", generate_args.run_dir, "Run directory (<output_dir>/<name>)")->required();
+  generate->add_option("--prompt", generate_args.prompt, "Text to continue");
+  generate->add_option("--tokens", generate_args.tokens, "Tokens to sample")->check(CLI::Range(1, 100000));
+  generate->add_option("--temperature", generate_args.temperature, "0 picks the most likely token")
+      ->check(CLI::Range(0.0, 100.0));
+  generate->add_option("--top-k", generate_args.top_k, "Sample among the k most likely tokens (0: all)")
+      ->check(CLI::Range(0, 1 << 24));
+  generate->add_option("--seed", generate_args.seed, "Sampling seed");
+
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
   add_recipe_args(config, recipe_args);
@@ -71,6 +87,8 @@ int run(int argc, char** argv) {
   if (*validate) return engine::cli::validate(recipe_args);
   if (*train) return engine::cli::train(train_args);
   if (*plan) return engine::cli::plan(plan_args);
+  if (*export_cmd) return engine::cli::export_weights(export_run, export_destination);
+  if (*generate) return engine::cli::generate(generate_args);
   if (*config) return engine::cli::config(recipe_args, only_changed);
   if (*schema) return engine::cli::schema(markdown);
   if (*help) return engine::cli::help(topic);

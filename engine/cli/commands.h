@@ -26,7 +26,18 @@ struct RecipeArgs {
   recipe::LoadOptions load_options() const;
 };
 
+struct GenerateArgs {
+  std::filesystem::path run_dir;
+  std::string prompt;
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  int64_t seed = 1;
+};
+
 int validate(const RecipeArgs& args);
+int export_weights(const std::filesystem::path& run_dir, const std::filesystem::path& destination);
+int generate(const GenerateArgs& args);
 int train(const RecipeArgs& args);
 int plan(const RecipeArgs& args);
 int config(const RecipeArgs& args, bool only_changed);

@@ -79,6 +79,8 @@ int help(const std::string& topic) {
                  "commands:\n"
                  "  engine train RECIPE [OVERRIDES...]      train; outputs in <run.output_dir>/<run.name>\n"
                  "  engine plan RECIPE [OVERRIDES...]       parameters, FLOPs and the exact memory plan\n"
+                 "  engine export RUN_DIR OUT.safetensors   a run's final weights\n"
+                 "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
                  "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"
                  "  engine schema [--markdown]              JSON Schema of recipes (or the reference page)\n"

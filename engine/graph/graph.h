@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,8 @@ class Graph {
   void add_node(Node node);
 
   const Value& value(ValueId id) const { return values_[static_cast<size_t>(id)]; }
-  const std::vector<Value>& values() const { return values_; }
+  // A deque: builders hold references to values while adding more.
+  const std::deque<Value>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<Param>& params() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -102,7 +104,7 @@ class Graph {
   void mark_forward_end() { forward_size_ = nodes_.size(); }
 
  private:
-  std::vector<Value> values_;
+  std::deque<Value> values_;
   std::vector<Node> nodes_;
   std::vector<Param> params_;
   std::vector<Unit> units_;

@@ -38,7 +38,7 @@ struct Composer {
       std::string cycle;
       for (size_t k = i; k < chain.size(); ++k) cycle += chain[k].second + " -> ";
       cycle += path.string();
-      throw RecipeError({Diagnostic{Mark{std::make_shared<Origin>(Origin{included_from, ""}), 0, 0},
+      throw RecipeError({Diagnostic{Mark{std::make_shared<Origin>(Origin{included_from, "", nullptr}), 0, 0},
                                     "base",
                                     "bases form a cycle: " + cycle,
                                     {}}});

@@ -80,6 +80,8 @@ std::string dump_recipe(const LoadedRecipe& loaded, const Schema& schema, bool o
     std::vector<const KeySpec*> shown;
     for (const auto& spec : section.keys) {
       if (!key_applies(spec, section, loaded.recipe)) continue;
+      // An optional path left unset (model.init_from) is absent, not an empty string.
+      if (spec.kind == ValueKind::Path && std::get<std::string>(spec.read(loaded.recipe)).empty()) continue;
       // "Changed" means written by the user (in the recipe, a base or an override) with a value
       // other than the declared default; resolved `auto` and derived values are not changes.
       if (only_changed &&

@@ -91,9 +91,9 @@ Json variant_rules(const SectionSpec& section, bool required_mode) {
         if (!spec.applies_when || spec.applies_when->key != selector.name) continue;
         const auto& values = spec.applies_when->values;
         bool applies = std::find(values.begin(), values.end(), choice) != values.end();
-        if (!applies)
+        if (!applies && !required_mode)
           forbidden[spec.name] = false;
-        else if (spec.required)
+        else if (applies && spec.required && required_mode)
           required.push_back(spec.name);
       }
       if (forbidden.empty() && required.empty()) continue;

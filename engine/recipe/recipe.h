@@ -43,6 +43,7 @@ struct ModelSection {
   int64_t num_classes;             // mlp
   Activation activation;           // mlp
   double init_std;
+  std::filesystem::path init_from;  // empty: random initialisation
 };
 
 enum class DataSource { synthetic_markov, text, tokens, classification };

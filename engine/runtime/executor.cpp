@@ -1,11 +1,18 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace engine {
 
 Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed)
     : graph_(graph), parameters_(parameters), seed_(seed) {
+  const char* profile = std::getenv("ENGINE_PROFILE");
+  profile_ = profile && std::string(profile) == "1";
   for (size_t i = 0; i < graph.values().size(); ++i) {
     const Value& v = graph.values()[i];
     if (v.placement == Placement::input) inputs_.emplace(ValueId(i), Buffer(value_bytes(v)));
@@ -48,10 +55,33 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step) 
         break;
     }
   }
+  if (!profile_) {
+    for (size_t index : plan.nodes) {
+      const Node& node = graph_.nodes()[index];
+      node.op->cpu(node, ctx);
+    }
+    return;
+  }
   for (size_t index : plan.nodes) {
     const Node& node = graph_.nodes()[index];
+    auto start = std::chrono::steady_clock::now();
     node.op->cpu(node, ctx);
+    op_seconds_[node.op->name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+}
+
+Executor::~Executor() {
+  if (!profile_ || op_seconds_.empty()) return;
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto& [name, seconds] : op_seconds_) {
+    rows.emplace_back(seconds, name);
+    total += seconds;
+  }
+  std::sort(rows.rbegin(), rows.rend());
+  std::fprintf(stderr, "\nop time (ENGINE_PROFILE=1), %.3f s in all:\n", total);
+  for (const auto& [seconds, name] : rows)
+    std::fprintf(stderr, "  %-28s %9.3f s %5.1f%%\n", name.c_str(), seconds, 100 * seconds / total);
 }
 
 }  // namespace engine

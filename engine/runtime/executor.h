@@ -6,6 +6,8 @@
 //   exec.add_plan("train", plan_step(graph, all_nodes(graph)));
 //   std::memcpy(exec.input(tokens), batch.data(), bytes);
 //   exec.run("train", step, micro_step);
+//
+// ENGINE_PROFILE=1 times every kernel and prints a table per op when the executor is destroyed.
 #pragma once
 
 #include <map>
@@ -22,6 +24,7 @@ namespace engine {
 class Executor {
  public:
   Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed);
+  ~Executor();  // with ENGINE_PROFILE=1 in the environment, prints the time spent in each op
 
   // Plans share one arena, sized for the largest.
   void add_plan(const std::string& name, Plan plan);
@@ -37,6 +40,8 @@ class Executor {
   std::map<std::string, Plan> plans_;
   std::map<ValueId, Buffer> inputs_;
   Buffer arena_;
+  bool profile_ = false;
+  std::map<std::string, double> op_seconds_;
 };
 
 }  // namespace engine

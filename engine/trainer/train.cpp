@@ -56,6 +56,10 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
+  if (!r.model.init_from.empty()) {
+    load_weights(r.model.init_from, session.store, r.model.arch);
+    out << "weights loaded from " << r.model.init_from.string() << "\n";
+  }
   const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
   out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
       << " wrap units; data: " << session.data->describe() << "\n";

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "nn/fast_math.h"
 #include "op_util.h"
 
 namespace engine::ops {
@@ -18,11 +19,11 @@ struct Gelu {
   static constexpr float kKappa = 0.044715f;
   static float forward(float x) {
     float inner = kBeta * (x + kKappa * x * x * x);
-    return 0.5f * x * (1.0f + std::tanh(inner));
+    return 0.5f * x * (1.0f + fast_tanh(inner));
   }
   static float derivative(float x) {
     float inner = kBeta * (x + kKappa * x * x * x);
-    float t = std::tanh(inner);
+    float t = fast_tanh(inner);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * x * x);
   }
 };
@@ -33,9 +34,9 @@ struct Relu {
 };
 
 struct Silu {
-  static float forward(float x) { return x / (1.0f + std::exp(-x)); }
+  static float forward(float x) { return x / (1.0f + fast_exp(-x)); }
   static float derivative(float x) {
-    float s = 1.0f / (1.0f + std::exp(-x));
+    float s = 1.0f / (1.0f + fast_exp(-x));
     return s * (1.0f + x * (1.0f - s));
   }
 };

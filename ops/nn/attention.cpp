@@ -1,5 +1,7 @@
 #include "nn/attention.h"
 
+#include "nn/fast_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -47,8 +49,9 @@ void attention_cpu(const Node& node, const KernelContext& ctx) {
             max_score = std::max(max_score, scores[size_t(s)]);
           }
           float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
           for (int64_t s = 0; s <= t; ++s) {
-            scores[size_t(s)] = std::exp(scores[size_t(s)] - max_score);
+            scores[size_t(s)] = fast_exp(scores[size_t(s)] - max_score);
             sum += scores[size_t(s)];
           }
           float* o = out + (b * d.time + t) * d.channels + h * d.head_size;
@@ -97,7 +100,7 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
         for (int64_t s = 0; s <= t; ++s) {
           const float* k = base + s * row + d.channels;
           const float* v = base + s * row + 2 * d.channels;
-          float p = std::exp(dot(q, k, d.head_size) * scale - l);
+          float p = fast_exp(dot(q, k, d.head_size) * scale - l);
           float ds = p * (dot(dot_, v, d.head_size) - delta) * scale;
           float* dk = dbase + s * row + d.channels;
           float* dv = dbase + s * row + 2 * d.channels;

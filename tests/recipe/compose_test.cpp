@@ -123,7 +123,7 @@ TEST(Compose, ValuesKeepTheMarkOfTheFileTheyCameFrom) {
 }
 
 TEST(Compose, DeepMergeReplacesNonMaps) {
-  auto origin = std::make_shared<Origin>(Origin{"x", ""});
+  auto origin = std::make_shared<Origin>(Origin{"x", "", nullptr});
   YamlNode bottom = parse_yaml("a: {b: 1, c: [1, 2]}\nd: 4\n", origin);
   deep_merge(bottom, parse_yaml("a: {c: [3]}\nd: {e: 5}\n", origin));
   EXPECT_EQ(bottom.find("a")->find("b")->scalar, "1");

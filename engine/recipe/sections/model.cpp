@@ -102,6 +102,12 @@ void declare_model(Schema& schema) {
       .help(
           "Standard deviation of the normal weight initialisation (residual projections are further "
           "scaled by 1/sqrt(2 x n_layer), as GPT-2 does).");
+  model.key("init_from", &ModelSection::init_from)
+      .must_exist()
+      .derived_default("none: random initialisation")
+      .help(
+          "Initial weights: a safetensors file with Hugging Face tensor names (GPT-2's Conv1D layout is "
+          "transposed on load), relative to the recipe. Every parameter must be present with its shape.");
 }
 
 }  // namespace engine::recipe

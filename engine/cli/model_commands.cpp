@@ -1,0 +1,102 @@
+// engine export and engine generate: using a finished run's weights.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "graph/autodiff.h"
+#include "models/model.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+
+namespace engine::cli {
+
+namespace fs = std::filesystem;
+using namespace engine::recipe;
+
+namespace {
+
+fs::path weights_of(const fs::path& run_dir) {
+  fs::path weights = run_dir / "model.safetensors";
+  if (!fs::exists(weights))
+    throw UserError(run_dir.string() + ": not a finished run (no model.safetensors); train it with `engine train`");
+  return weights;
+}
+
+}  // namespace
+
+int export_weights(const fs::path& run_dir, const fs::path& destination) {
+  // Read (which validates every tensor) and write atomically: a bad or truncated run file is
+  // refused rather than copied.
+  SafetensorsFile file = read_safetensors(weights_of(run_dir));
+  std::vector<SafeTensor> tensors;
+  for (auto& [name, tensor] : file.tensors) tensors.push_back(std::move(tensor));
+  write_safetensors(destination, tensors, file.metadata);
+  std::cout << "exported " << tensors.size() << " tensors to " << destination.string() << "\n";
+  return kExitOk;
+}
+
+int generate(const GenerateArgs& args) {
+  LoadedRecipe loaded = load_recipe(args.run_dir / "recipe.yaml");
+  const Recipe& r = loaded.recipe;
+  if (r.data.source != DataSource::text)
+    throw UserError("engine generate samples text: " + args.run_dir.string() +
+                    " was trained on data.source other than text");
+  const int64_t context = r.model.context_length;
+  ModelGraph model = build_model(r, 1, 1.0);
+  // Everything up to the logits; the loss would overwrite them with their gradient.
+  std::vector<size_t> nodes = forward_nodes(model.graph);
+  nodes.pop_back();
+  ParameterStore store(model.graph);
+  load_weights(weights_of(args.run_dir), store, r.model.arch);
+  Executor exec(model.graph, store, uint64_t(args.seed));
+  exec.add_plan("generate", plan_step(model.graph, nodes, {model.logits}));
+
+  std::vector<int32_t> tokens(args.prompt.begin(), args.prompt.end());
+  for (auto& t : tokens) t &= 0xff;
+  if (tokens.empty()) tokens.push_back('\n');
+  RandomStream stream(uint64_t(args.seed), RandomPurpose::sampling);
+  const int64_t vocab = r.model.vocab_size;
+  const int64_t sequence = model.sequence;
+  std::string output;
+  for (int64_t n = 0; n < args.tokens; ++n) {
+    // The last `sequence` tokens, left-aligned; causal attention makes the padding irrelevant.
+    int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - sequence);
+    int64_t length = int64_t(tokens.size()) - start;
+    auto* input = static_cast<int32_t*>(exec.input(model.inputs));
+    std::fill_n(input, sequence, 0);
+    std::copy(tokens.begin() + start, tokens.end(), input);
+    exec.run("generate", 0, 0);
+    const float* logits = exec.value_f32("generate", model.logits) + (length - 1) * vocab;
+    std::vector<std::pair<float, int32_t>> candidates;
+    for (int64_t v = 0; v < std::min<int64_t>(vocab, 256); ++v) candidates.emplace_back(logits[v], int32_t(v));
+    std::sort(candidates.begin(), candidates.end(), std::greater<>());
+    if (args.top_k > 0 && size_t(args.top_k) < candidates.size()) candidates.resize(size_t(args.top_k));
+    int32_t next = candidates.front().second;
+    if (args.temperature > 0) {
+      double total = 0;
+      std::vector<double> weights;
+      for (const auto& [logit, token] : candidates) {
+        weights.push_back(std::exp((logit - candidates.front().first) / args.temperature));
+        total += weights.back();
+      }
+      double u = stream.uniform() * total;
+      for (size_t i = 0; i < weights.size(); ++i) {
+        next = candidates[i].second;
+        if ((u -= weights[i]) <= 0) break;
+      }
+    }
+    tokens.push_back(next);
+    output.push_back(char(next));
+  }
+  (void)context;
+  std::cout << args.prompt << output << "\n";
+  return kExitOk;
+}
+
+}  // namespace engine::cli
