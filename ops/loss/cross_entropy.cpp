@@ -1,5 +1,9 @@
 #include "loss/cross_entropy.h"
 
+#include <algorithm>
+
+#include "nn/fast_math.h"
+
 #include <cmath>
 
 namespace engine::ops {
@@ -17,13 +21,22 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
   for (int64_t r = 0; r < rows; ++r) {
     float* z = logits + r * vocab;
     float max_logit = -INFINITY;
+#pragma omp simd reduction(max : max_logit)
     for (int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, z[v]);
+    // Exponentials in float (vectorised); the sum in double, a block of float partial sums at a time.
     double sum = 0;
-    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(z[v]) - max_logit);
-    double log_sum = std::log(sum) + max_logit;
-    int32_t target = targets[r];
-    losses[r] = float(log_sum - z[target]);
-    for (int64_t v = 0; v < vocab; ++v) z[v] = float(std::exp(double(z[v]) - log_sum)) * scale;
+    for (int64_t begin = 0; begin < vocab; begin += 1024) {
+      const int64_t end = std::min(vocab, begin + 1024);
+      float partial = 0.0f;
+#pragma omp simd reduction(+ : partial)
+      for (int64_t v = begin; v < end; ++v) partial += fast_exp(z[v] - max_logit);
+      sum += partial;
+    }
+    const float log_sum = float(std::log(sum)) + max_logit;
+    const int32_t target = targets[r];
+    losses[r] = log_sum - z[target];
+#pragma omp simd
+    for (int64_t v = 0; v < vocab; ++v) z[v] = fast_exp(z[v] - log_sum) * scale;
     z[target] -= scale;
   }
 }
