@@ -1,7 +1,11 @@
 // Training end to end: determinism, the quick start reaching its loss floor, and the memory plan
 // against the measured peak resident memory of a real `engine train` process.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <filesystem>
@@ -103,6 +107,43 @@ TEST(MemoryPlan, PredictsThePeakResidentMemoryOfARealRun) {
   // Stated tolerance: the planned bytes are within 10% of the growth in peak resident memory
   // (the remainder is the loader's prefetched batches, oneDNN's scratch and the heap).
   EXPECT_NEAR(measured / planned, 1.0, 0.10) << "planned " << planned << " measured " << measured;
+}
+
+}  // namespace
+}  // namespace engine
+
+namespace engine {
+namespace {
+
+TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
+  fs::path out = fs::temp_directory_path() / ("engine_interrupt_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::string output_dir = "run.output_dir=" + out.string();
+    std::string recipe = (kSource / "recipes/quickstart.yaml").string();
+    int devnull = ::open("/dev/null", O_WRONLY);
+    ::dup2(devnull, 1);
+    ::execl(ENGINE_BINARY, ENGINE_BINARY, "train", recipe.c_str(), output_dir.c_str(), "train.steps=1000000",
+            "train.log_every=1", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait until training has logged a step, then interrupt.
+  fs::path metrics = out / "quickstart" / "metrics.jsonl";
+  for (int i = 0; i < 600 && (!fs::exists(metrics) || fs::file_size(metrics) == 0); ++i) ::usleep(50'000);
+  ASSERT_TRUE(fs::exists(metrics));
+  ::kill(child, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of stopping cleanly";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(out / "quickstart" / "summary.json");
+  nlohmann::json s = nlohmann::json::parse(in);
+  EXPECT_TRUE(s["interrupted"].get<bool>());
+  EXPECT_LT(s["steps"].get<int64_t>(), 1000000);
+  EXPECT_TRUE(fs::exists(out / "quickstart" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(out / "quickstart" / "model.safetensors.tmp"));
 }
 
 }  // namespace

@@ -1,0 +1,204 @@
+// Data files and weights files: clear errors for every malformed input, exact round trips.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/weights.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/permutation.h"
+#include "recipe/load.h"
+#include "trainer/session.h"
+
+namespace engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("engine_io_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+std::string llmc_file(uint32_t claimed, const std::vector<uint16_t>& tokens) {
+  int32_t header[256] = {20240520, 1, int32_t(claimed)};
+  std::string bytes(reinterpret_cast<const char*>(header), sizeof header);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  return bytes;
+}
+
+recipe::Recipe token_recipe(const fs::path& data, const std::string& source, int64_t vocab = 100) {
+  recipe::MemorySourceReader reader;
+  reader.add("r.yaml", "model: {arch: gpt, vocab_size: " + std::to_string(vocab) +
+                           ", context_length: 8, n_layer: 1, n_head: 1, n_embd: 8}\n"
+                           "data: {source: " +
+                           source + ", path: " + data.string() +
+                           ", val_fraction: 0.25}\ntrain: {steps: 1, micro_batch_size: 2}\n");
+  recipe::LoadOptions options;
+  options.reader = &reader;
+  return recipe::load_recipe("r.yaml", options).recipe;
+}
+
+std::string data_error(const recipe::Recipe& r) {
+  try {
+    make_dataset(r);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "dataset loaded";
+  return "";
+}
+
+TEST(TokenData, LlmcFileLoadsAndBatchesAreShiftedWindows) {
+  std::vector<uint16_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t(i % 97);
+  fs::path path = scratch("ok.bin");
+  write_bytes(path, llmc_file(200, tokens));
+  auto r = token_recipe(path, "tokens");
+  auto data = make_dataset(r);
+  Batch batch(2, 8, 0);
+  data->fill(Split::train, 3, batch);
+  for (int64_t i = 0; i < 16; ++i)
+    if (i % 8 != 7) {
+      EXPECT_EQ(batch.targets[size_t(i)], batch.tokens[size_t(i + 1)]);
+    }
+}
+
+TEST(TokenData, TruncatedLlmcFileIsRefused) {
+  fs::path path = scratch("truncated.bin");
+  write_bytes(path, llmc_file(500, std::vector<uint16_t>(100, 1)));
+  EXPECT_NE(data_error(token_recipe(path, "tokens")).find("header promises 500 tokens"), std::string::npos);
+}
+
+TEST(TokenData, TokenBeyondTheVocabularyNamesTheOffset) {
+  std::vector<uint16_t> tokens(100, 3);
+  tokens[57] = 4000;
+  fs::path path = scratch("big.bin");
+  write_bytes(path, std::string(reinterpret_cast<const char*>(tokens.data()), 200));
+  std::string message = data_error(token_recipe(path, "tokens"));
+  EXPECT_NE(message.find("token 4000 at token offset 57 is beyond model.vocab_size 100"), std::string::npos) << message;
+  EXPECT_NE(message.find(path.string()), std::string::npos);
+}
+
+TEST(TokenData, OddByteCountIsRefused) {
+  fs::path path = scratch("odd.bin");
+  write_bytes(path, std::string(201, '\1'));
+  EXPECT_NE(data_error(token_recipe(path, "tokens")).find("odd number of bytes"), std::string::npos);
+}
+
+TEST(TokenData, EmptyAndTooSmallFilesAreRefused) {
+  fs::path empty = scratch("empty.txt");
+  write_bytes(empty, "");
+  EXPECT_NE(data_error(token_recipe(empty, "text", 256)).find("data file is empty"), std::string::npos);
+  fs::path small = scratch("small.txt");
+  write_bytes(small, "hello");
+  EXPECT_NE(data_error(token_recipe(small, "text", 256)).find("cannot fill one sequence"), std::string::npos);
+}
+
+TEST(Permutation, IsABijectionForAnySize) {
+  for (uint64_t n : {1ull, 2ull, 7ull, 100ull, 1000ull, 4097ull}) {
+    Permutation p(n, n * 31 + 7);
+    std::vector<bool> seen(n, false);
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t x = p(i);
+      ASSERT_LT(x, n);
+      ASSERT_FALSE(seen[x]);
+      seen[x] = true;
+    }
+  }
+}
+
+// ---- safetensors ----
+
+std::string header_file(const std::string& json, const std::string& data) {
+  uint64_t length = json.size();
+  return std::string(reinterpret_cast<const char*>(&length), 8) + json + data;
+}
+
+std::string safetensors_error(const std::string& bytes) {
+  fs::path path = scratch("bad.safetensors");
+  write_bytes(path, bytes);
+  try {
+    read_safetensors(path);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "loaded";
+  return "";
+}
+
+TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
+  EXPECT_NE(safetensors_error("abc").find("shorter than its 8-byte header"), std::string::npos);
+  EXPECT_NE(safetensors_error(header_file("{", "")).find("not a JSON object"), std::string::npos);
+  std::string huge = header_file("{}", "");
+  huge[0] = '\xff';
+  EXPECT_NE(safetensors_error(huge).find("exceeds the file"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace engine
+
+namespace engine {
+namespace {
+
+TEST(Safetensors, BadTensorEntriesAreRefused) {
+  std::string data(16, '\0');
+  EXPECT_NE(safetensors_error(header_file(R"({"a": {"dtype": "Q8", "shape": [4], "data_offsets": [0, 16]}})", data))
+                .find("unsupported dtype"),
+            std::string::npos);
+  EXPECT_NE(safetensors_error(header_file(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 32]}})", data))
+                .find("out of bounds"),
+            std::string::npos);
+  EXPECT_NE(safetensors_error(header_file(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}})", data))
+                .find("shape needs 12 bytes"),
+            std::string::npos);
+  EXPECT_NE(safetensors_error(header_file(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                              "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                                          data))
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_NE(safetensors_error(header_file(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 16]}})", data))
+                .find("bad dimension"),
+            std::string::npos);
+}
+
+TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
+  recipe::MemorySourceReader reader;
+  reader.add("r.yaml",
+             "model: {arch: gpt, vocab_size: 17, context_length: 8, n_layer: 2, n_head: 2, n_embd: 8}\n"
+             "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n");
+  recipe::LoadOptions options;
+  options.reader = &reader;
+  auto r = recipe::load_recipe("r.yaml", options).recipe;
+  Session a(r), b(r);
+  a.store.initialize(1);
+  b.store.initialize(2);
+  fs::path path = scratch("w.safetensors");
+  save_weights(path, a.store, r.model.arch, {{"arch", "gpt"}});
+  // Hugging Face layout: GPT-2's Conv1D weights are stored (in, out).
+  auto file = read_safetensors(path);
+  EXPECT_EQ(file.tensors.at("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));
+  load_weights(path, b.store, r.model.arch);
+  for (size_t i = 0; i < a.model.graph.params().size(); ++i)
+    EXPECT_EQ(std::memcmp(a.store.param(int(i)), b.store.param(int(i)), size_t(a.store.numel(int(i))) * 4), 0);
+
+  r.model.n_embd = 16;  // a different model: every mismatch is named
+  Session c(r);
+  try {
+    load_weights(path, c.store, r.model.arch);
+    FAIL() << "loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'wte.weight' is f32 (17, 8), expected f32 (17, 16)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace engine
