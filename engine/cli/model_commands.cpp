@@ -55,7 +55,9 @@ int generate(const GenerateArgs& args) {
   ParameterStore store(model.graph);
   load_weights(weights_of(args.run_dir), store, r.model.arch);
   Executor exec(model.graph, store, uint64_t(args.seed));
-  exec.add_plan("generate", plan_step(model.graph, nodes, {model.logits}));
+  Plan plan = plan_step(model.graph, nodes, {model.logits});
+  plan.training = false;
+  exec.add_plan("generate", std::move(plan));
 
   std::vector<int32_t> tokens(args.prompt.begin(), args.prompt.end());
   for (auto& t : tokens) t &= 0xff;

@@ -23,6 +23,7 @@ struct KernelContext {
   uint64_t seed = 0;
   uint64_t step = 0;        // optimizer step
   uint64_t micro_step = 0;  // micro-batch within the step
+  bool training = true;     // false for evaluation and generation: dropout passes values through
 
   float* f32(ValueId id) const { return static_cast<float*>(pointers[static_cast<size_t>(id)]); }
   const int32_t* i32(ValueId id) const { return static_cast<const int32_t*>(pointers[static_cast<size_t>(id)]); }

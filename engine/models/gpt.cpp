@@ -9,6 +9,7 @@
 #include "models/model.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
+#include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/layernorm.h"
 
@@ -16,7 +17,6 @@ namespace engine {
 
 ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale) {
   const auto& m = recipe.model;
-  if (m.dropout > 0) throw UserError("model.dropout > 0 is not supported yet by this engine version; set it to 0");
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model;
@@ -40,7 +40,7 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
   int embeddings = g.add_unit("embeddings");
   ValueId wte = weight("wte.weight", Shape{V, C}, embeddings, std);
   ValueId wpe = weight("wpe.weight", Shape{m.context_length, C}, embeddings, std);
-  ValueId x = ops::embedding(g, model.inputs, wte, wpe, "embeddings");
+  ValueId x = ops::dropout(g, ops::embedding(g, model.inputs, wte, wpe, "embeddings"), m.dropout, "embeddings.dropout");
 
   for (int64_t l = 0; l < L; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
@@ -59,11 +59,11 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
     ValueId h = ops::layernorm(g, x, ln1_w, ln1_b, m.norm_eps, p + "ln_1");
     ValueId qkv = ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn");
     ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "attn");
-    ValueId proj = ops::linear(g, a, proj_w, proj_b, p + "attn.c_proj");
+    ValueId proj = ops::dropout(g, ops::linear(g, a, proj_w, proj_b, p + "attn.c_proj"), m.dropout, p + "attn.dropout");
     x = ops::add(g, x, proj, p + "residual_1");
     h = ops::layernorm(g, x, ln2_w, ln2_b, m.norm_eps, p + "ln_2");
     ValueId f = ops::gelu(g, ops::linear(g, h, fc_w, fc_b, p + "mlp.c_fc"), p + "mlp.gelu");
-    ValueId o = ops::linear(g, f, out_w, out_b, p + "mlp.c_proj");
+    ValueId o = ops::dropout(g, ops::linear(g, f, out_w, out_b, p + "mlp.c_proj"), m.dropout, p + "mlp.dropout");
     x = ops::add(g, x, o, p + "residual_2");
   }
 

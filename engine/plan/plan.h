@@ -24,6 +24,7 @@ struct Plan {
   std::vector<int64_t> offsets;  // per ValueId: byte offset in the arena, -1 if not an activation of this plan
   int64_t arena_bytes = 0;
   int64_t unplaced_bytes = 0;  // sum of all activation sizes: what no reuse would cost
+  bool training = true;        // whether kernels run in training mode (dropout on)
 };
 
 std::vector<size_t> forward_nodes(const Graph& graph);

@@ -37,6 +37,7 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step) 
   ctx.seed = seed_;
   ctx.step = step;
   ctx.micro_step = micro_step;
+  ctx.training = plan.training;
   ctx.pointers.assign(graph_.values().size(), nullptr);
   for (size_t i = 0; i < graph_.values().size(); ++i) {
     const Value& v = graph_.values()[i];

@@ -29,7 +29,9 @@ Session::Session(const recipe::Recipe& r)
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps) {
   executor.add_plan("train", plan_step(model.graph, all_nodes(model.graph), {model.losses}));
-  executor.add_plan("eval", plan_step(model.graph, forward_nodes(model.graph), {model.losses}));
+  Plan eval = plan_step(model.graph, forward_nodes(model.graph), {model.losses});
+  eval.training = false;
+  executor.add_plan("eval", std::move(eval));
 }
 
 void Session::load_batch(const Batch& batch) {

@@ -15,14 +15,18 @@
 #include "elementwise/add.h"
 #include "graph/autodiff.h"
 #include "linalg/linear.h"
+#include "linalg/matmul.h"
 #include "loss/cross_entropy.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
 #include "nn/embedding.h"
 #include "nn/layernorm.h"
 #include "nn/rotary.h"
+#include "nn/softmax.h"
 #include "plan/plan.h"
+#include "reduce/sum.h"
 #include "runtime/executor.h"
+#include "shape/transpose.h"
 
 namespace engine {
 namespace {
@@ -318,6 +322,83 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
        0,
        [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], H, 10000.0, "rope"); },
        [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, 10000.0); }});
+  all.push_back({"softmax",
+                 {Shape{rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::softmax(g, p[0], "softmax"); },
+                 [=](const std::vector<Tensor>& x, const auto&) {
+                   Tensor y(x[0].size());
+                   for (int64_t r = 0; r < rows; ++r) {
+                     double mx = -1e300, z = 0;
+                     for (int64_t i = 0; i < c; ++i) mx = std::max(mx, x[0][size_t(r * c + i)]);
+                     for (int64_t i = 0; i < c; ++i) z += std::exp(x[0][size_t(r * c + i)] - mx);
+                     for (int64_t i = 0; i < c; ++i) y[size_t(r * c + i)] = std::exp(x[0][size_t(r * c + i)] - mx) / z;
+                   }
+                   return y;
+                 }});
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t batch = B;
+      Shape a_shape = ta ? Shape{batch, k, rows} : Shape{batch, rows, k};
+      Shape b_shape = tb ? Shape{batch, m, k} : Shape{batch, k, m};
+      all.push_back(
+          {"matmul ta=" + std::to_string(ta) + " tb=" + std::to_string(tb),
+           {a_shape, b_shape},
+           {},
+           0,
+           [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::matmul(g, p[0], p[1], ta, tb, "mm"); },
+           [=](const std::vector<Tensor>& x, const auto&) {
+             Tensor y(static_cast<size_t>(batch * rows * m), 0.0);
+             for (int64_t b = 0; b < batch; ++b)
+               for (int64_t i = 0; i < rows; ++i)
+                 for (int64_t j = 0; j < m; ++j)
+                   for (int64_t l = 0; l < k; ++l) {
+                     double av =
+                         ta ? x[0][size_t(b * k * rows + l * rows + i)] : x[0][size_t(b * rows * k + i * k + l)];
+                     double bv = tb ? x[1][size_t(b * m * k + j * k + l)] : x[1][size_t(b * k * m + l * m + j)];
+                     y[size_t(b * rows * m + i * m + j)] += av * bv;
+                   }
+             return y;
+           }});
+    }
+  }
+  all.push_back({"transpose",
+                 {Shape{B, rows, c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::transpose(g, p[0], "t"); },
+                 [=](const std::vector<Tensor>& x, const auto&) {
+                   Tensor y(x[0].size());
+                   for (int64_t b = 0; b < B; ++b)
+                     for (int64_t i = 0; i < rows; ++i)
+                       for (int64_t j = 0; j < c; ++j)
+                         y[size_t(b * rows * c + j * rows + i)] = x[0][size_t(b * rows * c + i * c + j)];
+                   return y;
+                 }});
+  all.push_back(
+      {"reshape",
+       {Shape{rows, c}},
+       {},
+       0,
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::reshape(g, p[0], Shape{rows * c}, "r"); },
+       [](const std::vector<Tensor>& x, const auto&) { return x[0]; }});
+  for (bool mean : {false, true}) {
+    all.push_back({mean ? "reduce_mean" : "reduce_sum",
+                   {Shape{rows, c}},
+                   {},
+                   0,
+                   [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                     return mean ? ops::reduce_mean(g, p[0], "mean") : ops::reduce_sum(g, p[0], "sum");
+                   },
+                   [=](const std::vector<Tensor>& x, const auto&) {
+                     Tensor y(static_cast<size_t>(rows), 0.0);
+                     for (int64_t r = 0; r < rows; ++r)
+                       for (int64_t i = 0; i < c; ++i)
+                         y[size_t(r)] += x[0][size_t(r * c + i)] / (mean ? double(c) : 1.0);
+                     return y;
+                   }});
+  }
   Case xent{"softmax_cross_entropy",
             {Shape{rows, V}},
             Shape{rows},

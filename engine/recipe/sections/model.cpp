@@ -53,7 +53,9 @@ void declare_model(Schema& schema) {
       .min(0)
       .below(1)
       .only_when("arch", {"gpt"})
-      .help("Dropout probability on attention, residual and embedding outputs.");
+      .help(
+          "Dropout probability on the embedding output and on each residual branch (attention and MLP "
+          "projections), as GPT-2; the attention probabilities themselves are not dropped.");
   model.key("bias", &ModelSection::bias)
       .def(true)
       .only_when("arch", {"gpt"})

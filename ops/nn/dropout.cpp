@@ -1,0 +1,57 @@
+#include "nn/dropout.h"
+
+#include "core/rng.h"
+
+namespace engine::ops {
+
+namespace {
+
+// out = in * keep(i) / (1 - p); inputs[0] is x (forward) or dy (backward).
+void apply_mask(const Node& node, const KernelContext& ctx) {
+  const float* in = ctx.f32(node.inputs[0]);
+  float* out = ctx.f32(node.outputs[0]);
+  const int64_t n = ctx.shape(node.inputs[0]).numel();
+  const double p = node.attrs.floats[0];
+  const auto salt = uint32_t(node.attrs.ints[0]);
+  const auto threshold = uint32_t(p * 4294967296.0);
+  const float scale = float(1.0 / (1.0 - p));
+  const bool accumulate = ctx.accumulates(node, 0);
+  if (!ctx.training) {  // evaluation: the identity (the scaling at training time keeps expectations equal)
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = accumulate ? out[i] + in[i] : in[i];
+    return;
+  }
+  const std::array<uint32_t, 2> key{uint32_t(ctx.seed), uint32_t(ctx.seed >> 32) ^ 0x64726f70u};
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < (n + 3) / 4; ++block) {
+    auto words = philox4x32({uint32_t(block), salt, uint32_t(ctx.step), uint32_t(ctx.micro_step)}, key);
+    for (int64_t j = 0; j < 4 && block * 4 + j < n; ++j) {
+      int64_t i = block * 4 + j;
+      float v = words[size_t(j)] >= threshold ? in[i] * scale : 0.0f;
+      out[i] = accumulate ? out[i] + v : v;
+    }
+  }
+}
+
+void dropout_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kDropoutBackward, {dy}, {t.value}, t, node.attrs, node.name);
+}
+
+}  // namespace
+
+const OpDef kDropout{"dropout", apply_mask, dropout_grad, elementwise_flops};
+const OpDef kDropoutBackward{"dropout_backward", apply_mask, nullptr, elementwise_flops};
+
+ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
+  if (p <= 0) return x;
+  if (p >= 1) shape_error(name, "dropout probability must be below 1");
+  ValueId y = g.add_activation(name + ".out", g.value(x).shape);
+  // The salt tells dropout sites apart: the node's position in the graph.
+  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{int64_t(g.nodes().size())}, {p}}, false, false, name});
+  return y;
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,65 @@
+// dropout: the mask keeps 1 - p of the elements, scales them by 1 / (1 - p), is the same in the
+// backward as in the forward, and changes from step to step but not between runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "graph/autodiff.h"
+#include "nn/dropout.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+
+namespace engine {
+namespace {
+
+void sum_cpu(const Node& node, const KernelContext& ctx) {
+  double s = 0;
+  for (int64_t i = 0; i < ctx.shape(node.inputs[0]).numel(); ++i) s += ctx.f32(node.inputs[0])[i];
+  *ctx.f32(node.outputs[0]) = float(s);
+}
+void sum_grad(GradBuilder& gb, const Node& node) {
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kAccumulate, {node.inputs[1]}, {t.value}, t, {}, node.name);
+}
+const OpDef kSumWithOnes{"sum", sum_cpu, sum_grad, nullptr};
+
+TEST(Dropout, MaskIsConsistentScaledAndFreshEachStep) {
+  const int64_t n = 100'000;
+  const double p = 0.3;
+  Graph g;
+  int unit = g.add_unit("u");
+  ValueId x = g.add_param("x", Shape{n}, unit, ParamInit::ones());
+  ValueId y = ops::dropout(g, x, p, "drop");
+  ValueId ones = g.add_input("ones", Shape{n}, DType::f32);
+  ValueId loss = g.add_activation("loss", Shape{1});
+  g.add_node(Node{&kSumWithOnes, {y, ones}, {loss}, {}, false, false, "sum"});
+  g.set_loss(loss);
+  g.mark_forward_end();
+  autodiff(g);
+  ParameterStore store(g);
+  store.initialize(1);
+  Executor exec(g, store, 42);
+  exec.add_plan("step", plan_step(g, all_nodes(g), {y}));
+  std::fill_n(static_cast<float*>(exec.input(ones)), n, 1.0f);
+
+  auto run = [&](uint64_t step) {
+    store.zero_grads();
+    exec.run("step", step, 0);
+    const float* out = exec.value_f32("step", y);
+    return std::vector<float>(out, out + n);
+  };
+  std::vector<float> first = run(0);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(first[size_t(i)] == 0.0f || std::abs(first[size_t(i)] - float(1 / (1 - p))) < 1e-6f);
+    kept += first[size_t(i)] != 0.0f;
+    ASSERT_EQ(store.grad(0)[i], first[size_t(i)]) << "backward mask differs from forward at " << i;
+  }
+  double expected = double(n) * (1 - p), sigma = std::sqrt(double(n) * p * (1 - p));
+  EXPECT_NEAR(double(kept), expected, 5 * sigma);
+  EXPECT_EQ(run(0), first) << "same step, same mask";
+  EXPECT_NE(run(1), first) << "a new step draws a new mask";
+}
+
+}  // namespace
+}  // namespace engine
