@@ -1,6 +1,7 @@
 #include "checkpoint/weights.h"
 
 #include <cstring>
+#include <map>
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -45,8 +46,34 @@ void save_weights(const std::filesystem::path& path, const ParameterStore& store
   write_safetensors(path, tensors, metadata);
 }
 
+// Hugging Face checkpoints carry some tensors that are not parameters: GPT-2's causal-mask buffers
+// (h.N.attn.bias, h.N.attn.masked_bias) and, for tied models, a copy of the embedding as
+// lm_head.weight. GPT2LMHeadModel also prefixes every name with "transformer.".
+bool is_known_buffer(const std::string& name, const Graph& graph) {
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) {
+    for (const Param& p : graph.params())
+      if (p.name == name) return false;
+    return true;
+  }
+  if (name == "lm_head.weight") {
+    for (const Param& p : graph.params())
+      if (p.name == name) return false;
+    return true;  // tied: the embedding is the head
+  }
+  return false;
+}
+
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
   SafetensorsFile file = read_safetensors(path);
+  std::map<std::string, SafeTensor> renamed;
+  for (auto& [name, tensor] : file.tensors) {
+    std::string plain = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    renamed.emplace(plain, std::move(tensor));
+  }
+  file.tensors = std::move(renamed);
   const Graph& g = store.graph();
   std::vector<std::string> problems;
   for (size_t i = 0; i < g.params().size(); ++i) {
@@ -74,7 +101,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   for (const auto& [name, t] : file.tensors) {
     bool known = false;
     for (const Param& p : g.params()) known = known || p.name == name;
-    if (!known) problems.push_back("unexpected tensor '" + name + "'");
+    if (!known && !is_known_buffer(name, g)) problems.push_back("unexpected tensor '" + name + "'");
   }
   if (!problems.empty()) {
     std::string message = path.string() + ": weights do not fit the model:";

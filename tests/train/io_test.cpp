@@ -188,6 +188,20 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
   for (size_t i = 0; i < a.model.graph.params().size(); ++i)
     EXPECT_EQ(std::memcmp(a.store.param(int(i)), b.store.param(int(i)), size_t(a.store.numel(int(i))) * 4), 0);
 
+  // As Hugging Face publishes GPT-2: "transformer." prefixes, mask buffers and a tied head copy.
+  std::vector<SafeTensor> hf;
+  for (auto& [name, tensor] : read_safetensors(path).tensors) {
+    tensor.name = "transformer." + name;
+    hf.push_back(tensor);
+  }
+  hf.push_back({"transformer.h.0.attn.bias", DType::f32, {1, 1, 8, 8}, std::vector<std::byte>(256)});
+  hf.push_back({"lm_head.weight", DType::f32, {17, 8}, std::vector<std::byte>(17 * 8 * 4)});
+  fs::path hf_path = scratch("hf.safetensors");
+  write_safetensors(hf_path, hf, {});
+  b.store.initialize(3);
+  load_weights(hf_path, b.store, r.model.arch);
+  EXPECT_EQ(std::memcmp(a.store.param(0), b.store.param(0), size_t(a.store.numel(0)) * 4), 0);
+
   r.model.n_embd = 16;  // a different model: every mismatch is named
   Session c(r);
   try {
