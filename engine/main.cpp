@@ -63,6 +63,20 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 24));
   generate->add_option("--seed", generate_args.seed, "Sampling seed");
 
+  engine::cli::GoldenArgs golden_args;
+  auto* golden = app.add_subcommand("golden", "Golden-recipe regression tests: record, check, update");
+  golden->require_subcommand(1);
+  auto* golden_record = golden->add_subcommand("record", "Run recipes and store their trajectories next to them");
+  golden_record->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+  golden_record->add_option("--rtol", golden_args.rtol, "Relative tolerance (default: exact, bitwise)")
+      ->check(CLI::Range(0.0, 1.0));
+  golden_record->add_option("--atol", golden_args.atol, "Absolute tolerance (default: exact, bitwise)")
+      ->check(CLI::Range(0.0, 1e6));
+  auto* golden_check = golden->add_subcommand("check", "Rerun recipes and compare; exit 3 on a regression");
+  golden_check->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+  auto* golden_update = golden->add_subcommand("update", "Rerun recipes and rewrite their golden files");
+  golden_update->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
   add_recipe_args(config, recipe_args);
@@ -90,6 +104,11 @@ int run(int argc, char** argv) {
   if (*validate) return engine::cli::validate(recipe_args);
   if (*train) return engine::cli::train(train_args);
   if (*plan) return engine::cli::plan(plan_args);
+  if (*golden) {
+    using Action = engine::cli::GoldenArgs::Action;
+    golden_args.action = *golden_record ? Action::record : *golden_update ? Action::update : Action::check;
+    return engine::cli::golden(golden_args);
+  }
   if (*export_cmd) return engine::cli::export_weights(export_run, export_destination);
   if (*generate) return engine::cli::generate(generate_args);
   if (*config) return engine::cli::config(recipe_args, only_changed);

@@ -4,6 +4,7 @@
 //   0  success
 //   1  internal error (a bug in the engine: please report it with the message)
 //   2  user error (bad recipe, bad override, missing file, bad command line)
+//   3  regression: `engine golden check` found a trajectory that differs from its golden file
 #pragma once
 
 #include <filesystem>
@@ -17,6 +18,7 @@ namespace engine::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUser = 2;
+inline constexpr int kExitRegression = 3;  // engine golden check: training behaviour changed
 
 struct RecipeArgs {
   std::filesystem::path recipe;
@@ -35,7 +37,14 @@ struct GenerateArgs {
   int64_t seed = 1;
 };
 
+struct GoldenArgs {
+  enum class Action { record, check, update } action = Action::check;
+  std::vector<std::filesystem::path> recipes;
+  double rtol = 0, atol = 0;  // record: 0 and 0 mean the exact policy
+};
+
 int validate(const RecipeArgs& args);
+int golden(const GoldenArgs& args);
 int export_weights(const std::filesystem::path& run_dir, const std::filesystem::path& destination);
 int generate(const GenerateArgs& args);
 int train(const RecipeArgs& args);

@@ -37,7 +37,8 @@ const std::map<std::string, std::string>& topics() {
       {"exit-codes",
        "0  success\n"
        "1  internal error: a bug in the engine; please report it with the message\n"
-       "2  user error: a recipe, override, file or command-line mistake, explained in the message\n"},
+       "2  user error: a recipe, override, file or command-line mistake, explained in the message\n"
+       "3  regression: `engine golden check` found training behaviour that differs from its golden file\n"},
   };
   return text;
 }
@@ -80,6 +81,7 @@ int help(const std::string& topic) {
                  "  engine train RECIPE [OVERRIDES...]      train; outputs in <run.output_dir>/<run.name>\n"
                  "  engine plan RECIPE [OVERRIDES...]       parameters, FLOPs and the exact memory plan\n"
                  "  engine export RUN_DIR OUT.safetensors   a run's final weights\n"
+                 "  engine golden record|check|update R...  golden-recipe regression tests\n"
                  "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
                  "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"

@@ -30,6 +30,24 @@ class Session {
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro);
+
+  struct StepResult {
+    double loss;       // mean over the step's micro-batches
+    double grad_norm;  // global L2 norm before clipping
+    double lr;
+  };
+  // One optimizer step: zero the gradients, run every micro-batch from `next_batch`, clip, update.
+  // `engine train`, `engine golden` and the tests all step through here.
+  template <class NextBatch>
+  StepResult train_step(int64_t step, NextBatch&& next_batch) {
+    store.zero_grads();
+    double loss = 0;
+    for (int64_t micro = 0; micro < accumulation; ++micro)
+      loss += train_micro_batch(next_batch(), step, micro) / double(accumulation);
+    StepResult result{loss, clip_gradients(store, recipe.train.gradient_clipping), learning_rate(recipe, step)};
+    optimizer->step(result.lr);
+    return result;
+  }
   // Mean loss over `batches` validation batches (forward only).
   double evaluate(int64_t batches);
   MemoryPlan memory() const;

@@ -78,13 +78,7 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
   auto window_start = start;
   int64_t window_rows = 0;
   for (int64_t step = 0; step < r.train.steps; ++step) {
-    session.store.zero_grads();
-    double loss = 0;
-    for (int64_t micro = 0; micro < session.accumulation; ++micro)
-      loss += session.train_micro_batch(loader.next(), step, micro) / double(session.accumulation);
-    double grad_norm = clip_gradients(session.store, r.train.gradient_clipping);
-    double lr = learning_rate(r, step);
-    session.optimizer->step(lr);
+    auto [loss, grad_norm, lr] = session.train_step(step, [&] { return loader.next(); });
     window_rows += rows_per_step;
     summary.steps = step + 1;
     summary.final_loss = loss;

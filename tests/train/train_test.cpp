@@ -38,17 +38,14 @@ Trace run(const recipe::Recipe& r, int64_t steps) {
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
   Trace trace;
+  int64_t index = 0;
   for (int64_t step = 0; step < steps; ++step) {
-    session.store.zero_grads();
-    Batch batch(session.micro_batch, session.model.sequence, session.data->features());
-    double loss = 0;
-    for (int64_t micro = 0; micro < session.accumulation; ++micro) {
-      session.data->fill(Split::train, step * session.accumulation + micro, batch);
-      loss += session.train_micro_batch(batch, step, micro);
-    }
-    clip_gradients(session.store, r.train.gradient_clipping);
-    session.optimizer->step(learning_rate(r, step));
-    trace.losses.push_back(loss);
+    auto result = session.train_step(step, [&] {
+      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+      session.data->fill(Split::train, index++, batch);
+      return batch;
+    });
+    trace.losses.push_back(result.loss);
   }
   for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
     const float* w = session.store.param(int(i));
