@@ -24,6 +24,7 @@ struct RecipeArgs {
   std::filesystem::path recipe;
   std::vector<std::string> overrides;
   int64_t world_size = 0;  // 0: from the environment
+  std::filesystem::path first_gradients;  // train: --dump-first-gradients
 
   recipe::LoadOptions load_options() const;
 };

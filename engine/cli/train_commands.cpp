@@ -13,7 +13,7 @@ using namespace engine::recipe;
 int train(const RecipeArgs& args) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
   std::cout << summary(loaded) << "\n";
-  engine::train(loaded, std::cout);
+  engine::train(loaded, std::cout, TrainOptions{args.first_gradients});
   return kExitOk;
 }
 

@@ -8,6 +8,7 @@
 //   MemoryPlan memory = session.memory();
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "data/dataset.h"
@@ -38,12 +39,14 @@ class Session {
   };
   // One optimizer step: zero the gradients, run every micro-batch from `next_batch`, clip, update.
   // `engine train`, `engine golden` and the tests all step through here.
+  // `after_backward`, when given, sees the accumulated gradients before clipping and the update.
   template <class NextBatch>
-  StepResult train_step(int64_t step, NextBatch&& next_batch) {
+  StepResult train_step(int64_t step, NextBatch&& next_batch, const std::function<void()>& after_backward = {}) {
     store.zero_grads();
     double loss = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro)
       loss += train_micro_batch(next_batch(), step, micro) / double(accumulation);
+    if (after_backward) after_backward();
     StepResult result{loss, clip_gradients(store, recipe.train.gradient_clipping), learning_rate(recipe, step)};
     optimizer->step(result.lr);
     return result;

@@ -6,11 +6,14 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
+#include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "core/error.h"
 #include "data/loader.h"
@@ -44,7 +47,23 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
+namespace {
+
+void save_gradients(const fs::path& path, const ParameterStore& store) {
+  std::vector<SafeTensor> tensors;
+  const Graph& g = store.graph();
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const Shape& shape = g.value(g.params()[i].value).shape;
+    SafeTensor t{g.params()[i].name, DType::f32, shape.dims, std::vector<std::byte>(size_t(shape.numel()) * 4)};
+    std::memcpy(t.data.data(), store.grad(int(i)), t.data.size());
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(path, tensors, {{"layout", "engine: linear weights (out, in)"}});
+}
+
+}  // namespace
+
+TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options) {
   const recipe::Recipe& r = loaded.recipe;
   TrainSummary summary;
   summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
@@ -78,7 +97,11 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out) {
   auto window_start = start;
   int64_t window_rows = 0;
   for (int64_t step = 0; step < r.train.steps; ++step) {
-    auto [loss, grad_norm, lr] = session.train_step(step, [&] { return loader.next(); });
+    std::function<void()> dump;
+    if (step == 0 && !options.first_gradients.empty())
+      dump = [&] { save_gradients(options.first_gradients, session.store); };
+    auto [loss, grad_norm, lr] = session.train_step(
+        step, [&] { return loader.next(); }, dump);
     window_rows += rows_per_step;
     summary.steps = step + 1;
     summary.final_loss = loss;

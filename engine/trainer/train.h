@@ -26,6 +26,12 @@ struct TrainSummary {
   bool interrupted = false;
 };
 
-TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out);
+struct TrainOptions {
+  // When set, the gradients of the first step (after backward, before clipping) are written here
+  // as safetensors under the parameters' names: for comparing with another implementation.
+  std::filesystem::path first_gradients;
+};
+
+TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options = {});
 
 }  // namespace engine

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Parity with PyTorch: the same GPT or Llama, the same initial weights, the same batches, the
+same AdamW and cosine-with-warmup schedule, trained by this engine and by PyTorch (Debian's
+python3-torch, fp32, CPU). Compares every parameter gradient after the first backward and the loss
+and learning rate of every step.
+
+  parity.py ENGINE ARCH WORKDIR        ARCH: gpt | llama
+
+Exit 0 when within tolerance (loss: relative 1e-5 per step; gradients: 1e-4 relative to each
+tensor's largest entry); prints a table of the worst errors either way.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+engine, arch, work = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(work, exist_ok=True)
+torch.manual_seed(1234)
+torch.set_num_threads(2)
+
+VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH, STEPS = 64, 32, 2, 2, 32, 4, 20
+LR, MIN_LR, WARMUP, BETAS, EPS, DECAY, CLIP = 3e-3, 3e-4, 4, (0.9, 0.95), 1e-8, 0.1, 1.0
+FFN = 4 * WIDTH if arch == "gpt" else (2 * 4 * WIDTH // 3 + 63) // 64 * 64
+HD = WIDTH // HEADS
+
+
+def causal_attention(qkv):
+    b, t, _ = qkv.shape
+    q, k, v = (z.view(b, t, HEADS, HD).transpose(1, 2) for z in qkv.split(WIDTH, dim=2))
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(HD)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, WIDTH)
+
+
+def rotary(qkv, theta=10000.0):
+    # Hugging Face's rotate_half convention, on the q and k parts of packed qkv.
+    b, t, _ = qkv.shape
+    inv = theta ** (-torch.arange(0, HD // 2, dtype=torch.float64) * 2 / HD)
+    angle = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = torch.cat([angle.cos()] * 2, -1).float(), torch.cat([angle.sin()] * 2, -1).float()
+
+    def rot(x):
+        x = x.view(b, t, HEADS, HD)
+        half = torch.cat([-x[..., HD // 2:], x[..., : HD // 2]], -1)
+        return (x * cos[None, :, None, :] + half * sin[None, :, None, :]).reshape(b, t, WIDTH)
+
+    q, k, v = qkv.split(WIDTH, dim=2)
+    return torch.cat([rot(q), rot(k), v], 2)
+
+
+def rms_norm(x, w, eps=1e-5):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class Model(nn.Module):
+    """Parameters under the engine's names, linear weights (out, in)."""
+
+    def __init__(self):
+        super().__init__()
+        p = {}
+        if arch == "gpt":
+            p["wte.weight"] = torch.randn(VOCAB, WIDTH) * 0.1
+            p["wpe.weight"] = torch.randn(CONTEXT, WIDTH) * 0.1
+            for l in range(LAYERS):
+                h = f"h.{l}."
+                for name, shape in [("ln_1", WIDTH), ("ln_2", WIDTH)]:
+                    p[h + name + ".weight"] = 1 + 0.1 * torch.randn(shape)
+                    p[h + name + ".bias"] = 0.1 * torch.randn(shape)
+                for name, out, inp in [("attn.c_attn", 3 * WIDTH, WIDTH), ("attn.c_proj", WIDTH, WIDTH),
+                                       ("mlp.c_fc", FFN, WIDTH), ("mlp.c_proj", WIDTH, FFN)]:
+                    p[h + name + ".weight"] = torch.randn(out, inp) * 0.1
+                    p[h + name + ".bias"] = 0.1 * torch.randn(out)
+            p["ln_f.weight"] = 1 + 0.1 * torch.randn(WIDTH)
+            p["ln_f.bias"] = 0.1 * torch.randn(WIDTH)
+        else:
+            p["model.embed_tokens.weight"] = torch.randn(VOCAB, WIDTH) * 0.1
+            for l in range(LAYERS):
+                h = f"model.layers.{l}."
+                p[h + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
+                p[h + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
+                for name, out, inp in [("self_attn.qkv_proj", 3 * WIDTH, WIDTH), ("self_attn.o_proj", WIDTH, WIDTH),
+                                       ("mlp.gate_proj", FFN, WIDTH), ("mlp.up_proj", FFN, WIDTH),
+                                       ("mlp.down_proj", WIDTH, FFN)]:
+                    p[h + name + ".weight"] = torch.randn(out, inp) * 0.1
+            p["model.norm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
+            p["lm_head.weight"] = torch.randn(VOCAB, WIDTH) * 0.1
+        self.names = list(p)
+        self.params = nn.ParameterList(nn.Parameter(v.float()) for v in p.values())
+
+    def get(self, name):
+        return self.params[self.names.index(name)]
+
+    def forward(self, idx, targets):
+        g = self.get
+        if arch == "gpt":
+            x = g("wte.weight")[idx] + g("wpe.weight")[: idx.shape[1]]
+            for l in range(LAYERS):
+                h = f"h.{l}."
+                a = F.layer_norm(x, (WIDTH,), g(h + "ln_1.weight"), g(h + "ln_1.bias"), 1e-5)
+                a = causal_attention(F.linear(a, g(h + "attn.c_attn.weight"), g(h + "attn.c_attn.bias")))
+                x = x + F.linear(a, g(h + "attn.c_proj.weight"), g(h + "attn.c_proj.bias"))
+                m = F.layer_norm(x, (WIDTH,), g(h + "ln_2.weight"), g(h + "ln_2.bias"), 1e-5)
+                m = F.gelu(F.linear(m, g(h + "mlp.c_fc.weight"), g(h + "mlp.c_fc.bias")), approximate="tanh")
+                x = x + F.linear(m, g(h + "mlp.c_proj.weight"), g(h + "mlp.c_proj.bias"))
+            x = F.layer_norm(x, (WIDTH,), g("ln_f.weight"), g("ln_f.bias"), 1e-5)
+            logits = x @ g("wte.weight").t()
+        else:
+            x = g("model.embed_tokens.weight")[idx]
+            for l in range(LAYERS):
+                h = f"model.layers.{l}."
+                a = rms_norm(x, g(h + "input_layernorm.weight"))
+                a = causal_attention(rotary(F.linear(a, g(h + "self_attn.qkv_proj.weight"))))
+                x = x + F.linear(a, g(h + "self_attn.o_proj.weight"))
+                m = rms_norm(x, g(h + "post_attention_layernorm.weight"))
+                m = F.silu(F.linear(m, g(h + "mlp.gate_proj.weight"))) * F.linear(m, g(h + "mlp.up_proj.weight"))
+                x = x + F.linear(m, g(h + "mlp.down_proj.weight"))
+            logits = rms_norm(x, g("model.norm.weight")) @ g("lm_head.weight").t()
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def write_safetensors(path, tensors):
+    """The safetensors format, written directly: header length, JSON header, raw data."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.detach().contiguous().float().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[b:end]), dtype=torch.float32).reshape(e["shape"])
+    return out
+
+
+model = Model()
+weights = {}
+for name in model.names:
+    t = model.get(name)
+    weights[name] = t.t() if arch == "gpt" and name.endswith(CONV1D) else t  # Hugging Face's Conv1D layout
+write_safetensors(f"{work}/init.safetensors", weights)
+
+# The batches: raw uint16 tokens read in file order, window i of (CONTEXT + 1) tokens, stride CONTEXT.
+windows = BATCH * STEPS
+tokens = torch.randint(0, VOCAB, (windows * CONTEXT + 1,))
+with open(f"{work}/tokens.bin", "wb") as f:
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens.tolist()))
+
+with open(f"{work}/recipe.yaml", "w") as f:
+    f.write(f"""run: {{name: parity, output_dir: {work}/runs, seed: 1}}
+model: {{arch: {arch}, vocab_size: {VOCAB}, context_length: {CONTEXT}, n_layer: {LAYERS}, n_head: {HEADS},
+        n_embd: {WIDTH}, init_from: init.safetensors{', tie_embeddings: false' if arch == 'llama' else ''}}}
+data: {{source: tokens, path: tokens.bin, format: raw_uint16, shuffle: false, val_fraction: 0, prefetch: 0}}
+train: {{steps: {STEPS}, micro_batch_size: {BATCH}, gradient_clipping: {CLIP}, log_every: 1}}
+optimizer: {{type: adamw, lr: {LR}, betas: [{BETAS[0]}, {BETAS[1]}], eps: {EPS}, weight_decay: {DECAY}}}
+scheduler: {{type: cosine, warmup_steps: {WARMUP}, min_lr: {MIN_LR}}}
+""")
+subprocess.run([engine, "train", f"{work}/recipe.yaml", "--dump-first-gradients", f"{work}/grads.safetensors"],
+               check=True, stdout=subprocess.DEVNULL)
+metrics = [json.loads(l) for l in open(f"{work}/runs/parity/metrics.jsonl") if '"loss"' in l]
+engine_grads = read_safetensors(f"{work}/grads.safetensors")
+
+
+def schedule(step):  # the engine's cosine with linear warmup, as a LambdaLR factor
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    progress = (step - WARMUP) / (STEPS - WARMUP - 1)
+    return (MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))) / LR
+
+
+decay = [p for n, p in zip(model.names, model.params) if p.dim() >= 2]
+no_decay = [p for n, p in zip(model.names, model.params) if p.dim() < 2]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": DECAY}, {"params": no_decay, "weight_decay": 0.0}],
+                              lr=LR, betas=BETAS, eps=EPS)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+failures, worst_loss, worst_lr, grad_rows = [], 0.0, 0.0, []
+for step in range(STEPS):
+    batch = torch.stack([tokens[(step * BATCH + b) * CONTEXT:(step * BATCH + b) * CONTEXT + CONTEXT + 1]
+                         for b in range(BATCH)]).long()
+    optimizer.zero_grad()
+    lr = scheduler.get_last_lr()[0]
+    loss = model(batch[:, :-1], batch[:, 1:])
+    loss.backward()
+    if step == 0:
+        for name, p in zip(model.names, model.params):
+            e, t = engine_grads[name], p.grad
+            err = ((e - t).abs().max() / t.abs().max().clamp_min(1e-12)).item()
+            grad_rows.append((err, name))
+            if err > 1e-4:
+                failures.append(f"gradient of {name}: relative error {err:.3g}")
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+    scheduler.step()
+    m = metrics[step]
+    rel = abs(m["loss"] - loss.item()) / abs(loss.item())
+    worst_loss = max(worst_loss, rel)
+    worst_lr = max(worst_lr, abs(m["lr"] - lr) / lr)
+    if rel > 1e-5:
+        failures.append(f"step {step + 1}: loss {m['loss']:.9g} (engine) vs {loss.item():.9g} (PyTorch), relative {rel:.3g}")
+    if abs(m["lr"] - lr) / lr > 1e-9:
+        failures.append(f"step {step + 1}: lr {m['lr']:.9g} (engine) vs {lr:.9g} (torch LambdaLR)")
+
+grad_rows.sort(reverse=True)
+print(f"{arch}: {STEPS} steps against PyTorch {torch.__version__}")
+print(f"  worst loss relative error: {worst_loss:.3g} (limit 1e-5)")
+print(f"  worst lr relative error:   {worst_lr:.3g}")
+print(f"  worst gradient errors (relative to the tensor's largest entry, limit 1e-4):")
+for err, name in grad_rows[:4]:
+    print(f"    {err:.3g}  {name}")
+for f in failures:
+    print("FAIL: " + f)
+sys.exit(1 if failures else 0)
