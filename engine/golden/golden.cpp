@@ -9,7 +9,6 @@
 
 #include "checkpoint/weights.h"
 #include "core/error.h"
-#include "core/version.h"
 #include "data/loader.h"
 #include "recipe/export.h"
 #include "trainer/session.h"
