@@ -46,7 +46,7 @@ GradBuilder::Target GradBuilder::target(ValueId value) {
   if (v.placement == Placement::parameter) return {graph_.params()[static_cast<size_t>(v.param)].grad, true};
   auto it = grads_.find(value);
   if (it == grads_.end()) {
-    ValueId grad = graph_.add_activation("d" + v.name, v.shape);
+    ValueId grad = graph_.add_activation("d" + v.name, v.shape, v.dtype);
     grads_[value] = grad;
     grad_owners_[grad] = 1;
     return {grad, false};
@@ -54,7 +54,7 @@ GradBuilder::Target GradBuilder::target(ValueId value) {
   if (grad_owners_[it->second] == 1) return {it->second, true};
   // The gradient is shared with another value (an identity pass-through): adding in place would
   // change the other's gradient too, so this value gets a copy first.
-  ValueId copy = graph_.add_activation("d" + v.name, v.shape);
+  ValueId copy = graph_.add_activation("d" + v.name, v.shape, v.dtype);
   graph_.add_node(Node{&kAccumulate, {it->second}, {copy}, {}, false, true, v.name});
   grad_owners_[it->second] -= 1;
   it->second = copy;

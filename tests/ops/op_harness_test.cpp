@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "elementwise/add.h"
+#include "elementwise/cast.h"
 #include "graph/autodiff.h"
 #include "linalg/linear.h"
 #include "linalg/matmul.h"
@@ -58,7 +59,8 @@ struct Case {
   std::function<Tensor(const std::vector<Tensor>&, const std::vector<int32_t>&)> reference;
   double forward_tolerance = 1e-4;
   double backward_tolerance = 2e-3;
-  bool weighted = true;  // false for the loss op, whose gradient ignores R (R = 1)
+  bool weighted = true;           // false for the loss op, whose gradient ignores R (R = 1)
+  bool straight_through = false;  // the gradient is the op applied to dy (rounding), not finite differences
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -106,9 +108,22 @@ void run_case(const Case& c, uint64_t seed) {
   const float* got = exec.value_f32("step", out);
   for (int64_t i = 0; i < n_out; ++i) {
     double e = expected[size_t(i)];
-    ASSERT_NEAR(got[i], e, c.forward_tolerance * (1 + std::abs(e))) << "output " << i;
+    if (c.forward_tolerance == 0) {
+      ASSERT_EQ(got[i], float(e)) << "output " << i;
+    } else {
+      ASSERT_NEAR(got[i], e, c.forward_tolerance * (1 + std::abs(e))) << "output " << i;
+    }
   }
 
+  if (c.straight_through) {
+    // The gradient passes through the casts, so it is dy stored in the 16-bit type on the way: the
+    // reference applied to R.
+    Tensor expected_grad = c.reference({r}, token_values);
+    for (size_t p = 0; p < params.size(); ++p)
+      for (int64_t k = 0; k < store.numel(int(p)); ++k)
+        ASSERT_EQ(store.grad(int(p))[k], float(expected_grad[size_t(k)])) << "straight-through gradient at " << k;
+    return;
+  }
   // Backward against central differences of the reference loss.
   auto reference_loss = [&](const std::vector<Tensor>& x) {
     Tensor y = c.reference(x, token_values);
@@ -398,6 +413,27 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                          y[size_t(r)] += x[0][size_t(r * c + i)] / (mean ? double(c) : 1.0);
                      return y;
                    }});
+  }
+  for (DType t : {DType::bf16, DType::f16}) {
+    // f32 -> 16-bit -> f32: the forward rounds to nearest even; the gradient passes straight through.
+    Case c16{std::string("cast round trip ") + std::string(dtype_name(t)),
+             {Shape{rows, c}},
+             {},
+             0,
+             [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+               return ops::cast(g, ops::cast(g, p[0], t, "to16"), DType::f32, "to32");
+             },
+             [=](const std::vector<Tensor>& x, const auto&) {
+               Tensor y(x[0].size());
+               for (size_t i = 0; i < y.size(); ++i) {
+                 auto f = float(x[0][i]);
+                 y[i] = t == DType::bf16 ? bf16_to_float(float_to_bf16(f)) : f16_to_float(float_to_f16(f));
+               }
+               return y;
+             }};
+    c16.forward_tolerance = 0;
+    c16.straight_through = true;
+    all.push_back(c16);
   }
   Case xent{"softmax_cross_entropy",
             {Shape{rows, V}},

@@ -1,0 +1,65 @@
+#include "elementwise/cast.h"
+
+namespace engine::ops {
+
+namespace {
+
+float load(const void* data, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(data)[i]);
+    default:
+      return static_cast<const float*>(data)[i];
+  }
+}
+
+void cast_cpu(const Node& node, const KernelContext& ctx) {
+  const Value& in = ctx.graph->value(node.inputs[0]);
+  const Value& out = ctx.graph->value(node.outputs[0]);
+  const void* x = ctx.pointers[size_t(node.inputs[0])];
+  void* y = ctx.pointers[size_t(node.outputs[0])];
+  const int64_t n = in.shape.numel();
+  const bool accumulate = ctx.accumulates(node, 0);
+  const DType from = in.dtype, to = out.dtype;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = load(x, from, i);
+    if (accumulate) v += load(y, to, i);
+    switch (to) {
+      case DType::bf16:
+        static_cast<uint16_t*>(y)[i] = float_to_bf16(v);
+        break;
+      case DType::f16:
+        static_cast<uint16_t*>(y)[i] = float_to_f16(v);
+        break;
+      default:
+        static_cast<float*>(y)[i] = v;
+        break;
+    }
+  }
+}
+
+void cast_grad(GradBuilder& gb, const Node& node) {
+  ValueId dy = gb.grad(node.outputs[0]);
+  if (dy == kNoValue) return;
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kCast, {dy}, {t.value}, t, {}, node.name);
+}
+
+}  // namespace
+
+const OpDef kCast{"cast", cast_cpu, cast_grad, elementwise_flops};
+
+ValueId cast(Graph& g, ValueId x, DType dtype, const std::string& name) {
+  auto floating = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };
+  if (!floating(g.value(x).dtype) || !floating(dtype))
+    shape_error(name, "cast converts between f32, bf16 and f16, not " + std::string(dtype_name(g.value(x).dtype)) +
+                          " to " + std::string(dtype_name(dtype)));
+  ValueId y = g.add_activation(name + ".out", g.value(x).shape, dtype);
+  g.add_node(Node{&kCast, {x}, {y}, {}, false, false, name});
+  return y;
+}
+
+}  // namespace engine::ops
