@@ -68,8 +68,8 @@ SafetensorsFile read_safetensors(const fs::path& path) {
     for (auto& d : entry["shape"]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40)) throw where("bad dimension " + d.dump());
       tensor.shape.push_back(d.get<int64_t>());
-      elements *= d.get<uint64_t>();
-      if (elements > (uint64_t(1) << 40)) throw where("shape too large");
+      if (__builtin_mul_overflow(elements, d.get<uint64_t>(), &elements) || elements > (uint64_t(1) << 40))
+        throw where("shape too large");
     }
     auto& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||

@@ -42,7 +42,10 @@ int export_weights(const fs::path& run_dir, const fs::path& destination) {
 }
 
 int generate(const GenerateArgs& args) {
-  LoadedRecipe loaded = load_recipe(args.run_dir / "recipe.yaml");
+  // The run's recipe, without requiring its data files: generation reads only the weights.
+  LoadOptions options;
+  options.check_files = false;
+  LoadedRecipe loaded = load_recipe(args.run_dir / "recipe.yaml", options);
   const Recipe& r = loaded.recipe;
   if (r.data.source != DataSource::text)
     throw UserError("engine generate samples text: " + args.run_dir.string() +

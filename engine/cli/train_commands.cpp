@@ -20,19 +20,19 @@ int train(const RecipeArgs& args) {
 int plan(const RecipeArgs& args) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
   const Recipe& r = loaded.recipe;
-  Session session(r);
+  CompiledStep session = compile_step(r);  // sizes and FLOPs only: nothing is allocated
   const Graph& g = session.model.graph;
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);
   std::printf("  %-14s %12lld\n", "total", (long long)g.param_count());
 
-  const int64_t tokens_per_micro = session.micro_batch * session.model.sequence;
-  const double flops_micro = session.flops_per_micro_batch();
-  std::cout << "\nFLOPs (forward + backward, counted from the graph's " << session.executor.plan("train").nodes.size()
-            << " nodes):\n";
+  const int64_t accumulation = *r.train.gradient_accumulation_steps;
+  const int64_t tokens_per_micro = session.model.batch * session.model.sequence;
+  const double flops_micro = session.flops_per_micro_batch;
+  std::cout << "\nFLOPs (forward + backward, counted from the graph's " << session.train.nodes.size() << " nodes):\n";
   std::printf("  per token        %.4g\n", flops_micro / double(tokens_per_micro));
-  std::printf("  per step         %.4g  (%lld micro-batches of %lld tokens)\n",
-              flops_micro * double(session.accumulation), (long long)session.accumulation, (long long)tokens_per_micro);
+  std::printf("  per step         %.4g  (%lld micro-batches of %lld tokens)\n", flops_micro * double(accumulation),
+              (long long)accumulation, (long long)tokens_per_micro);
   if (r.model.arch != Arch::mlp) {
     // Kaplan et al. / PaLM: 6N per token for the weights (N excludes position embeddings) plus
     // 6 L T C for attention scores and values (3 x the forward's 2 L T C, causal mask ignored).
@@ -42,7 +42,7 @@ int plan(const RecipeArgs& args) {
     std::printf("  reference        %.4g per token  (6N + 6 L T C)\n", reference);
   }
 
-  MemoryPlan m = session.memory();
+  MemoryPlan m = session.memory;
   std::cout << "\nmemory per rank (exact, from the plan):\n";
   auto row = [](const char* what, int64_t bytes) {
     std::printf("  %-18s %12lld  %s\n", what, (long long)bytes, format_bytes(bytes).c_str());
@@ -53,7 +53,7 @@ int plan(const RecipeArgs& args) {
   row("activation peak", m.activations);
   row("inputs", m.inputs);
   row("total", m.total());
-  const Plan& train_plan = session.executor.plan("train");
+  const Plan& train_plan = session.train;
   std::printf("  (activations without reuse would take %s)\n", format_bytes(train_plan.unplaced_bytes).c_str());
   return kExitOk;
 }

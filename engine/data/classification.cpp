@@ -3,12 +3,20 @@
 // Gaussian noise of std `noise`. The first (1 - val_fraction) of num_samples are for training.
 #include <cmath>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 
 namespace engine {
 
 namespace {
+
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
 
 class Classification : public Dataset {
  public:
@@ -27,10 +35,11 @@ class Classification : public Dataset {
   void fill(Split split, int64_t index, Batch& batch) const override {
     int64_t first = split == Split::train ? 0 : train_;
     int64_t count = split == Split::train ? train_ : samples_ - train_;
-    if (count <= 0) count = 1;
+    ENGINE_CHECK(count > 0, "classification split without samples (the recipe rules prevent this)");
     for (int64_t b = 0; b < batch.batch; ++b) {
       int64_t sample = first + (index * batch.batch + b) % count;
-      RandomStream stream(seed_ ^ 0x636c617373ull, RandomPurpose::data, uint64_t(sample) << 20);
+      // One stream per sample (keyed by it), so samples never share random numbers.
+      RandomStream stream(mix(seed_ ^ 0x636c617373ull) ^ mix(uint64_t(sample)), RandomPurpose::data);
       auto label = int32_t(stream.below(uint64_t(classes_)));
       batch.targets[size_t(b)] = label;
       for (int64_t f = 0; f < features_; ++f)

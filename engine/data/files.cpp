@@ -77,7 +77,8 @@ TokenFile::TokenFile(const recipe::Recipe& recipe) : seed_(uint64_t(recipe.run.s
     throw UserError(path.string() + ": " + std::to_string(train_end_) +
                     " training tokens cannot fill one sequence of " + std::to_string(t_len + 1) +
                     " (sequence_length + 1)");
-  if (recipe.data.val_fraction > 0 && total - train_end_ < t_len + 1)
+  // The validation split must hold a sequence only when something evaluates on it.
+  if (recipe.train.eval_every > 0 && recipe.data.val_fraction > 0 && total - train_end_ < t_len + 1)
     throw UserError(path.string() + ": the validation split (" + std::to_string(total - train_end_) +
                     " tokens) cannot fill one sequence of " + std::to_string(t_len + 1) +
                     "; raise data.val_fraction or use more data");

@@ -168,13 +168,14 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got) {
       double diff = std::abs(have - want);
       if (diff > worst) {
         worst = diff;
-        worst_rel = diff / std::max(std::abs(want), 1e-300);
+        worst_rel = want != 0 ? diff / std::abs(want) : -1;  // -1: no relative change from zero
         worst_at = i;
       }
     }
     if (worst > 0)
-      movement << "  " << m.name << ": largest change " << format(worst) << " (relative " << format(worst_rel)
-               << ") at step " << (n ? e[worst_at].step : 0) << "\n";
+      movement << "  " << m.name << ": largest change " << format(worst)
+               << (worst_rel >= 0 ? " (relative " + format(worst_rel) + ")" : std::string(" (from 0)")) << " at step "
+               << (n ? e[worst_at].step : 0) << "\n";
   }
   if (first >= 0) {
     c.ok = false;

@@ -4,12 +4,26 @@
 
 namespace engine {
 
+namespace {
+
+// Element counts are bounded (2^40) so byte sizes never overflow; recipes that ask for more get a
+// user error naming the value.
+void check_size(const std::string& name, const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape.dims)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t(1) << 40))
+      throw UserError("value " + name + " " + shape.str() + " is too large (more than 2^40 elements)");
+}
+
+}  // namespace
+
 int Graph::add_unit(std::string name) {
   units_.push_back({std::move(name), 0});
   return static_cast<int>(units_.size()) - 1;
 }
 
 ValueId Graph::add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay) {
+  check_size(name, shape);
   ENGINE_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()), "unknown unit");
   Param param{name, kNoValue, kNoValue, unit, units_[static_cast<size_t>(unit)].numel, init, decay};
   units_[static_cast<size_t>(unit)].numel += shape.numel();
@@ -23,11 +37,13 @@ ValueId Graph::add_param(std::string name, Shape shape, int unit, ParamInit init
 }
 
 ValueId Graph::add_input(std::string name, Shape shape, DType dtype) {
+  check_size(name, shape);
   values_.push_back({std::move(name), std::move(shape), dtype, Placement::input, -1});
   return static_cast<ValueId>(values_.size() - 1);
 }
 
 ValueId Graph::add_activation(std::string name, Shape shape, DType dtype) {
+  check_size(name, shape);
   values_.push_back({std::move(name), std::move(shape), dtype, Placement::activation, -1});
   return static_cast<ValueId>(values_.size() - 1);
 }

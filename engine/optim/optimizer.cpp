@@ -115,8 +115,10 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
   const auto& s = recipe.scheduler;
   if (step < s.warmup_steps) return peak * double(step + 1) / double(s.warmup_steps);
   if (s.type == recipe::SchedulerType::constant) return peak;
+  // Decay over the steps after warmup, reaching min_lr after the last one (as nanoGPT and
+  // PyTorch's CosineAnnealingLR do): the last step still learns, and a single step runs at the peak.
   const int64_t decay_steps = recipe.train.steps - s.warmup_steps;
-  const double progress = decay_steps <= 1 ? 1.0 : double(step - s.warmup_steps) / double(decay_steps - 1);
+  const double progress = double(step - s.warmup_steps) / double(decay_steps);
   const double factor =
       s.type == recipe::SchedulerType::linear ? 1.0 - progress : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   return s.min_lr + (peak - s.min_lr) * factor;

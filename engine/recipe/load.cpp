@@ -38,7 +38,7 @@ LoadedRecipe load_recipe(const std::filesystem::path& path, const LoadOptions& o
   std::vector<DeletedKey> deleted = apply_overrides(root, options.overrides, sink);
   loaded.document = Mark{std::make_shared<Origin>(Origin{path.string(), "", nullptr}), 1, 1};
 
-  validate_tree(root, Schema::engine(), deleted, loaded, sink);
+  validate_tree(root, Schema::engine(), deleted, loaded, sink, options.check_files);
   std::set<std::string> broken_sections;
   for (const Diagnostic& d : sink.diagnostics()) broken_sections.insert(d.key.substr(0, d.key.find('.')));
   apply_rules(loaded, sink, broken_sections);

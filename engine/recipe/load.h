@@ -36,6 +36,7 @@ struct LoadOptions {
   std::vector<std::string> overrides;
   WorldSize world;
   const SourceReader* reader = nullptr;  // nullptr: the real filesystem
+  bool check_files = true;               // false: do not require data files to exist (generate, export)
 };
 
 struct LoadedRecipe {

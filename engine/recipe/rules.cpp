@@ -79,6 +79,10 @@ void resolve_data_auto(RuleContext& c) {
     c.error({"data.sequence_length", "model.context_length"}, "sequence_length " + str(*d.sequence_length) +
                                                                   " exceeds model.context_length " +
                                                                   str(c.r.model.context_length));
+  if (d.source == DataSource::synthetic_markov && d.order > *d.sequence_length)
+    c.error({"data.order", "data.sequence_length"}, "a Markov source of order " + str(d.order) +
+                                                        " needs sequences of at least " + str(d.order) +
+                                                        " tokens; sequence_length is " + str(*d.sequence_length));
   if (d.source == DataSource::synthetic_markov) {
     if (!d.vocab_size) d.vocab_size = c.r.model.vocab_size;
     if (*d.vocab_size > c.r.model.vocab_size)
@@ -178,6 +182,14 @@ void check_optimizer(RuleContext& c) {
 }
 
 void check_evaluation(RuleContext& c) {
+  // The Markov source draws its validation sequences from a stream of their own.
+  if (c.r.data.source == DataSource::synthetic_markov) return;
+  const auto& d = c.r.data;
+  if (c.r.train.eval_every > 0 && d.source == DataSource::classification && d.val_fraction > 0 &&
+      double(d.num_samples) * d.val_fraction < 1)
+    c.error({"data.val_fraction", "data.num_samples"}, "validation needs at least one sample; num_samples " +
+                                                           str(d.num_samples) + " x val_fraction " +
+                                                           format_value(d.val_fraction) + " is less than one");
   if (c.r.train.eval_every > 0 && c.r.data.val_fraction <= 0)
     c.error({"train.eval_every", "data.val_fraction"},
             "evaluation every " + str(c.r.train.eval_every) + " steps needs validation data; data.val_fraction is 0");

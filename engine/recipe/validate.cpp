@@ -48,8 +48,8 @@ std::string quoted_hint(const YamlNode& node) {
 
 class ValueParser {
  public:
-  ValueParser(const KeySpec& spec, const YamlNode& node, std::string& error)
-      : spec_(spec), node_(node), error_(error) {}
+  ValueParser(const KeySpec& spec, const YamlNode& node, std::string& error, bool check_files)
+      : spec_(spec), node_(node), error_(error), check_files_(check_files) {}
 
   std::optional<Value> parse() {
     switch (spec_.kind) {
@@ -141,7 +141,7 @@ class ValueParser {
     if (path.is_relative() && !command_line && node_.mark.origin)
       path = fs::path(node_.mark.origin->name).parent_path() / path;
     path = path.lexically_normal();
-    if (spec_.must_exist) {
+    if (spec_.must_exist && check_files_) {
       std::error_code error;
       auto status = fs::status(path, error);
       std::string relative =
@@ -177,6 +177,7 @@ class ValueParser {
   const KeySpec& spec_;
   const YamlNode& node_;
   std::string& error_;
+  bool check_files_;
 };
 
 std::vector<std::string> names_of(const SectionSpec& section) {
@@ -198,7 +199,7 @@ std::vector<std::string> unknown_key_notes(const Schema& schema, const SectionSp
 }
 
 void validate_section(const Schema& schema, const SectionSpec& section, const YamlEntry* entry, const Mark& document,
-                      LoadedRecipe& out, DiagnosticSink& sink) {
+                      LoadedRecipe& out, DiagnosticSink& sink, bool check_files) {
   Mark section_mark = entry ? entry->key_mark : document;
   std::map<std::string, Value> given;
   std::map<std::string, const YamlEntry*> given_entries;
@@ -217,7 +218,7 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
         continue;
       }
       std::string error;
-      auto value = ValueParser(*spec, key_entry.value, error).parse();
+      auto value = ValueParser(*spec, key_entry.value, error, check_files).parse();
       if (!value) {
         sink.error(key_entry.value.mark, path, error);
         invalid.insert(spec->name);
@@ -271,7 +272,7 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
 }  // namespace
 
 void validate_tree(const YamlNode& root, const Schema& schema, const std::vector<DeletedKey>& deleted,
-                   LoadedRecipe& out, DiagnosticSink& sink) {
+                   LoadedRecipe& out, DiagnosticSink& sink, bool check_files) {
   std::vector<std::string> section_names;
   for (const auto& section : schema.sections()) section_names.push_back(section.name);
 
@@ -313,7 +314,7 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
   }
 
   for (const auto& section : schema.sections())
-    validate_section(schema, section, root.find_entry(section.name), out.document, out, sink);
+    validate_section(schema, section, root.find_entry(section.name), out.document, out, sink, check_files);
 }
 
 }  // namespace engine::recipe

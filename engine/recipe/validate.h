@@ -12,6 +12,6 @@ namespace engine::recipe {
 // Reports unknown sections and keys (with did-you-mean), type and range errors, keys that do not
 // apply to the chosen variant and missing required keys into `sink`; assigns everything valid.
 void validate_tree(const YamlNode& root, const Schema& schema, const std::vector<DeletedKey>& deleted,
-                   LoadedRecipe& out, DiagnosticSink& sink);
+                   LoadedRecipe& out, DiagnosticSink& sink, bool check_files = true);
 
 }  // namespace engine::recipe

@@ -1,8 +1,12 @@
 #include "trainer/session.h"
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 
+#include "core/error.h"
 #include "graph/autodiff.h"
+#include "trainer/telemetry.h"
 
 namespace engine {
 
@@ -17,21 +21,63 @@ ModelGraph build_differentiated(const recipe::Recipe& r) {
   return model;
 }
 
+int64_t optimizer_state_bytes(const recipe::OptimizerSection& o, int64_t parameter_bytes) {
+  if (o.type == recipe::OptimizerType::adamw) return 2 * parameter_bytes;  // first and second moments
+  return o.momentum > 0 ? parameter_bytes : 0;                             // momentum buffer
+}
+
 }  // namespace
 
-Session::Session(const recipe::Recipe& r)
+CompiledStep compile_step(const recipe::Recipe& r) {
+  CompiledStep c{build_differentiated(r), {}, {}, {}, 0};
+  const Graph& g = c.model.graph;
+  c.train = plan_step(g, all_nodes(g), {c.model.losses});
+  c.eval = plan_step(g, forward_nodes(g), {c.model.losses});
+  c.eval.training = false;
+  MemoryPlan& m = c.memory;
+  m.parameters = g.param_count() * 4;
+  m.gradients = m.parameters;
+  m.optimizer_state = optimizer_state_bytes(r.optimizer, m.parameters);
+  m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
+  for (const Value& v : g.values())
+    if (v.placement == Placement::input) m.inputs += value_bytes(v);
+  for (size_t index : c.train.nodes) {
+    const Node& node = g.nodes()[index];
+    if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
+  }
+  return c;
+}
+
+void check_memory_available(const MemoryPlan& memory) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key != "MemAvailable:") continue;
+    if (memory.total() > kilobytes * 1024)
+      throw UserError("the plan needs " + format_bytes(memory.total()) + " (parameters " +
+                      format_bytes(memory.parameters) + ", activations " + format_bytes(memory.activations) +
+                      ") but only " + format_bytes(kilobytes * 1024) +
+                      " is available; see `engine plan` and reduce the model or the micro-batch");
+    return;
+  }
+}
+
+Session::Session(const recipe::Recipe& r) : Session(r, compile_step(r)) {}
+
+Session::Session(const recipe::Recipe& r, CompiledStep compiled)
     : recipe(r),
       data(make_dataset(r)),
-      model(build_differentiated(r)),
+      model(std::move(compiled.model)),
       store(model.graph),
       optimizer(make_optimizer(r.optimizer, store)),
       executor(model.graph, store, uint64_t(r.run.seed)),
       micro_batch(*r.train.micro_batch_size),
-      accumulation(*r.train.gradient_accumulation_steps) {
-  executor.add_plan("train", plan_step(model.graph, all_nodes(model.graph), {model.losses}));
-  Plan eval = plan_step(model.graph, forward_nodes(model.graph), {model.losses});
-  eval.training = false;
-  executor.add_plan("eval", std::move(eval));
+      accumulation(*r.train.gradient_accumulation_steps),
+      memory_(compiled.memory) {
+  executor.add_plan("train", std::move(compiled.train));
+  executor.add_plan("eval", std::move(compiled.eval));
 }
 
 void Session::load_batch(const Batch& batch) {
@@ -66,26 +112,6 @@ double Session::evaluate(int64_t batches) {
     total += mean_loss("eval");
   }
   return total / double(batches);
-}
-
-MemoryPlan Session::memory() const {
-  MemoryPlan m;
-  m.parameters = model.graph.param_count() * 4;
-  m.gradients = m.parameters;
-  m.optimizer_state = optimizer->state_bytes();
-  m.activations = std::max(executor.plan("train").arena_bytes, executor.plan("eval").arena_bytes);
-  for (const Value& v : model.graph.values())
-    if (v.placement == Placement::input) m.inputs += value_bytes(v);
-  return m;
-}
-
-double Session::flops_per_micro_batch() const {
-  double flops = 0;
-  for (size_t index : executor.plan("train").nodes) {
-    const Node& node = model.graph.nodes()[index];
-    if (node.op->flops) flops += node.op->flops(model.graph, node);
-  }
-  return flops;
 }
 
 }  // namespace engine

@@ -25,9 +25,23 @@ struct MemoryPlan {
   int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs; }
 };
 
+// What a recipe compiles into before anything is allocated: the differentiated model graph and the
+// plans of a training and an evaluation step. `engine plan` stops here.
+struct CompiledStep {
+  ModelGraph model;
+  Plan train, eval;
+  MemoryPlan memory;
+  double flops_per_micro_batch = 0;  // forward + backward, counted from the graph's nodes
+};
+CompiledStep compile_step(const recipe::Recipe& recipe);
+
+// Throws UserError when the plan needs more memory than the machine has available.
+void check_memory_available(const MemoryPlan& memory);
+
 class Session {
  public:
   explicit Session(const recipe::Recipe& recipe);
+  Session(const recipe::Recipe& recipe, CompiledStep compiled);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro);
@@ -53,8 +67,7 @@ class Session {
   }
   // Mean loss over `batches` validation batches (forward only).
   double evaluate(int64_t batches);
-  MemoryPlan memory() const;
-  double flops_per_micro_batch() const;  // forward + backward, counted from the graph's nodes
+  MemoryPlan memory() const { return memory_; }
 
   const recipe::Recipe& recipe;
   std::unique_ptr<Dataset> data;
@@ -67,6 +80,7 @@ class Session {
  private:
   void load_batch(const Batch& batch);
   double mean_loss(const std::string& plan);
+  MemoryPlan memory_;
 };
 
 }  // namespace engine

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -73,7 +74,9 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
   write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
 
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
-  Session session(r);
+  CompiledStep compiled = compile_step(r);
+  check_memory_available(compiled.memory);
+  Session session(r, std::move(compiled));
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) {
     load_weights(r.model.init_from, session.store, r.model.arch);
@@ -102,6 +105,16 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
       dump = [&] { save_gradients(options.first_gradients, session.store); };
     auto [loss, grad_norm, lr] = session.train_step(
         step, [&] { return loader.next(); }, dump);
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr}}.dump()
+              << "\n";
+      std::signal(SIGINT, previous_handler);
+      progress.finish();
+      throw UserError("training diverged at step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
+                      ", gradient norm " + std::to_string(grad_norm) +
+                      "; no weights were saved. Lower optimizer.lr, lengthen the warmup or enable "
+                      "train.gradient_clipping");
+    }
     window_rows += rows_per_step;
     summary.steps = step + 1;
     summary.final_loss = loss;

@@ -187,7 +187,7 @@ engine_grads = read_safetensors(f"{work}/grads.safetensors")
 def schedule(step):  # the engine's cosine with linear warmup, as a LambdaLR factor
     if step < WARMUP:
         return (step + 1) / WARMUP
-    progress = (step - WARMUP) / (STEPS - WARMUP - 1)
+    progress = (step - WARMUP) / (STEPS - WARMUP)
     return (MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))) / LR
 
 

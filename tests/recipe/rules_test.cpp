@@ -141,3 +141,28 @@ TEST(WorldSize, GarbageInTheEnvironmentIsAUserError) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+TEST(Rules, MarkovOrderMustFitTheSequence) {
+  auto errors =
+      recipe(
+          "model: {arch: gpt, n_head: 2, n_embd: 32, context_length: 8}\n"
+          "data: {source: synthetic_markov, order: 4, sequence_length: 2}\ntrain: {steps: 1, micro_batch_size: 1}\n")
+          .errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "data.order");
+}
+
+TEST(Rules, ClassificationEvaluationNeedsAValidationSample) {
+  auto errors = recipe(
+                    "model: {arch: mlp}\ndata: {source: classification, num_samples: 10, val_fraction: 0.05}\n"
+                    "train: {steps: 1, micro_batch_size: 1, eval_every: 1}\n")
+                    .errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "data.val_fraction");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing

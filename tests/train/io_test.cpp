@@ -216,3 +216,17 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
 
 }  // namespace
 }  // namespace engine
+
+namespace engine {
+namespace {
+
+TEST(Safetensors, ShapesWhoseSizeOverflowsAreRefused) {
+  EXPECT_NE(
+      safetensors_error(
+          header_file(R"({"a": {"dtype": "F32", "shape": [1099511627776, 16777216], "data_offsets": [0, 0]}})", ""))
+          .find("shape too large"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace engine

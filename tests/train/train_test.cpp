@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/error.h"
+#include "optim/optimizer.h"
 #include "recipe/load.h"
 #include "trainer/session.h"
 #include "trainer/train.h"
@@ -141,6 +143,39 @@ TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
   EXPECT_LT(s["steps"].get<int64_t>(), 1000000);
   EXPECT_TRUE(fs::exists(out / "quickstart" / "model.safetensors"));
   EXPECT_FALSE(fs::exists(out / "quickstart" / "model.safetensors.tmp"));
+}
+
+}  // namespace
+}  // namespace engine
+
+namespace engine {
+namespace {
+
+TEST(Schedule, DecaysTowardMinLrWithoutReachingItOnTheLastStep) {
+  auto r = quickstart({"train.steps=10", "scheduler.warmup_steps=2", "scheduler.type=linear", "scheduler.min_lr=0.0",
+                       "optimizer.lr=1.0"})
+               .recipe;
+  EXPECT_DOUBLE_EQ(learning_rate(r, 0), 0.5);  // warmup: (step + 1) / warmup_steps
+  EXPECT_DOUBLE_EQ(learning_rate(r, 1), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(r, 2), 1.0);    // decay starts at the peak
+  EXPECT_DOUBLE_EQ(learning_rate(r, 9), 0.125);  // 7 of 8 decay steps done: not yet min_lr
+  auto one =
+      quickstart({"train.steps=1", "scheduler.warmup_steps=0", "scheduler.type=cosine", "optimizer.lr=1.0"}).recipe;
+  EXPECT_DOUBLE_EQ(learning_rate(one, 0), 1.0) << "a single step must still learn";
+}
+
+TEST(Divergence, ANonFiniteLossStopsTheRunWithAClearError) {
+  fs::path out = fs::temp_directory_path() / "engine_divergence_test";
+  auto loaded = quickstart({"run.output_dir=" + out.string(), "optimizer.lr=1e30", "scheduler.min_lr=1e30",
+                            "scheduler.warmup_steps=0", "train.steps=30", "train.gradient_clipping=0"});
+  std::ostringstream log;
+  try {
+    train(loaded, log);
+    FAIL() << "a diverging run finished";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged at step"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out / "quickstart" / "model.safetensors"));
 }
 
 }  // namespace

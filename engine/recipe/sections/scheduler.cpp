@@ -8,7 +8,9 @@ void declare_scheduler(Schema& schema) {
       .choices(
           {{"constant", SchedulerType::constant}, {"linear", SchedulerType::linear}, {"cosine", SchedulerType::cosine}})
       .def(SchedulerType::constant)
-      .help("After warmup: constant keeps optimizer.lr; linear and cosine decay it to min_lr at the last step.");
+      .help(
+          "After warmup: constant keeps optimizer.lr; linear and cosine decay it over the remaining steps "
+          "toward min_lr, reached just after the last step (step s of n after warmup runs at progress s/n).");
   scheduler.key("warmup_steps", &SchedulerSection::warmup_steps)
       .def(0)
       .min(0)
