@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/tensor.h"
 #include "graph/graph.h"
 
 namespace engine {
@@ -28,6 +29,11 @@ struct KernelContext {
   float* f32(ValueId id) const { return static_cast<float*>(pointers[static_cast<size_t>(id)]); }
   const int32_t* i32(ValueId id) const { return static_cast<const int32_t*>(pointers[static_cast<size_t>(id)]); }
   const Shape& shape(ValueId id) const { return graph->value(id).shape; }
+  // A value as a tensor view (host memory: the CPU executor runs these kernels).
+  Tensor tensor(ValueId id) const {
+    const Value& v = graph->value(id);
+    return Tensor{pointers[static_cast<size_t>(id)], v.shape, v.dtype, Device{}};
+  }
   // Whether output `index` of `node` is added to (gradients) rather than overwritten.
   bool accumulates(const Node& node, size_t index) const {
     return node.accumulate || graph->value(node.outputs[index]).placement == Placement::gradient;

@@ -16,11 +16,11 @@ float load(const void* data, DType dtype, int64_t i) {
 }
 
 void cast_cpu(const Node& node, const KernelContext& ctx) {
-  const Value& in = ctx.graph->value(node.inputs[0]);
-  const Value& out = ctx.graph->value(node.outputs[0]);
-  const void* x = ctx.pointers[size_t(node.inputs[0])];
-  void* y = ctx.pointers[size_t(node.outputs[0])];
-  const int64_t n = in.shape.numel();
+  const Tensor in = ctx.tensor(node.inputs[0]);
+  const Tensor out = ctx.tensor(node.outputs[0]);
+  const void* x = in.data;
+  void* y = out.data;
+  const int64_t n = in.numel();
   const bool accumulate = ctx.accumulates(node, 0);
   const DType from = in.dtype, to = out.dtype;
 #pragma omp parallel for schedule(static)
