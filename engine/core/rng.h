@@ -16,6 +16,15 @@
 
 namespace engine {
 
+// The splitmix64 finaliser: a 64-bit mixing function, for hashing seeds, samples and contexts
+// into keys of their own.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 // One Philox4x32-10 block: 4 random words from a 128-bit counter and a 64-bit key.
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 

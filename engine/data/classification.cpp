@@ -11,13 +11,6 @@ namespace engine {
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 class Classification : public Dataset {
  public:
   explicit Classification(const recipe::Recipe& r)
@@ -39,7 +32,7 @@ class Classification : public Dataset {
     for (int64_t b = 0; b < batch.batch; ++b) {
       int64_t sample = first + (index * batch.batch + b) % count;
       // One stream per sample (keyed by it), so samples never share random numbers.
-      RandomStream stream(mix(seed_ ^ 0x636c617373ull) ^ mix(uint64_t(sample)), RandomPurpose::data);
+      RandomStream stream(mix64(seed_ ^ 0x636c617373ull) ^ mix64(uint64_t(sample)), RandomPurpose::data);
       auto label = int32_t(stream.below(uint64_t(classes_)));
       batch.targets[size_t(b)] = label;
       for (int64_t f = 0; f < features_; ++f)

@@ -6,17 +6,6 @@
 
 namespace engine {
 
-namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 MarkovSource::MarkovSource(uint64_t seed, int64_t vocab, int64_t order, int64_t branching, int64_t sequence)
     : seed_(seed), vocab_(vocab), order_(order), branching_(std::min(branching, vocab)), sequence_(sequence) {
   double total = 0;
@@ -50,14 +39,14 @@ std::string MarkovSource::describe() const {
 }
 
 int32_t MarkovSource::successor(const int32_t* context, int64_t j) const {
-  uint64_t h = mix(seed_ ^ 0x6d61726b6f76ull);
-  for (int64_t i = 0; i < order_; ++i) h = mix(h ^ uint64_t(context[i]));
+  uint64_t h = mix64(seed_ ^ 0x6d61726b6f76ull);
+  for (int64_t i = 0; i < order_; ++i) h = mix64(h ^ uint64_t(context[i]));
   // Successor j is the j-th distinct value of a hash sequence: probe until it differs from those
   // before it (branching is small, so this is a handful of hashes).
   int32_t chosen[64];
   int64_t found = 0;
   for (uint64_t probe = 0; found <= j; ++probe) {
-    auto candidate = int32_t(mix(h + probe) % uint64_t(vocab_));
+    auto candidate = int32_t(mix64(h + probe) % uint64_t(vocab_));
     bool seen = false;
     for (int64_t k = 0; k < found; ++k) seen = seen || chosen[k] == candidate;
     if (!seen) chosen[found++] = candidate;
@@ -70,7 +59,7 @@ void MarkovSource::fill(Split split, int64_t index, Batch& batch) const {
   std::vector<int32_t> tokens(size_t(t_len + 1));
   for (int64_t b = 0; b < batch.batch; ++b) {
     uint64_t sample = uint64_t(index) * uint64_t(batch.batch) + uint64_t(b);
-    RandomStream stream(mix(seed_ ^ mix(sample * 2 + (split == Split::validation ? 1 : 0))), RandomPurpose::data);
+    RandomStream stream(mix64(seed_ ^ mix64(sample * 2 + (split == Split::validation ? 1 : 0))), RandomPurpose::data);
     for (int64_t i = 0; i < order_; ++i) tokens[size_t(i)] = int32_t(stream.below(uint64_t(vocab_)));
     for (int64_t i = order_; i <= t_len; ++i) {
       double u = stream.uniform();
