@@ -4,7 +4,6 @@
 
 #include "elementwise/add.h"
 #include "linalg/linear.h"
-#include "loss/cross_entropy.h"
 #include "models/model.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
@@ -18,13 +17,8 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   const auto& m = recipe.model;
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
-  ModelGraph model;
+  ModelGraph model = start_language_model(batch, sequence, V);
   Graph& g = model.graph;
-  model.batch = batch;
-  model.sequence = sequence;
-  model.classes = V;
-  model.inputs = g.add_input("tokens", Shape{batch, sequence}, DType::i32);
-  model.targets = g.add_input("targets", Shape{batch, sequence}, DType::i32);
   auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
     return g.add_param(name, std::move(shape), unit, ParamInit::normal(s), true);
   };
@@ -63,10 +57,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   ValueId norm = norm_weight("model.norm.weight", head);
   ValueId lm_head = m.tie_embeddings ? embed : weight("lm_head.weight", Shape{V, C}, head, std);
   x = ops::rmsnorm(g, x, norm, m.norm_eps, "model.norm");
-  model.logits = ops::linear(g, x, lm_head, kNoValue, "lm_head");
-  model.losses = ops::softmax_cross_entropy(g, model.logits, model.targets, loss_scale, "loss");
-  g.set_loss(model.losses);
-  g.mark_forward_end();
+  finish_with_loss(model, x, lm_head, kNoValue, loss_scale, "lm_head");
   return model;
 }
 

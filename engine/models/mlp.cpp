@@ -1,7 +1,6 @@
 // MLP classifier: n_layer hidden layers of hidden_dim with an activation, then a linear head
 // over num_classes, trained with softmax cross-entropy.
 #include "linalg/linear.h"
-#include "loss/cross_entropy.h"
 #include "models/model.h"
 #include "nn/activation.h"
 
@@ -40,10 +39,7 @@ ModelGraph build_mlp(const recipe::Recipe& recipe, int64_t batch, double loss_sc
   int head = g.add_unit("head");
   ValueId w = g.add_param("head.weight", Shape{m.num_classes, width}, head, ParamInit::normal(m.init_std), true);
   ValueId b = g.add_param("head.bias", Shape{m.num_classes}, head, ParamInit::zeros(), false);
-  model.logits = ops::linear(g, x, w, b, "head");
-  model.losses = ops::softmax_cross_entropy(g, model.logits, model.targets, loss_scale, "loss");
-  g.set_loss(model.losses);
-  g.mark_forward_end();
+  finish_with_loss(model, x, w, b, loss_scale, "head");
   return model;
 }
 

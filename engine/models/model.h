@@ -31,6 +31,13 @@ struct ModelGraph {
 // `loss_scale` multiplies each row's loss gradient: 1 / (rows per optimizer step).
 ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale);
 
+// Shared by the builders: a language model's token and target inputs (B, T) ...
+ModelGraph start_language_model(int64_t batch, int64_t sequence, int64_t vocab);
+// ... and every model's end: logits = x W^T (+ b) through `head_name`, the per-row loss, and the
+// mark that closes the forward graph.
+void finish_with_loss(ModelGraph& model, ValueId x, ValueId head_weight, ValueId head_bias, double loss_scale,
+                      const std::string& head_name);
+
 ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
 ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
 ModelGraph build_mlp(const recipe::Recipe& recipe, int64_t batch, double loss_scale);
