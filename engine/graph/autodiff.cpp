@@ -4,13 +4,10 @@
 
 namespace engine {
 
-namespace {
-
-// out (+)= in, elementwise.
-void accumulate_cpu(const Node& node, const KernelContext& ctx) {
+void copy_kernel(const Node& node, const KernelContext& ctx) {
   const float* in = ctx.f32(node.inputs[0]);
   float* out = ctx.f32(node.outputs[0]);
-  int64_t n = ctx.shape(node.inputs[0]).numel();
+  const int64_t n = ctx.shape(node.inputs[0]).numel();
   if (ctx.accumulates(node, 0)) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] += in[i];
@@ -20,9 +17,7 @@ void accumulate_cpu(const Node& node, const KernelContext& ctx) {
   }
 }
 
-}  // namespace
-
-const OpDef kAccumulate{"accumulate", accumulate_cpu, nullptr,
+const OpDef kAccumulate{"accumulate", copy_kernel, nullptr,
                         [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
 
 GradBuilder::GradBuilder(Graph& graph) : graph_(graph), wants_(graph.values().size(), false) {

@@ -40,6 +40,10 @@ struct KernelContext {
   }
 };
 
+// The kernel of every op whose output is its f32 input, element for element: output (+)= input.
+// Used by autodiff's gradient accumulation, reshape and dropout in evaluation.
+void copy_kernel(const Node& node, const KernelContext& ctx);
+
 struct OpDef {
   const char* name;
   void (*cpu)(const Node& node, const KernelContext& ctx);

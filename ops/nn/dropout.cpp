@@ -8,6 +8,8 @@ namespace {
 
 // out = in * keep(i) / (1 - p); inputs[0] is x (forward) or dy (backward).
 void apply_mask(const Node& node, const KernelContext& ctx) {
+  if (!ctx.training)
+    return copy_kernel(node, ctx);  // evaluation: the identity (training-time scaling keeps expectations)
   const float* in = ctx.f32(node.inputs[0]);
   float* out = ctx.f32(node.outputs[0]);
   const int64_t n = ctx.shape(node.inputs[0]).numel();
@@ -16,11 +18,6 @@ void apply_mask(const Node& node, const KernelContext& ctx) {
   const auto threshold = uint32_t(p * 4294967296.0);
   const float scale = float(1.0 / (1.0 - p));
   const bool accumulate = ctx.accumulates(node, 0);
-  if (!ctx.training) {  // evaluation: the identity (the scaling at training time keeps expectations equal)
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = accumulate ? out[i] + in[i] : in[i];
-    return;
-  }
   const std::array<uint32_t, 2> key{uint32_t(ctx.seed), uint32_t(ctx.seed >> 32) ^ 0x64726f70u};
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < (n + 3) / 4; ++block) {

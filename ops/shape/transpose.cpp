@@ -16,15 +16,6 @@ void transpose_cpu(const Node& node, const KernelContext& ctx) {
       for (int64_t j = 0; j < n; ++j) store(&y[b * m * n + j * m + i], x[b * m * n + i * n + j], accumulate);
 }
 
-void copy_cpu(const Node& node, const KernelContext& ctx) {
-  const float* x = ctx.f32(node.inputs[0]);
-  float* y = ctx.f32(node.outputs[0]);
-  const int64_t n = ctx.shape(node.inputs[0]).numel();
-  const bool accumulate = ctx.accumulates(node, 0);
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] = accumulate ? y[i] + x[i] : x[i];
-}
-
 void transpose_grad(GradBuilder& gb, const Node& node) {
   ValueId dy = gb.grad(node.outputs[0]);
   if (dy == kNoValue) return;
@@ -42,7 +33,7 @@ void reshape_grad(GradBuilder& gb, const Node& node) {
 }  // namespace
 
 const OpDef kTranspose{"transpose", transpose_cpu, transpose_grad, nullptr};
-const OpDef kReshape{"reshape", copy_cpu, reshape_grad, nullptr};
+const OpDef kReshape{"reshape", copy_kernel, reshape_grad, nullptr};
 
 ValueId transpose(Graph& g, ValueId x, const std::string& name) {
   const Shape& s = g.value(x).shape;
