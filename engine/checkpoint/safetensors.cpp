@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace engine {
@@ -107,26 +108,13 @@ void write_safetensors(const fs::path& path, const std::vector<SafeTensor>& tens
   }
   std::string text = header.dump();
   while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data to 8 bytes, as the reference writer does
-  fs::path temporary = path;
-  temporary += ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError(temporary.string() + ": cannot open for writing");
+  write_file_atomically(path, [&](std::ostream& out) {
     uint64_t length = text.size();
     out.write(reinterpret_cast<const char*>(&length), 8);
     out.write(text.data(), std::streamsize(text.size()));
     for (const auto& t : tensors)
       out.write(reinterpret_cast<const char*>(t.data.data()), std::streamsize(t.data.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(temporary, ignored);
-      throw UserError(temporary.string() + ": write failed (disk full?)");
-    }
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) throw UserError(path.string() + ": cannot move the finished file into place: " + error.message());
+  });
 }
 
 }  // namespace engine

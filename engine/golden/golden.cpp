@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "checkpoint/weights.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "recipe/export.h"
@@ -121,14 +122,7 @@ void write_golden(const fs::path& path, const GoldenFile& golden) {
   for (const auto& s : golden.trajectory.steps)
     steps.push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr}});
   j["steps"] = steps;
-  fs::path temporary = path;
-  temporary += ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << j.dump(1) << "\n";
-    if (!out.flush()) throw UserError(temporary.string() + ": write failed");
-  }
-  fs::rename(temporary, path);
+  write_file_atomically(path, [&](std::ostream& out) { out << j.dump(1) << "\n"; });
 }
 
 Comparison compare(const GoldenFile& expected, const Trajectory& got) {

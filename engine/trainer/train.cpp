@@ -16,6 +16,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "recipe/export.h"
@@ -36,14 +37,7 @@ extern "C" void on_interrupt(int) {
 }
 
 void write_text_atomically(const fs::path& path, const std::string& text) {
-  fs::path temporary = path;
-  temporary += ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw UserError(temporary.string() + ": write failed (disk full?)");
-  }
-  fs::rename(temporary, path);
+  write_file_atomically(path, [&](std::ostream& out) { out << text; });
 }
 
 }  // namespace
