@@ -88,6 +88,12 @@ int run(int argc, char** argv) {
   auto* schema = app.add_subcommand("schema", "Print the recipe JSON Schema (draft 2020-12)");
   schema->add_flag("--markdown", markdown, "Print the reference page (docs/recipe-reference.md) instead");
 
+  std::filesystem::path plugin_file;
+  auto* plugin = app.add_subcommand("plugin", "Lua plugins: what one declares");
+  plugin->require_subcommand(1);
+  auto* plugin_info = plugin->add_subcommand("info", "Print a plugin's description, parameters and hooks");
+  plugin_info->add_option("file", plugin_file, "The plugin's .lua file")->required();
+
   std::string topic;
   auto* help = app.add_subcommand("help", "Explain a topic, a section or a key");
   help->add_option("topic", topic, "recipes, overrides, batch, exit-codes, a section or section.key");
@@ -116,6 +122,7 @@ int run(int argc, char** argv) {
   if (*config) return engine::cli::config(recipe_args, only_changed);
   if (*schema) return engine::cli::schema(markdown);
   if (*help) return engine::cli::help(topic);
+  if (*plugin_info) return engine::cli::plugin_info(plugin_file);
   std::cout << app.help();
   return engine::cli::kExitOk;
 }

@@ -109,6 +109,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     if (problems.size() > 20) message += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
     throw UserError(message);
   }
+  store.refresh_copies();
 }
 
 }  // namespace engine

@@ -53,6 +53,7 @@ int plan(const RecipeArgs& args);
 int config(const RecipeArgs& args, bool only_changed);
 int schema(bool markdown);
 int help(const std::string& topic);
+int plugin_info(const std::filesystem::path& file);
 
 // One line describing a loaded recipe, printed by `engine validate`.
 std::string summary(const recipe::LoadedRecipe& loaded);

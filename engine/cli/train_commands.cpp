@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "graph/precision.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
 #include "trainer/train.h"
@@ -41,6 +42,15 @@ int plan(const RecipeArgs& args) {
     double reference = 6 * n + 6.0 * double(r.model.n_layer * session.model.sequence * r.model.n_embd);
     std::printf("  reference        %.4g per token  (6N + 6 L T C)\n", reference);
   }
+  const RecomputeReport& rc = session.recompute;
+  if (r.activation_checkpointing.policy != CheckpointPolicy::none)
+    std::printf("  recompute        %.4g per step (+%.1f%%): %lld forward nodes rerun in %d segments\n",
+                rc.extra_flops * double(accumulation), 100 * rc.extra_flops / (flops_micro - rc.extra_flops),
+                (long long)rc.cloned_nodes, rc.segments);
+
+  std::cout << "\nprecision (" << dtype_name(compute_dtype(r)) << "; master weights and optimizer state fp32):\n"
+            << "  op                         nodes  stores    computes\n"
+            << precision_table(g, session.train.nodes);
 
   MemoryPlan m = session.memory;
   std::cout << "\nmemory per rank (exact, from the plan):\n";
@@ -52,6 +62,9 @@ int plan(const RecipeArgs& args) {
   row("optimizer state", m.optimizer_state);
   row("activation peak", m.activations);
   row("inputs", m.inputs);
+  if (m.copies) row("16-bit copies", m.copies);
+  if (m.scratch) row("fp32 scratch", m.scratch);
+  if (m.host) row("host activations", m.host);
   row("total", m.total());
   const Plan& train_plan = session.train;
   std::printf("  (activations without reuse would take %s)\n", format_bytes(train_plan.unplaced_bytes).c_str());

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "recipe/export.h"
+#include "trainer/plugin_driver.h"
 #include "trainer/session.h"
 
 namespace engine {
@@ -63,17 +64,34 @@ std::string recipe_hash(const recipe::LoadedRecipe& loaded) {
   return hex(fnv1a(text.data(), text.size()));
 }
 
-Trajectory run_trajectory(const recipe::LoadedRecipe& loaded) {
+Trajectory run_trajectory(const recipe::LoadedRecipe& original) {
+  PluginDriver plugins(original, [](const std::string&) {});  // plugins act as in `engine train`, silently
+  const recipe::LoadedRecipe& loaded = plugins.recipe();
   const recipe::Recipe& r = loaded.recipe;
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) load_weights(r.model.init_from, session.store, r.model.arch);
   BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, 0);
   Trajectory trajectory;
+  plugins.train_start();
+  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
   for (int64_t step = 0; step < r.train.steps; ++step) {
-    auto result = session.train_step(step, [&] { return loader.next(); });
+    plugins.step_start(step);
+    Session::StepHooks hooks;
+    if (plugins.active())
+      hooks.before_update = [&](Session::StepResult& s) {
+        return plugins.before_update(step, session.updates, s.loss, s.grad_norm, s.loss_scale, s.lr);
+      };
+    auto result = session.train_step(step, [&] { return loader.next(); }, hooks);
     trajectory.steps.push_back({step + 1, result.loss, result.grad_norm, result.lr});
+    plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
+    if (plugins.active() && r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps))
+      plugins.eval(step, session.evaluate(r.train.eval_batches));
+    plugins.end_of_step(step, {}, {});
+    if (plugins.stop_reason()) break;
   }
+  plugins.train_end(int64_t(trajectory.steps.size()), trajectory.steps.empty() ? 0 : trajectory.steps.back().loss, -1,
+                    plugins.stop_reason().has_value());
   uint64_t digest = 0xcbf29ce484222325ull;
   for (Buffer& unit : session.store.param_units()) digest = fnv1a(unit.data(), size_t(unit.bytes()), digest);
   trajectory.weights_digest = hex(digest);

@@ -4,21 +4,9 @@
 
 namespace engine {
 
-void copy_kernel(const Node& node, const KernelContext& ctx) {
-  const float* in = ctx.f32(node.inputs[0]);
-  float* out = ctx.f32(node.outputs[0]);
-  const int64_t n = ctx.shape(node.inputs[0]).numel();
-  if (ctx.accumulates(node, 0)) {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] += in[i];
-  } else {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i];
-  }
-}
-
 const OpDef kAccumulate{"accumulate", copy_kernel, nullptr,
-                        [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
+                        [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
+                        "any types, fp32 arithmetic"};
 
 GradBuilder::GradBuilder(Graph& graph) : graph_(graph), wants_(graph.values().size(), false) {
   for (const auto& param : graph.params()) wants_[static_cast<size_t>(param.value)] = true;

@@ -17,8 +17,8 @@ void check_size(const std::string& name, const Shape& shape) {
 
 }  // namespace
 
-int Graph::add_unit(std::string name) {
-  units_.push_back({std::move(name), 0});
+int Graph::add_unit(std::string name, bool block) {
+  units_.push_back({std::move(name), 0, block});
   return static_cast<int>(units_.size()) - 1;
 }
 
@@ -52,6 +52,7 @@ void Graph::add_node(Node node) {
   ENGINE_CHECK(node.op != nullptr, "node without op");
   for (ValueId id : node.inputs) ENGINE_CHECK(id >= 0 && id < static_cast<ValueId>(values_.size()), "bad input");
   for (ValueId id : node.outputs) ENGINE_CHECK(id >= 0 && id < static_cast<ValueId>(values_.size()), "bad output");
+  if (node.unit < 0 && !node.backward && forward_size_ == 0) node.unit = static_cast<int>(units_.size()) - 1;
   nodes_.push_back(std::move(node));
 }
 

@@ -7,6 +7,7 @@
 //
 // Values live in one of four places:
 //   activation  intermediate results, placed in the arena by the planner
+//   host        activations moved out of the arena between forward and backward (cpu_checkpointing)
 //   parameter   weights, in the flat buffer of their wrap unit (one transformer block = one unit)
 //   gradient    parameter gradients, laid out like the parameters; kernels accumulate into them
 //   input       per-step data fed by the trainer (token ids, targets)
@@ -31,7 +32,7 @@ struct OpDef;
 using ValueId = int32_t;
 inline constexpr ValueId kNoValue = -1;
 
-enum class Placement { activation, parameter, gradient, input };
+enum class Placement { activation, parameter, gradient, input, host };
 
 struct Value {
   std::string name;
@@ -55,6 +56,7 @@ struct Node {
   bool accumulate = false;  // outputs are added to (gradients), not overwritten
   bool backward = false;
   std::string name;  // the layer it belongs to, for messages and traces
+  int unit = -1;     // forward nodes: the wrap unit being built when the node was added
 };
 
 struct ParamInit {
@@ -79,11 +81,13 @@ struct Param {
 struct Unit {
   std::string name;
   int64_t numel = 0;
+  bool block = false;  // one of the model's repeated blocks (transformer block, MLP layer)
 };
 
 class Graph {
  public:
-  int add_unit(std::string name);
+  // Starts a wrap unit: parameters name it explicitly, forward nodes added after it belong to it.
+  int add_unit(std::string name, bool block = false);
   ValueId add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay = true);
   ValueId add_input(std::string name, Shape shape, DType dtype);
   ValueId add_activation(std::string name, Shape shape, DType dtype = DType::f32);
@@ -102,6 +106,10 @@ class Graph {
   void set_loss(ValueId loss) { loss_ = loss; }
   size_t forward_size() const { return forward_size_; }  // nodes before autodiff appended any
   void mark_forward_end() { forward_size_ = nodes_.size(); }
+  void set_forward_size(size_t size) { forward_size_ = size; }
+  // For graph passes (recompute) that rewrite the backward part of the node list.
+  std::vector<Node>& mutable_nodes() { return nodes_; }
+  Value& mutable_value(ValueId id) { return values_[static_cast<size_t>(id)]; }
 
  private:
   std::deque<Value> values_;

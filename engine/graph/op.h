@@ -26,13 +26,20 @@ struct KernelContext {
   uint64_t micro_step = 0;  // micro-batch within the step
   bool training = true;     // false for evaluation and generation: dropout passes values through
 
+  float loss_scale = 1.0f;   // multiplies the loss gradient (fp16 loss scaling)
+  // Per ValueId, the type of the memory `pointers` holds: the graph's, or f32 while the executor
+  // runs a kernel on widened copies.
+  std::vector<DType> dtypes;
+
   float* f32(ValueId id) const { return static_cast<float*>(pointers[static_cast<size_t>(id)]); }
+  void* data(ValueId id) const { return pointers[static_cast<size_t>(id)]; }
+  DType dtype(ValueId id) const { return dtypes.empty() ? graph->value(id).dtype : dtypes[static_cast<size_t>(id)]; }
   const int32_t* i32(ValueId id) const { return static_cast<const int32_t*>(pointers[static_cast<size_t>(id)]); }
   const Shape& shape(ValueId id) const { return graph->value(id).shape; }
   // A value as a tensor view (host memory: the CPU executor runs these kernels).
   Tensor tensor(ValueId id) const {
     const Value& v = graph->value(id);
-    return Tensor{pointers[static_cast<size_t>(id)], v.shape, v.dtype, Device{}};
+    return Tensor{pointers[static_cast<size_t>(id)], v.shape, dtype(id), Device{}};
   }
   // Whether output `index` of `node` is added to (gradients) rather than overwritten.
   bool accumulates(const Node& node, size_t index) const {
@@ -51,6 +58,19 @@ struct OpDef {
   void (*grad)(GradBuilder& builder, const Node& node) = nullptr;
   // Floating-point operations of one execution (a multiply-add counts 2).
   double (*flops)(const Graph& graph, const Node& node) = nullptr;
+  // How the kernel computes when its values are 16-bit ("bf16 matmul, fp32 accumulation"), or
+  // nullptr: the kernel reads and writes f32 only, and the executor widens 16-bit values into f32
+  // scratch before it runs and rounds its outputs back after (so it computes in fp32).
+  const char* native_16bit = nullptr;
+  // Outputs (by index, bit i = output i) that stay fp32 in 16-bit precision: statistics and losses.
+  uint32_t fp32_outputs = 0;
+  // When set, the native 16-bit path exists only for the types it accepts (oneDNN on this CPU).
+  bool (*native_for)(DType type) = nullptr;
 };
+
+// Whether the executor converts this node's 16-bit values around its kernel (see native_16bit).
+bool needs_conversion(const Graph& graph, const Node& node);
+// f32 bytes of the scratch that conversion needs for `node` (0 when it needs none).
+int64_t conversion_bytes(const Graph& graph, const Node& node);
 
 }  // namespace engine

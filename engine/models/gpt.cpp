@@ -38,7 +38,7 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
 
   for (int64_t l = 0; l < L; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
-    int unit = g.add_unit("h." + std::to_string(l));
+    int unit = g.add_unit("h." + std::to_string(l), true);
     ValueId ln1_w = norm_weight(p + "ln_1.weight", C, unit), ln1_b = bias(p + "ln_1.bias", C, unit);
     ValueId attn_w = weight(p + "attn.c_attn.weight", Shape{3 * C, C}, unit, std);
     ValueId attn_b = bias(p + "attn.c_attn.bias", 3 * C, unit);

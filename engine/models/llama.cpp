@@ -32,7 +32,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
 
   for (int64_t l = 0; l < L; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    int unit = g.add_unit("layers." + std::to_string(l));
+    int unit = g.add_unit("layers." + std::to_string(l), true);
     ValueId ln1 = norm_weight(p + "input_layernorm.weight", unit);
     ValueId qkv_w = weight(p + "self_attn.qkv_proj.weight", Shape{3 * C, C}, unit, std);
     ValueId o_w = weight(p + "self_attn.o_proj.weight", Shape{C, C}, unit, residual_std);

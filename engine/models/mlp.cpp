@@ -19,7 +19,7 @@ ModelGraph build_mlp(const recipe::Recipe& recipe, int64_t batch, double loss_sc
   int64_t width = m.input_dim;
   for (int64_t l = 0; l < m.n_layer; ++l) {
     std::string p = "layers." + std::to_string(l);
-    int unit = g.add_unit(p);
+    int unit = g.add_unit(p, true);
     ValueId w = g.add_param(p + ".weight", Shape{m.hidden_dim, width}, unit, ParamInit::normal(m.init_std), true);
     ValueId b = g.add_param(p + ".bias", Shape{m.hidden_dim}, unit, ParamInit::zeros(), false);
     x = ops::linear(g, x, w, b, p);

@@ -124,23 +124,31 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
   return s.min_lr + (peak - s.min_lr) * factor;
 }
 
-double clip_gradients(ParameterStore& store, double max_norm) {
+double gradient_norm(const ParameterStore& store) {
   double sum = 0;
-  for (Buffer& unit : store.grad_units()) {
+  for (const Buffer& unit : const_cast<ParameterStore&>(store).grad_units()) {
     const float* g = unit.f32();
     const int64_t n = unit.bytes() / 4;
     for (int64_t k = 0; k < n; ++k) sum += double(g[k]) * g[k];
   }
-  double norm = std::sqrt(sum);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = float(max_norm / (norm + 1e-6));
-    for (Buffer& unit : store.grad_units()) {
-      float* g = unit.f32();
-      const int64_t n = unit.bytes() / 4;
+  return std::sqrt(sum);
+}
+
+void scale_gradients(ParameterStore& store, double factor) {
+  const auto scale = float(factor);
+  for (Buffer& unit : store.grad_units()) {
+    float* g = unit.f32();
+    const int64_t n = unit.bytes() / 4;
 #pragma omp parallel for simd schedule(static)
-      for (int64_t k = 0; k < n; ++k) g[k] *= scale;
-    }
+    for (int64_t k = 0; k < n; ++k) g[k] *= scale;
   }
+}
+
+double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
+
+double clip_gradients(ParameterStore& store, double max_norm) {
+  const double norm = gradient_norm(store);
+  if (double factor = clip_factor(norm, max_norm); factor != 1.0) scale_gradients(store, factor);
   return norm;
 }
 

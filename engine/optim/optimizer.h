@@ -35,4 +35,9 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step);
 // it, scales every gradient by max_norm / norm. Returns the norm before clipping.
 double clip_gradients(ParameterStore& store, double max_norm);
 
+// The pieces of clip_gradients, for callers that also unscale (fp16 loss scaling):
+double gradient_norm(const ParameterStore& store);                // global L2 norm, in double
+double clip_factor(double norm, double max_norm);                 // 1 when no clipping applies
+void scale_gradients(ParameterStore& store, double factor);       // every gradient *= factor
+
 }  // namespace engine

@@ -8,8 +8,10 @@ namespace engine {
 int64_t value_bytes(const Value& value) { return value.shape.numel() * int64_t(dtype_size(value.dtype)); }
 
 std::vector<size_t> forward_nodes(const Graph& graph) {
-  std::vector<size_t> nodes(graph.forward_size());
-  std::iota(nodes.begin(), nodes.end(), size_t{0});
+  // Training-only nodes a pass placed in the forward part (activation offloads) are skipped.
+  std::vector<size_t> nodes;
+  for (size_t i = 0; i < graph.forward_size(); ++i)
+    if (!graph.nodes()[i].backward) nodes.push_back(i);
   return nodes;
 }
 

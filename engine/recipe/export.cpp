@@ -13,7 +13,8 @@ bool key_applies(const KeySpec& spec, const SectionSpec& section, const Recipe& 
   if (!selector) return true;
   auto value = std::get<std::string>(selector->read(recipe));
   const auto& values = spec.applies_when->values;
-  return std::find(values.begin(), values.end(), value) != values.end();
+  // Conditions chain: a key applies only where its selector itself applies.
+  return std::find(values.begin(), values.end(), value) != values.end() && key_applies(*selector, section, recipe);
 }
 
 namespace {
@@ -68,6 +69,14 @@ std::string markdown_reference(const Schema& schema) {
             escape_cell(description) + " |\n";
     }
   }
+  for (const auto& list : schema.lists()) {
+    md += "\n## `" + list.name + "`\n\n" + list.help + "\n\n";
+    if (!list.shorthand.empty()) md += "An entry may also be a bare string: " + list.shorthand + "\n\n";
+    md += "| field | type | description |\n|---|---|---|\n";
+    for (const auto& field : list.fields)
+      md += "| `" + field.name + "` | " + field.json_type + (field.required ? " (**required**)" : "") + " | " +
+            escape_cell(field.help) + " |\n";
+  }
   md += "\n## Reserved sections\n\nThese names are kept for planned features; a recipe that uses them is refused.\n\n";
   for (const auto& reserved : schema.reserved()) md += "- `" + reserved.name + "`: " + reserved.feature + "\n";
   return md;
@@ -107,6 +116,12 @@ std::string dump_recipe(const LoadedRecipe& loaded, const Schema& schema, bool o
       }
     }
     out << YAML::EndMap;
+  }
+  for (const auto& list : schema.lists()) {
+    // Only given entries exist, so they are shown with or without only_changed.
+    if (list.count(loaded.recipe) == 0) continue;
+    out << YAML::Key << list.name << YAML::Value;
+    list.dump(loaded.recipe, out);
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -152,6 +152,21 @@ std::string json_schema(const Schema& schema) {
     if (!needed.empty()) part["allOf"] = needed;
     if (!part.empty()) required_parts[section.name] = part;
   }
+  for (const auto& list : schema.lists()) {
+    Json fields = Json::object();
+    Json required = Json::array();
+    for (const auto& field : list.fields) {
+      Json json = {{"description", field.help}, {"type", field.json_type}};
+      if (field.json_type == "string") json["minLength"] = 1;
+      fields[field.name] = json;
+      if (field.required) required.push_back(field.name);
+    }
+    Json item = {{"type", "object"}, {"properties", fields}, {"additionalProperties", false}};
+    if (!required.empty()) item["required"] = required;
+    if (!list.shorthand.empty())
+      item = {{"anyOf", Json::array({Json{{"type", "string"}, {"minLength", 1}, {"description", list.shorthand}}, item})}};
+    properties[list.name] = {{"description", list.help}, {"type", Json::array({"array", "null"})}, {"items", item}};
+  }
   root["properties"] = properties;
   root["additionalProperties"] = false;
   root["if"] = {{"not", {{"required", Json::array({"base"})}}}};

@@ -31,6 +31,7 @@ LoadedRecipe load_recipe(const std::filesystem::path& path, const LoadOptions& o
   LoadedRecipe loaded;
   loaded.path = path;
   loaded.world = options.world;
+  loaded.overrides = options.overrides;
   std::vector<Diagnostic> soft_errors;
   YamlNode root = compose_recipe(path, reader, soft_errors);
   DiagnosticSink sink;

@@ -46,6 +46,7 @@ struct LoadedRecipe {
   std::map<std::string, Mark> marks;  // "train.steps" -> where it was written; only keys given
   std::set<std::string> auto_keys;    // keys whose value was `auto` (given or by default), now resolved
   Mark document;                      // the start of the recipe file
+  std::vector<std::string> overrides; // as given to load_recipe, so the recipe can be loaded again
 
   bool given(const std::string& key) const { return marks.count(key) != 0; }
 };

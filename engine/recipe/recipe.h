@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -96,6 +97,42 @@ struct SchedulerSection {
   double min_lr;  // linear, cosine
 };
 
+enum class PrecisionMode { fp32, bf16, fp16 };
+enum class LossScaling { dynamic, fixed };
+enum class MinScaleAction { abort, fallback };
+enum class GradientDType { fp32, bf16, fp16 };
+
+struct PrecisionSection {
+  PrecisionMode mode;
+  GradientDType accumulation_dtype;    // parameter gradients across micro-batches
+  GradientDType communication_dtype;   // gradient reduction across ranks
+  LossScaling loss_scaling;            // fp16
+  double static_scale;                 // fp16, fixed
+  int64_t initial_scale_power;         // fp16, dynamic: the first scale is 2^k
+  int64_t growth_interval;             // fp16, dynamic: clean steps before the scale grows
+  double scale_factor;                 // fp16, dynamic: growth and backoff factor
+  int64_t hysteresis;                  // fp16, dynamic: overflows tolerated before a backoff
+  double min_scale;                    // fp16, dynamic
+  MinScaleAction on_min_scale;         // fp16, dynamic
+};
+
+enum class CheckpointPolicy { none, full, every_k, selective };
+
+struct ActivationCheckpointingSection {
+  CheckpointPolicy policy;
+  int64_t k;               // every_k: every k-th transformer block is checkpointed
+  bool cpu_checkpointing;  // full, every_k: kept block inputs move to host memory
+};
+
+struct YamlNode;
+
+// One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
+struct PluginEntry {
+  std::filesystem::path path;           // resolved relative to the recipe that names it
+  std::string name;                     // the path as written, for messages
+  std::shared_ptr<const YamlNode> node;  // the entry as written ({path, args} or a path), with marks
+};
+
 struct Recipe {
   RunSection run;
   ModelSection model;
@@ -103,6 +140,9 @@ struct Recipe {
   TrainSection train;
   OptimizerSection optimizer;
   SchedulerSection scheduler;
+  std::vector<PluginEntry> plugins;  // in recipe order: hooks run in this order
+  PrecisionSection precision;
+  ActivationCheckpointingSection activation_checkpointing;
 };
 
 }  // namespace engine::recipe

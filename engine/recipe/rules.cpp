@@ -195,6 +195,16 @@ void check_evaluation(RuleContext& c) {
             "evaluation every " + str(c.r.train.eval_every) + " steps needs validation data; data.val_fraction is 0");
 }
 
+void check_precision(RuleContext& c) {
+  const auto& p = c.r.precision;
+  const char* mode = p.mode == PrecisionMode::fp32 ? "fp32" : p.mode == PrecisionMode::bf16 ? "bf16" : "fp16";
+  const bool matches = (p.accumulation_dtype == GradientDType::bf16 && p.mode == PrecisionMode::bf16) ||
+                       (p.accumulation_dtype == GradientDType::fp16 && p.mode == PrecisionMode::fp16);
+  if (p.accumulation_dtype != GradientDType::fp32 && !matches)
+    c.error({"precision.accumulation_dtype", "precision.mode"},
+            std::string("gradients accumulate in fp32 or in the 16-bit type of precision.mode (") + mode + ")");
+}
+
 }  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
@@ -214,6 +224,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"train", "scheduler", "optimizer"}, check_schedule},
       {{"optimizer"}, check_optimizer},
       {{"train", "data"}, check_evaluation},
+      {{"precision"}, check_precision},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

@@ -30,7 +30,15 @@
 
 #include "recipe/recipe.h"
 
+namespace YAML {
+class Emitter;
+}
+
 namespace engine::recipe {
+
+struct YamlEntry;
+struct LoadedRecipe;
+class DiagnosticSink;
 
 enum class ValueKind { Bool, Int, Float, String, Enum, Path, IntOrAuto, FloatList };
 
@@ -88,6 +96,27 @@ struct ReservedSection {
   std::string feature;
 };
 
+// A section that is a list of entries instead of a map of scalar keys (`plugins:`). Its own
+// functions check and fill it and write it back; `fields` describe an entry for the JSON Schema and
+// the reference, and an entry may also be written as a bare string (`shorthand`).
+struct ListSectionSpec {
+  struct Field {
+    std::string name;
+    std::string json_type;  // "string" or "object"
+    bool required = false;
+    std::string help;
+  };
+  std::string name;
+  std::string help;
+  std::vector<Field> fields;
+  std::string shorthand;  // what a bare string entry means; empty: not allowed
+  // `entry` is null when the recipe has no such section. Errors go to `sink`.
+  std::function<void(const YamlEntry* entry, LoadedRecipe& out, DiagnosticSink& sink, bool check_files)> validate;
+  std::function<size_t(const Recipe& recipe)> count;  // entries in a loaded recipe
+  // Writes the section's value (after its key) for `engine config`, when count() > 0.
+  std::function<void(const Recipe& recipe, YAML::Emitter& out)> dump;
+};
+
 template <class Field>
 class KeyDecl;
 template <class Section>
@@ -101,15 +130,23 @@ class Schema {
   template <class Section>
   SectionDecl<Section> section(std::string name, Section Recipe::*member, std::string help);
   void reserve(std::string name, std::string feature) { reserved_.push_back({std::move(name), std::move(feature)}); }
+  void list_section(ListSectionSpec spec) { lists_.push_back(std::move(spec)); }
 
   const std::deque<SectionSpec>& sections() const { return sections_; }
   const std::vector<ReservedSection>& reserved() const { return reserved_; }
+  const std::deque<ListSectionSpec>& lists() const { return lists_; }
+  const ListSectionSpec* find_list(const std::string& name) const {
+    for (const auto& list : lists_)
+      if (list.name == name) return &list;
+    return nullptr;
+  }
   const SectionSpec* find_section(const std::string& name) const;
   const KeySpec* find_key(const std::string& path) const;  // "train.steps"
 
  private:
   std::deque<SectionSpec> sections_;
   std::vector<ReservedSection> reserved_;
+  std::deque<ListSectionSpec> lists_;
 };
 
 // ---- binding a C++ field type to a value kind ----

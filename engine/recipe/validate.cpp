@@ -233,26 +233,35 @@ void validate_section(const Schema& schema, const SectionSpec& section, const Ya
   for (const auto& spec : section.keys) {
     bool applies = true;
     std::string selector_value;
-    if (spec.applies_when) {
-      const KeySpec* selector = section.find(spec.applies_when->key);
-      if (invalid.count(spec.applies_when->key)) continue;  // the selector's own error says enough
-      auto it = given.find(spec.applies_when->key);
+    const KeySpec* condition_of = &spec;  // conditions chain: the first one that fails is reported
+    bool unknown = false;
+    while (applies && condition_of->applies_when) {
+      const Condition& condition = *condition_of->applies_when;
+      const KeySpec* selector = section.find(condition.key);
+      if (invalid.count(condition.key)) unknown = true;  // the selector's own error says enough
+      auto it = given.find(condition.key);
+      selector_value.clear();
       if (it != given.end())
         selector_value = std::get<std::string>(it->second);
       else if (selector && selector->default_value)
         selector_value = std::get<std::string>(*selector->default_value);
-      if (selector_value.empty()) continue;  // selector missing or invalid: already reported
-      const auto& values = spec.applies_when->values;
-      applies = std::find(values.begin(), values.end(), selector_value) != values.end();
+      if (unknown || selector_value.empty()) {  // selector missing or invalid: already reported
+        unknown = true;
+        break;
+      }
+      applies = std::find(condition.values.begin(), condition.values.end(), selector_value) != condition.values.end();
+      if (applies) condition_of = selector;
     }
+    if (unknown) continue;
     auto it = given.find(spec.name);
     if (!applies) {
       if (it != given.end()) {
+        const Condition& condition = *condition_of->applies_when;
         std::string list;
-        for (const auto& v : spec.applies_when->values) list += (list.empty() ? "" : ", ") + v;
+        for (const auto& v : condition.values) list += (list.empty() ? "" : ", ") + v;
         sink.error(given_entries[spec.name]->key_mark, spec.path(),
-                   "does not apply when " + section.name + "." + spec.applies_when->key + " is " + selector_value,
-                   {"it applies to " + section.name + "." + spec.applies_when->key + ": " + list + "; remove it"});
+                   "does not apply when " + section.name + "." + condition.key + " is " + selector_value,
+                   {"it applies when " + section.name + "." + condition.key + " is " + list + "; remove it"});
         out.marks.erase(spec.path());
       }
       continue;
@@ -275,9 +284,10 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
                    LoadedRecipe& out, DiagnosticSink& sink, bool check_files) {
   std::vector<std::string> section_names;
   for (const auto& section : schema.sections()) section_names.push_back(section.name);
+  for (const auto& list : schema.lists()) section_names.push_back(list.name);
 
   for (const auto& entry : root.entries) {
-    if (schema.find_section(entry.key)) continue;
+    if (schema.find_section(entry.key) || schema.find_list(entry.key)) continue;
     auto reserved = std::find_if(schema.reserved().begin(), schema.reserved().end(),
                                  [&](const ReservedSection& r) { return r.name == entry.key; });
     if (reserved != schema.reserved().end()) {
@@ -304,7 +314,7 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
   }
 
   for (const auto& d : deleted) {
-    if (schema.find_key(d.key) || schema.find_section(d.key)) continue;
+    if (schema.find_key(d.key) || schema.find_section(d.key) || schema.find_list(d.key)) continue;
     std::vector<std::string> all_keys;
     for (const auto& section : schema.sections())
       for (const auto& key : section.keys) all_keys.push_back(key.path());
@@ -315,6 +325,7 @@ void validate_tree(const YamlNode& root, const Schema& schema, const std::vector
 
   for (const auto& section : schema.sections())
     validate_section(schema, section, root.find_entry(section.name), out.document, out, sink, check_files);
+  for (const auto& list : schema.lists()) list.validate(root.find_entry(list.name), out, sink, check_files);
 }
 
 }  // namespace engine::recipe

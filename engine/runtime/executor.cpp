@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/convert.h"
 #include "core/error.h"
 
 namespace engine {
@@ -15,12 +16,16 @@ Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed
   profile_ = profile && std::string(profile) == "1";
   for (size_t i = 0; i < graph.values().size(); ++i) {
     const Value& v = graph.values()[i];
-    if (v.placement == Placement::input) inputs_.emplace(ValueId(i), Buffer(value_bytes(v)));
+    if (v.placement == Placement::input || v.placement == Placement::host)
+      inputs_.emplace(ValueId(i), Buffer(value_bytes(v)));
   }
 }
 
 void Executor::add_plan(const std::string& name, Plan plan) {
   if (plan.arena_bytes > arena_.bytes()) arena_ = Buffer(plan.arena_bytes);
+  int64_t scratch = 0;
+  for (size_t index : plan.nodes) scratch = std::max(scratch, conversion_bytes(graph_, graph_.nodes()[index]));
+  if (scratch > scratch_.bytes()) scratch_ = Buffer(scratch);
   plans_[name] = std::move(plan);
 }
 
@@ -30,7 +35,42 @@ float* Executor::value_f32(const std::string& plan, ValueId id) {
   return reinterpret_cast<float*>(arena_.data() + offset);
 }
 
-void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step) {
+void Executor::run_converted(const Node& node, KernelContext& ctx) {
+  struct Converted {
+    ValueId id;
+    void* original;
+    bool output;
+  };
+  std::vector<Converted> converted;
+  std::byte* next = scratch_.data();
+  auto convert = [&](ValueId id, bool output, bool load) {
+    DType type = graph_.value(id).dtype;
+    if (type != DType::bf16 && type != DType::f16) return;
+    for (Converted& c : converted)
+      if (c.id == id) {
+        c.output = c.output || output;
+        return;
+      }
+    const int64_t n = graph_.value(id).shape.numel();
+    auto* f32 = reinterpret_cast<float*>(next);
+    next += (n * 4 + 63) / 64 * 64;
+    if (load) widen(ctx.pointers[size_t(id)], type, f32, n);
+    converted.push_back({id, ctx.pointers[size_t(id)], output});
+    ctx.pointers[size_t(id)] = f32;
+    ctx.dtypes[size_t(id)] = DType::f32;
+  };
+  for (ValueId id : node.inputs) convert(id, false, true);
+  for (size_t i = 0; i < node.outputs.size(); ++i) convert(node.outputs[i], true, ctx.accumulates(node, i));
+  node.op->cpu(node, ctx);
+  for (const Converted& c : converted) {
+    const Value& v = graph_.value(c.id);
+    if (c.output) narrow(ctx.f32(c.id), c.original, v.dtype, v.shape.numel());
+    ctx.pointers[size_t(c.id)] = c.original;
+    ctx.dtypes[size_t(c.id)] = v.dtype;
+  }
+}
+
+void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, float loss_scale) {
   const Plan& plan = plans_.at(name);
   KernelContext ctx;
   ctx.graph = &graph_;
@@ -38,20 +78,24 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step) 
   ctx.step = step;
   ctx.micro_step = micro_step;
   ctx.training = plan.training;
+  ctx.loss_scale = loss_scale;
   ctx.pointers.assign(graph_.values().size(), nullptr);
+  ctx.dtypes.resize(graph_.values().size());
   for (size_t i = 0; i < graph_.values().size(); ++i) {
     const Value& v = graph_.values()[i];
+    ctx.dtypes[i] = v.dtype;
     switch (v.placement) {
       case Placement::activation:
         if (plan.offsets[i] >= 0) ctx.pointers[i] = arena_.data() + plan.offsets[i];
         break;
       case Placement::parameter:
-        ctx.pointers[i] = parameters_.param(v.param);
+        ctx.pointers[i] = parameters_.param_storage(v.param);
         break;
       case Placement::gradient:
-        ctx.pointers[i] = parameters_.grad(v.param);
+        ctx.pointers[i] = parameters_.grad_storage(v.param);
         break;
       case Placement::input:
+      case Placement::host:
         ctx.pointers[i] = inputs_.at(ValueId(i)).data();
         break;
     }
@@ -59,14 +103,20 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step) 
   if (!profile_) {
     for (size_t index : plan.nodes) {
       const Node& node = graph_.nodes()[index];
-      node.op->cpu(node, ctx);
+      if (needs_conversion(graph_, node))
+        run_converted(node, ctx);
+      else
+        node.op->cpu(node, ctx);
     }
     return;
   }
   for (size_t index : plan.nodes) {
     const Node& node = graph_.nodes()[index];
     auto start = std::chrono::steady_clock::now();
-    node.op->cpu(node, ctx);
+    if (needs_conversion(graph_, node))
+      run_converted(node, ctx);
+    else
+      node.op->cpu(node, ctx);
     op_seconds_[node.op->name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }

@@ -7,6 +7,10 @@
 //   std::memcpy(exec.input(tokens), batch.data(), bytes);
 //   exec.run("train", step, micro_step);
 //
+// A kernel without a native 16-bit path (OpDef::native_16bit) that meets 16-bit values runs on
+// f32 copies: the executor widens them into a scratch buffer, runs the kernel, and rounds its
+// outputs back. The scratch is sized from the plans, so it too is known before the first step.
+//
 // ENGINE_PROFILE=1 times every kernel and prints a table per op when the executor is destroyed.
 #pragma once
 
@@ -31,15 +35,18 @@ class Executor {
   const Plan& plan(const std::string& name) const { return plans_.at(name); }
   void* input(ValueId id) { return inputs_.at(id).data(); }
   float* value_f32(const std::string& plan, ValueId id);  // an activation as placed by a plan
-  void run(const std::string& plan, uint64_t step, uint64_t micro_step);
+  void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f);
+  int64_t scratch_bytes() const { return scratch_.bytes(); }
 
  private:
   const Graph& graph_;
   ParameterStore& parameters_;
   uint64_t seed_;
   std::map<std::string, Plan> plans_;
-  std::map<ValueId, Buffer> inputs_;
+  std::map<ValueId, Buffer> inputs_;  // and host values (cpu_checkpointing)
   Buffer arena_;
+  Buffer scratch_;  // f32 copies of 16-bit values for kernels without a 16-bit path
+  void run_converted(const Node& node, KernelContext& ctx);
   bool profile_ = false;
   std::map<std::string, double> op_seconds_;
 };

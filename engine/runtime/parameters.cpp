@@ -2,15 +2,57 @@
 
 #include <algorithm>
 
+#include "core/convert.h"
 #include "core/rng.h"
 
 namespace engine {
 
 ParameterStore::ParameterStore(const Graph& graph) : graph_(graph) {
+  if (!graph.params().empty()) {
+    param_dtype_ = graph.value(graph.params()[0].value).dtype;
+    grad_dtype_ = graph.value(graph.params()[0].grad).dtype;
+  }
   for (const Unit& unit : graph.units()) {
     params_.emplace_back(unit.numel * 4);
     grads_.emplace_back(unit.numel * 4);
+    if (param_dtype_ != DType::f32) params16_.emplace_back(unit.numel * 2);
+    if (grad_dtype_ != DType::f32) grads16_.emplace_back(unit.numel * 2);
   }
+}
+
+void* ParameterStore::param_storage(int index) const {
+  if (params16_.empty()) return param(index);
+  const Param& p = graph_.params()[size_t(index)];
+  return params16_[size_t(p.unit)].data() + p.offset * 2;
+}
+
+void* ParameterStore::grad_storage(int index) const {
+  if (grads16_.empty()) return grad(index);
+  const Param& p = graph_.params()[size_t(index)];
+  return grads16_[size_t(p.unit)].data() + p.offset * 2;
+}
+
+void ParameterStore::refresh_copies() {
+  for (size_t u = 0; u < params16_.size(); ++u)
+    narrow(params_[u].f32(), params16_[u].data(), param_dtype_, params_[u].bytes() / 4);
+}
+
+void ParameterStore::widen_gradients() {
+  for (size_t u = 0; u < grads16_.size(); ++u)
+    widen(grads16_[u].data(), grad_dtype_, grads_[u].f32(), grads_[u].bytes() / 4);
+}
+
+void ParameterStore::retype(DType from, DType to) {
+  if (param_dtype_ == from) param_dtype_ = to;
+  if (grad_dtype_ == from) grad_dtype_ = to;
+  refresh_copies();
+}
+
+int64_t ParameterStore::copy_bytes() const {
+  int64_t bytes = 0;
+  for (const Buffer& b : params16_) bytes += b.bytes();
+  for (const Buffer& b : grads16_) bytes += b.bytes();
+  return bytes;
 }
 
 float* ParameterStore::param(int index) const {
@@ -41,10 +83,12 @@ void ParameterStore::initialize(uint64_t seed) {
         break;
     }
   }
+  refresh_copies();
 }
 
 void ParameterStore::zero_grads() {
   for (Buffer& b : grads_) b.zero();
+  for (Buffer& b : grads16_) b.zero();
 }
 
 }  // namespace engine

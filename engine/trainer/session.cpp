@@ -1,23 +1,46 @@
 #include "trainer/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
 #include "core/error.h"
 #include "graph/autodiff.h"
+#include "graph/precision.h"
 #include "trainer/telemetry.h"
 
 namespace engine {
 
 namespace {
 
-ModelGraph build_differentiated(const recipe::Recipe& r) {
+DType gradient_dtype(recipe::GradientDType t) {
+  return t == recipe::GradientDType::bf16 ? DType::bf16 : t == recipe::GradientDType::fp16 ? DType::f16 : DType::f32;
+}
+
+}  // namespace
+
+DType compute_dtype(const recipe::Recipe& r) {
+  switch (r.precision.mode) {
+    case recipe::PrecisionMode::bf16:
+      return DType::bf16;
+    case recipe::PrecisionMode::fp16:
+      return DType::f16;
+    default:
+      return DType::f32;
+  }
+}
+
+namespace {
+
+ModelGraph build_differentiated(const recipe::Recipe& r, RecomputeReport& recompute) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches).
   ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation));
+  apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
+  recompute = apply_recompute(model.graph, r.activation_checkpointing);
   return model;
 }
 
@@ -29,7 +52,8 @@ int64_t optimizer_state_bytes(const recipe::OptimizerSection& o, int64_t paramet
 }  // namespace
 
 CompiledStep compile_step(const recipe::Recipe& r) {
-  CompiledStep c{build_differentiated(r), {}, {}, {}, 0};
+  CompiledStep c;
+  c.model = build_differentiated(r, c.recompute);
   const Graph& g = c.model.graph;
   c.train = plan_step(g, all_nodes(g), {c.model.losses});
   c.eval = plan_step(g, forward_nodes(g), {c.model.losses});
@@ -39,8 +63,14 @@ CompiledStep compile_step(const recipe::Recipe& r) {
   m.gradients = m.parameters;
   m.optimizer_state = optimizer_state_bytes(r.optimizer, m.parameters);
   m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
-  for (const Value& v : g.values())
+  for (const Value& v : g.values()) {
     if (v.placement == Placement::input) m.inputs += value_bytes(v);
+    if (v.placement == Placement::host) m.host += value_bytes(v);
+  }
+  if (compute_dtype(r) != DType::f32) m.copies += g.param_count() * 2;
+  if (r.precision.accumulation_dtype != recipe::GradientDType::fp32) m.copies += g.param_count() * 2;
+  for (const Plan* plan : {&c.train, &c.eval})
+    for (size_t index : plan->nodes) m.scratch = std::max(m.scratch, conversion_bytes(g, g.nodes()[index]));
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
@@ -75,6 +105,7 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled)
       executor(model.graph, store, uint64_t(r.run.seed)),
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps),
+      scaler(r.precision),
       memory_(compiled.memory) {
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
@@ -96,10 +127,53 @@ double Session::mean_loss(const std::string& plan) {
   return sum / double(rows);
 }
 
-double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micro) {
+double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale) {
   load_batch(batch);
-  executor.run("train", uint64_t(step), uint64_t(micro));
+  executor.run("train", uint64_t(step), uint64_t(micro), float(loss_scale));
   return mean_loss("train");
+}
+
+Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
+  store.widen_gradients();
+  if (hooks.after_backward) hooks.after_backward();
+  StepResult result;
+  result.loss = loss;
+  result.loss_scale = scale;
+  result.lr = learning_rate(recipe, updates);
+  const double scaled_norm = gradient_norm(store);
+  if (!std::isfinite(scaled_norm) && scaler.enabled()) {
+    result.grad_norm = scaled_norm;
+    result.overflow = result.skipped = true;
+    if (scaler.update(true) == LossScaler::Outcome::min_scale) {
+      if (recipe.precision.on_min_scale == recipe::MinScaleAction::abort)
+        throw UserError("fp16 gradients still overflow at the minimum loss scale " +
+                        std::to_string(scale) + " (" + std::to_string(scaler.skipped()) +
+                        " steps skipped so far); train in bf16 (precision.mode: bf16 has fp32's range), lower "
+                        "precision.min_scale, or set precision.on_min_scale: fallback");
+      fall_back_to_bf16();
+      result.fell_back = true;
+    }
+    return result;
+  }
+  result.grad_norm = scaled_norm / scale;
+  const double factor = clip_factor(result.grad_norm, recipe.train.gradient_clipping) / scale;
+  if (hooks.before_update && !hooks.before_update(result)) {
+    result.skipped = true;
+    return result;
+  }
+  if (factor != 1.0) scale_gradients(store, factor);
+  optimizer->step(result.lr);
+  store.refresh_copies();
+  scaler.update(false);
+  ++updates;
+  return result;
+}
+
+void Session::fall_back_to_bf16() {
+  for (size_t i = 0; i < model.graph.values().size(); ++i)
+    if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
+  store.retype(DType::f16, DType::bf16);
+  scaler.disable();
 }
 
 double Session::evaluate(int64_t batches) {

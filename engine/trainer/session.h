@@ -4,8 +4,12 @@
 //
 //   Session session(loaded.recipe, loaded.world);
 //   session.store.initialize(seed);
-//   double loss = session.train_micro_batch(batch, step, micro);   // mean loss of the micro-batch
+//   StepResult r = session.train_step(step, [&] { return loader.next(); });
 //   MemoryPlan memory = session.memory();
+//
+// The step is where precision meets the optimizer: micro-batches accumulate gradients (scaled by
+// the fp16 loss scale), an overflowing step is skipped, gradients are unscaled and clipped, and
+// only then does the update run and the 16-bit parameter copies refresh.
 #pragma once
 
 #include <functional>
@@ -13,6 +17,8 @@
 
 #include "data/dataset.h"
 #include "models/model.h"
+#include "graph/recompute.h"
+#include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "recipe/load.h"
 #include "runtime/executor.h"
@@ -22,7 +28,10 @@ namespace engine {
 
 struct MemoryPlan {
   int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, inputs = 0;
-  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs; }
+  int64_t copies = 0;   // 16-bit parameter copies and 16-bit gradient buffers
+  int64_t scratch = 0;  // f32 copies for kernels that compute 16-bit values in fp32
+  int64_t host = 0;     // activations held in host memory (cpu_checkpointing)
+  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs + copies + scratch + host; }
 };
 
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
@@ -31,9 +40,13 @@ struct CompiledStep {
   ModelGraph model;
   Plan train, eval;
   MemoryPlan memory;
-  double flops_per_micro_batch = 0;  // forward + backward, counted from the graph's nodes
+  double flops_per_micro_batch = 0;  // forward + backward (+ recompute), counted from the graph's nodes
+  RecomputeReport recompute;
 };
 CompiledStep compile_step(const recipe::Recipe& recipe);
+
+// The type the step computes in: f32, or the 16-bit type of precision.mode.
+DType compute_dtype(const recipe::Recipe& recipe);
 
 // Throws UserError when the plan needs more memory than the machine has available.
 void check_memory_available(const MemoryPlan& memory);
@@ -44,26 +57,35 @@ class Session {
   Session(const recipe::Recipe& recipe, CompiledStep compiled);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
-  double train_micro_batch(const Batch& batch, int64_t step, int64_t micro);
+  double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
 
   struct StepResult {
-    double loss;       // mean over the step's micro-batches
-    double grad_norm;  // global L2 norm before clipping
-    double lr;
+    double loss = 0;        // mean over the step's micro-batches
+    double grad_norm = 0;   // global L2 norm of the unscaled gradients, before clipping
+    double lr = 0;          // of this update (the schedule counts applied updates)
+    double loss_scale = 1;  // the scale this step's backward ran with
+    bool overflow = false;  // the gradients held inf or NaN (fp16): the update was skipped
+    bool skipped = false;   // no update was applied (overflow, or vetoed by before_update)
+    bool fell_back = false; // this step's overflow at the minimum scale switched fp16 to bf16
   };
-  // One optimizer step: zero the gradients, run every micro-batch from `next_batch`, clip, update.
-  // `engine train`, `engine golden` and the tests all step through here.
-  // `after_backward`, when given, sees the accumulated gradients before clipping and the update.
+  struct StepHooks {
+    // Sees the accumulated gradients as the backward left them (loss-scaled), before any check.
+    std::function<void()> after_backward;
+    // Sees the step's result before the update, with the gradients unscaled and clipped; may change
+    // result.lr, and returns false to skip the update (a loss-spike guard).
+    std::function<bool(StepResult&)> before_update;
+  };
+  // One optimizer step: zero the gradients, run every micro-batch from `next_batch`, check for
+  // overflow, unscale and clip, update. `engine train`, `engine golden` and the tests all step
+  // through here.
   template <class NextBatch>
-  StepResult train_step(int64_t step, NextBatch&& next_batch, const std::function<void()>& after_backward = {}) {
+  StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
     store.zero_grads();
+    const double scale = scaler.scale();
     double loss = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro)
-      loss += train_micro_batch(next_batch(), step, micro) / double(accumulation);
-    if (after_backward) after_backward();
-    StepResult result{loss, clip_gradients(store, recipe.train.gradient_clipping), learning_rate(recipe, step)};
-    optimizer->step(result.lr);
-    return result;
+      loss += train_micro_batch(next_batch(), step, micro, scale) / double(accumulation);
+    return finish_step(loss, scale, hooks);
   }
   // Mean loss over `batches` validation batches (forward only).
   double evaluate(int64_t batches);
@@ -76,8 +98,15 @@ class Session {
   std::unique_ptr<Optimizer> optimizer;
   Executor executor;
   int64_t micro_batch, accumulation;
+  LossScaler scaler;
+  int64_t updates = 0;  // applied optimizer updates (skipped steps do not count)
+
+  // fp16 -> bf16 for the rest of the run: the graph's 16-bit values change type (same sizes, so
+  // the plan stands), the parameter copies are rounded anew and loss scaling stops.
+  void fall_back_to_bf16();
 
  private:
+  StepResult finish_step(double loss, double scale, const StepHooks& hooks);
   void load_batch(const Batch& batch);
   double mean_loss(const std::string& plan);
   MemoryPlan memory_;

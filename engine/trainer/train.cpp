@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "recipe/export.h"
+#include "trainer/plugin_driver.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
 
@@ -58,7 +59,13 @@ void save_gradients(const fs::path& path, const ParameterStore& store) {
 
 }  // namespace
 
-TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options) {
+TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, const TrainOptions& options) {
+  ProgressLine* progress_line = nullptr;  // plugin notes go above the live line once it exists
+  PluginDriver plugins(original, [&](const std::string& text) {
+    if (progress_line) progress_line->note(text);
+    else out << text << "\n";
+  });
+  const recipe::LoadedRecipe& loaded = plugins.recipe();  // as on_recipe left it
   const recipe::Recipe& r = loaded.recipe;
   TrainSummary summary;
   summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
@@ -86,6 +93,8 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
 
   std::ofstream metrics(summary.run_dir / "metrics.jsonl", std::ios::trunc);
   ProgressLine progress(out, isatty(STDOUT_FILENO) && &out == &std::cout, r.train.steps);
+  progress_line = &progress;
+  plugins.set_metrics(&metrics);
   BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch);
   g_stop_requested = false;
   auto previous_handler = std::signal(SIGINT, on_interrupt);
@@ -93,13 +102,29 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
   int64_t window_rows = 0;
+  plugins.train_start();
   for (int64_t step = 0; step < r.train.steps; ++step) {
-    std::function<void()> dump;
+    plugins.step_start(step);
+    Session::StepHooks hooks;
+    if (plugins.active())
+      hooks.before_update = [&](Session::StepResult& s) {
+        return plugins.before_update(step, session.updates, s.loss, s.grad_norm, s.loss_scale, s.lr);
+      };
     if (step == 0 && !options.first_gradients.empty())
-      dump = [&] { save_gradients(options.first_gradients, session.store); };
-    auto [loss, grad_norm, lr] = session.train_step(
-        step, [&] { return loader.next(); }, dump);
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      hooks.after_backward = [&] { save_gradients(options.first_gradients, session.store); };
+    const Session::StepResult result = session.train_step(step, [&] { return loader.next(); }, hooks);
+    const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;
+    if (result.overflow) {
+      ++summary.skipped_steps;
+      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"overflow", true}, {"loss_scale", result.loss_scale},
+                                {"next_loss_scale", session.scaler.scale()}}
+                     .dump()
+              << "\n";
+      progress.note("step " + std::to_string(step + 1) + ": fp16 gradients overflowed at loss scale " +
+                    format_fixed(result.loss_scale, 0) + "; update skipped" +
+                    (result.fell_back ? ", and the minimum scale was reached: continuing in bf16"
+                                      : ", next scale " + format_fixed(session.scaler.scale(), 0)));
+    } else if (!result.skipped && (!std::isfinite(loss) || !std::isfinite(grad_norm))) {
       metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr}}.dump()
               << "\n";
       std::signal(SIGINT, previous_handler);
@@ -113,7 +138,8 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
     summary.steps = step + 1;
     summary.final_loss = loss;
 
-    const bool last = step + 1 == r.train.steps || g_stop_requested;
+    plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
+    const bool last = step + 1 == r.train.steps || g_stop_requested || plugins.stop_reason();
     if ((step + 1) % r.train.log_every == 0 || last || step == 0) {
       auto now = std::chrono::steady_clock::now();
       double window = std::chrono::duration<double>(now - window_start).count();
@@ -121,11 +147,10 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
       double rate = window > 0 ? double(window_rows) / window : 0;
       window_start = now;
       window_rows = 0;
-      metrics
-          << nlohmann::json{{"step", step + 1},          {"loss", loss},        {"lr", lr}, {"grad_norm", grad_norm},
-                            {"tokens_per_second", rate}, {"elapsed_s", elapsed}}
-                 .dump()
-          << "\n";
+      nlohmann::json line{{"step", step + 1},          {"loss", loss},        {"lr", lr}, {"grad_norm", grad_norm},
+                          {"tokens_per_second", rate}, {"elapsed_s", elapsed}};
+      if (session.scaler.enabled()) line["loss_scale"] = result.loss_scale;
+      metrics << line.dump() << "\n";
       metrics.flush();
       progress.update(step + 1, loss, lr, rate, elapsed, resident_bytes());
     }
@@ -135,14 +160,20 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
       metrics.flush();
       progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
+      plugins.eval(step, val);
     }
-    if (g_stop_requested) {
+    plugins.end_of_step(step, summary.run_dir, [&](const fs::path& path) {
+      save_weights(path, session.store, r.model.arch, {{"steps", std::to_string(step + 1)}});
+    });
+    if (g_stop_requested || plugins.stop_reason()) {
       summary.interrupted = true;
       break;
     }
   }
+  plugins.train_end(summary.steps, summary.final_loss, summary.final_val_loss, summary.interrupted);
   std::signal(SIGINT, previous_handler);
   progress.finish();
+  progress_line = nullptr;
 
   const int64_t peak_rss = peak_resident_bytes();
   write_text_atomically(summary.run_dir / "summary.json",
@@ -151,6 +182,7 @@ TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const 
                                        {"final_val_loss", summary.final_val_loss},
                                        {"loss_floor", session.data->loss_floor() ? *session.data->loss_floor() : -1.0},
                                        {"interrupted", summary.interrupted},
+                                       {"skipped_steps", summary.skipped_steps},
                                        {"planned_bytes", memory.total()},
                                        {"baseline_rss_bytes", baseline_rss},
                                        {"peak_rss_bytes", peak_rss}}

@@ -24,6 +24,7 @@ struct TrainSummary {
   double final_loss = 0;
   double final_val_loss = -1;
   bool interrupted = false;
+  int64_t skipped_steps = 0;  // fp16 steps whose gradients overflowed
 };
 
 struct TrainOptions {

@@ -50,7 +50,7 @@ void cast_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kCast{"cast", cast_cpu, cast_grad, elementwise_flops};
+const OpDef kCast{"cast", cast_cpu, cast_grad, elementwise_flops, "reads and writes any float type"};
 
 ValueId cast(Graph& g, ValueId x, DType dtype, const std::string& name) {
   auto floating = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };

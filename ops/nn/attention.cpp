@@ -132,7 +132,8 @@ double attention_flops(const Graph& g, const Node& n) {
 
 }  // namespace
 
-const OpDef kCausalAttention{"causal_attention", attention_cpu, attention_grad, attention_flops};
+const OpDef kCausalAttention{"causal_attention", attention_cpu, attention_grad, attention_flops, nullptr,
+                             0b10};  // the log-sum-exp in fp32
 const OpDef kCausalAttentionBackward{"causal_attention_backward", attention_backward_cpu, nullptr,
                                      [](const Graph& g, const Node& n) {
                                        const Shape& s = g.value(n.inputs[1]).shape;

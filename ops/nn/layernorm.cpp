@@ -130,9 +130,9 @@ double norm_flops(const Graph& g, const Node& n) { return 8.0 * double(g.value(n
 
 }  // namespace
 
-const OpDef kLayerNorm{"layernorm", norm_cpu, norm_grad, norm_flops};
+const OpDef kLayerNorm{"layernorm", norm_cpu, norm_grad, norm_flops, nullptr, 0b110};  // mean, rstd in fp32
 const OpDef kLayerNormBackward{"layernorm_backward", norm_backward_cpu, nullptr, norm_flops};
-const OpDef kRmsNorm{"rmsnorm", norm_cpu, norm_grad, norm_flops};
+const OpDef kRmsNorm{"rmsnorm", norm_cpu, norm_grad, norm_flops, nullptr, 0b110};
 const OpDef kRmsNormBackward{"rmsnorm_backward", norm_backward_cpu, nullptr, norm_flops};
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {

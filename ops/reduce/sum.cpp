@@ -51,7 +51,7 @@ ValueId reduce(Graph& g, ValueId x, bool mean, const std::string& name) {
 
 }  // namespace
 
-const OpDef kReduceSum{"reduce_sum", reduce_cpu, reduce_grad, elementwise_flops};
+const OpDef kReduceSum{"reduce_sum", reduce_cpu, reduce_grad, elementwise_flops, nullptr, 0b1};
 const OpDef kReduceBackward{"reduce_backward", reduce_backward_cpu, nullptr, elementwise_flops};
 
 ValueId reduce_sum(Graph& g, ValueId x, const std::string& name) { return reduce(g, x, false, name); }

@@ -33,7 +33,7 @@ void reshape_grad(GradBuilder& gb, const Node& node) {
 }  // namespace
 
 const OpDef kTranspose{"transpose", transpose_cpu, transpose_grad, nullptr};
-const OpDef kReshape{"reshape", copy_kernel, reshape_grad, nullptr};
+const OpDef kReshape{"reshape", copy_kernel, reshape_grad, nullptr, "a copy in the stored type"};
 
 ValueId transpose(Graph& g, ValueId x, const std::string& name) {
   const Shape& s = g.value(x).shape;

@@ -9,14 +9,14 @@ void declare_all_sections(Schema& schema) {
   declare_train(schema);
   declare_optimizer(schema);
   declare_scheduler(schema);
+  declare_plugins(schema);
+  declare_precision(schema);
+  declare_activation_checkpointing(schema);
 
   // Planned sections: refused with a clear message until their feature is built.
-  schema.reserve("precision", "mixed precision (fp16/bf16) training");
   schema.reserve("zero", "ZeRO sharding of optimizer state, gradients and parameters");
   schema.reserve("offload", "CPU and NVMe offload");
-  schema.reserve("activation_checkpointing", "activation checkpointing");
   schema.reserve("checkpoint", "checkpoint saving and resuming");
-  schema.reserve("plugins", "Lua plugins");
   schema.reserve("logging", "logging and telemetry settings");
 }
 

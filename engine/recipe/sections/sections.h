@@ -12,6 +12,9 @@ void declare_data(Schema& schema);
 void declare_train(Schema& schema);
 void declare_optimizer(Schema& schema);
 void declare_scheduler(Schema& schema);
+void declare_plugins(Schema& schema);
+void declare_precision(Schema& schema);
+void declare_activation_checkpointing(Schema& schema);
 
 void declare_all_sections(Schema& schema);
 

@@ -1,0 +1,67 @@
+#include "graph/op.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/convert.h"
+
+namespace engine {
+
+namespace {
+
+bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+template <class Visit>
+void for_each_16bit_value(const Graph& graph, const Node& node, Visit&& visit) {
+  std::vector<ValueId> seen;
+  auto consider = [&](ValueId id) {
+    if (!is_16bit(graph.value(id).dtype) || std::find(seen.begin(), seen.end(), id) != seen.end()) return;
+    seen.push_back(id);
+    visit(id);
+  };
+  for (ValueId id : node.inputs) consider(id);
+  for (ValueId id : node.outputs) consider(id);
+}
+
+}  // namespace
+
+bool needs_conversion(const Graph& graph, const Node& node) {
+  DType type = DType::f32;
+  for_each_16bit_value(graph, node, [&](ValueId id) { type = graph.value(id).dtype; });
+  if (type == DType::f32) return false;
+  return !node.op->native_16bit || (node.op->native_for && !node.op->native_for(type));
+}
+
+int64_t conversion_bytes(const Graph& graph, const Node& node) {
+  if (!needs_conversion(graph, node)) return 0;
+  int64_t bytes = 0;
+  for_each_16bit_value(graph, node,
+                       [&](ValueId id) { bytes += (graph.value(id).shape.numel() * 4 + 63) / 64 * 64; });
+  return bytes;
+}
+
+// out (+)= in, element for element, in whatever types the two values are stored.
+void copy_kernel(const Node& node, const KernelContext& ctx) {
+  const ValueId in = node.inputs[0], out = node.outputs[0];
+  const DType from = ctx.dtype(in), to = ctx.dtype(out);
+  const int64_t n = ctx.shape(in).numel();
+  const bool accumulate = ctx.accumulates(node, 0);
+  if (from == to && !accumulate) {
+    std::memcpy(ctx.data(out), ctx.data(in), size_t(n) * dtype_size(from));
+    return;
+  }
+  if (to == DType::f32) return widen(ctx.data(in), from, ctx.f32(out), n, accumulate);
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    float chunk[kChunk];
+    const int64_t count = std::min(kChunk, n - begin);
+    const auto* src = static_cast<const std::byte*>(ctx.data(in)) + begin * int64_t(dtype_size(from));
+    auto* dst = static_cast<std::byte*>(ctx.data(out)) + begin * int64_t(dtype_size(to));
+    widen(src, from, chunk, count);
+    if (accumulate) widen(dst, to, chunk, count, true);
+    narrow(chunk, dst, to, count);
+  }
+}
+
+}  // namespace engine

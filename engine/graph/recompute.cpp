@@ -1,0 +1,206 @@
+#include "graph/recompute.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string_view>
+
+#include "core/error.h"
+#include "plan/plan.h"
+
+namespace engine {
+
+namespace {
+
+void host_copy_cpu(const Node& node, const KernelContext& ctx) {
+  const Value& v = ctx.graph->value(node.inputs[0]);
+  std::memcpy(ctx.pointers[size_t(node.outputs[0])], ctx.pointers[size_t(node.inputs[0])], size_t(value_bytes(v)));
+}
+
+// Ops that selective checkpointing recomputes: cheap per element, and their outputs are as large as
+// their inputs, which the backward keeps anyway (attention scores are never stored: the fused
+// attention kernel recomputes them itself).
+bool is_cheap(const OpDef* op) {
+  static const std::set<std::string_view> cheap = {"layernorm", "rmsnorm", "gelu", "relu",
+                                                   "silu",      "swiglu",  "rotary", "dropout"};
+  return cheap.count(op->name) != 0;
+}
+
+struct Segment {
+  std::vector<size_t> nodes;  // forward node indices, ascending
+  std::set<ValueId> recompute;
+  size_t insert_at = 0;  // index of the first backward node that reads a recomputed value
+  std::vector<ValueId> kept_inputs;
+};
+
+std::vector<Segment> choose_segments(const Graph& g, const recipe::ActivationCheckpointingSection& policy) {
+  std::vector<Segment> segments;
+  const size_t forward = g.forward_size();
+  auto in_block = [&](const Node& n) { return n.unit >= 0 && g.units()[size_t(n.unit)].block; };
+  if (policy.policy == recipe::CheckpointPolicy::selective) {
+    for (size_t i = 0; i < forward; ++i)
+      if (in_block(g.nodes()[i]) && is_cheap(g.nodes()[i].op)) segments.push_back({{i}, {}, 0, {}});
+    return segments;
+  }
+  int ordinal = 0;
+  for (size_t u = 0; u < g.units().size(); ++u) {
+    if (!g.units()[u].block) continue;
+    const bool chosen = policy.policy == recipe::CheckpointPolicy::full || ordinal % policy.k == 0;
+    ++ordinal;
+    if (!chosen) continue;
+    Segment s;
+    for (size_t i = 0; i < forward; ++i)
+      if (g.nodes()[i].unit == int(u)) s.nodes.push_back(i);
+    if (!s.nodes.empty()) segments.push_back(std::move(s));
+  }
+  return segments;
+}
+
+}  // namespace
+
+const OpDef kHostCopy{"host_copy", host_copy_cpu, nullptr, nullptr, "a byte copy"};
+
+RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingSection& policy) {
+  RecomputeReport report;
+  if (policy.policy == recipe::CheckpointPolicy::none) return report;
+  const bool selective = policy.policy == recipe::CheckpointPolicy::selective;
+  const size_t forward = g.forward_size();
+  const size_t total = g.nodes().size();
+  ENGINE_CHECK(forward > 0 && forward < total, "recompute runs after autodiff");
+
+  // Who reads each value, split into forward and backward readers.
+  std::vector<std::vector<size_t>> readers(g.values().size());
+  for (size_t i = 0; i < total; ++i)
+    for (ValueId in : g.nodes()[i].inputs) readers[size_t(in)].push_back(i);
+  auto is_activation = [&](ValueId v) { return g.value(v).placement == Placement::activation; };
+
+  std::vector<Segment> segments = choose_segments(g, policy);
+  for (Segment& s : segments) {
+    std::set<size_t> members(s.nodes.begin(), s.nodes.end());
+    s.insert_at = total;
+    for (size_t i : s.nodes)
+      for (ValueId out : g.nodes()[i].outputs) {
+        if (!is_activation(out)) continue;
+        bool read_backward = false, read_outside = false;
+        for (size_t r : readers[size_t(out)]) {
+          if (r >= forward) {
+            read_backward = true;
+            s.insert_at = std::min(s.insert_at, r);
+          } else if (!members.count(r)) {
+            read_outside = true;
+          }
+        }
+        // A block's output is the next block's kept input: it stays (full, every_k).
+        if (read_backward && (selective || !read_outside)) s.recompute.insert(out);
+      }
+    if (s.recompute.empty()) continue;
+    // Only the nodes the recomputed values depend on within the segment are cloned.
+    std::set<ValueId> needed(s.recompute.begin(), s.recompute.end());
+    std::vector<size_t> cloned;
+    for (auto it = s.nodes.rbegin(); it != s.nodes.rend(); ++it) {
+      const Node& n = g.nodes()[*it];
+      bool need = std::any_of(n.outputs.begin(), n.outputs.end(), [&](ValueId v) { return needed.count(v) != 0; });
+      if (!need) continue;
+      cloned.push_back(*it);
+      for (ValueId in : n.inputs) needed.insert(in);
+    }
+    std::reverse(cloned.begin(), cloned.end());
+    s.nodes = std::move(cloned);
+    // The first backward reader of a recomputed value may precede the first reader of the others.
+    s.insert_at = total;
+    for (ValueId v : s.recompute)
+      for (size_t r : readers[size_t(v)])
+        if (r >= forward) s.insert_at = std::min(s.insert_at, r);
+    std::set<ValueId> produced;
+    for (size_t i : s.nodes)
+      for (ValueId out : g.nodes()[i].outputs) produced.insert(out);
+    for (size_t i : s.nodes)
+      for (ValueId in : g.nodes()[i].inputs)
+        if (!produced.count(in) && is_activation(in) &&
+            std::find(s.kept_inputs.begin(), s.kept_inputs.end(), in) == s.kept_inputs.end())
+          s.kept_inputs.push_back(in);
+  }
+  std::erase_if(segments, [](const Segment& s) { return s.recompute.empty(); });
+  std::stable_sort(segments.begin(), segments.end(),
+                   [](const Segment& a, const Segment& b) { return a.insert_at < b.insert_at; });
+
+  std::vector<std::vector<Node>> before(total + 1), after(total);
+  std::map<ValueId, ValueId> replacement;  // for backward readers (and later clones)
+  for (const Segment& s : segments) {
+    std::map<ValueId, ValueId> local;
+    for (size_t i : s.nodes) {
+      Node clone = g.nodes()[i];
+      for (ValueId& in : clone.inputs) {
+        if (auto it = local.find(in); it != local.end())
+          in = it->second;
+        else if (auto r = replacement.find(in); r != replacement.end())
+          in = r->second;
+      }
+      for (ValueId& out : clone.outputs) {
+        const Value v = g.value(out);
+        ValueId copy = g.add_activation(v.name + "@recompute", v.shape, v.dtype);
+        local[out] = copy;
+        out = copy;
+      }
+      clone.backward = true;
+      clone.name += " (recompute)";
+      if (clone.op->flops) report.extra_flops += clone.op->flops(g, clone);
+      before[s.insert_at].push_back(std::move(clone));
+      ++report.cloned_nodes;
+    }
+    for (ValueId v : s.recompute) replacement[v] = local.at(v);
+    ++report.segments;
+  }
+
+  if (policy.cpu_checkpointing && !selective) {
+    // Segments are in backward order: a kept input is prefetched where the previous segment's
+    // recompute starts, one block ahead of its own.
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const Segment& s = segments[k];
+      for (ValueId in : s.kept_inputs) {
+        if (replacement.count(in)) continue;
+        size_t last_forward = 0, first_later = total;
+        for (size_t r : readers[size_t(in)]) {
+          if (r < forward) last_forward = std::max(last_forward, r);
+          else first_later = std::min(first_later, r);
+        }
+        const size_t prefetch_at = std::min({first_later, s.insert_at, k > 0 ? segments[k - 1].insert_at : total});
+        const Value v = g.value(in);
+        ValueId host = g.add_activation(v.name + "@host", v.shape, v.dtype);
+        g.mutable_value(host).placement = Placement::host;
+        ValueId back = g.add_activation(v.name + "@prefetched", v.shape, v.dtype);
+        after[last_forward].push_back(Node{&kHostCopy, {in}, {host}, {}, false, true, v.name + " (offload)"});
+        before[prefetch_at].insert(before[prefetch_at].begin(),
+                                   Node{&kHostCopy, {host}, {back}, {}, false, true, v.name + " (prefetch)"});
+        replacement[in] = back;
+        report.offloaded_bytes += value_bytes(v);
+      }
+    }
+  }
+
+  // Rebuild the node list: offloads after their last forward reader, clones and prefetches before
+  // their first backward reader, and every later reader pointed at the replacements. Nodes added to
+  // the forward part are marked backward: evaluation plans skip them.
+  std::vector<Node> rebuilt;
+  rebuilt.reserve(total + size_t(report.cloned_nodes) * 2);
+  size_t forward_size = 0;
+  const std::vector<Node> original = g.nodes();
+  for (size_t i = 0; i < total; ++i) {
+    for (Node& n : before[i]) rebuilt.push_back(std::move(n));
+    Node node = original[i];
+    if (i >= forward)
+      for (ValueId& in : node.inputs)
+        if (auto r = replacement.find(in); r != replacement.end()) in = r->second;
+    rebuilt.push_back(std::move(node));
+    if (i < forward)
+      for (Node& n : after[i]) rebuilt.push_back(std::move(n));
+    if (i + 1 == forward) forward_size = rebuilt.size();
+  }
+  ENGINE_CHECK(before[total].empty(), "recompute segment without a backward reader");
+  g.mutable_nodes() = std::move(rebuilt);
+  g.set_forward_size(forward_size);
+  return report;
+}
+
+}  // namespace engine

@@ -1,0 +1,107 @@
+#include "linalg/gemm16.h"
+
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace engine::ops {
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dt onednn_type(DType type) {
+  switch (type) {
+    case DType::bf16:
+      return dt::bf16;
+    case DType::f16:
+      return dt::f16;
+    default:
+      return dt::f32;
+  }
+}
+
+dnnl::engine& cpu() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+struct Primitive {
+  dnnl::matmul matmul;
+  dnnl::memory::desc a, b, c, bias;
+};
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool>;
+
+Primitive make(const Gemm16& s, bool with_bias) {
+  using dims = dnnl::memory::dims;
+  dnnl::memory::desc a({s.m, s.k}, onednn_type(s.operands), s.transa ? dims{1, s.lda} : dims{s.lda, 1});
+  dnnl::memory::desc b({s.k, s.n}, onednn_type(s.operands), s.transb ? dims{1, s.ldb} : dims{s.ldb, 1});
+  dnnl::memory::desc c({s.m, s.n}, onednn_type(s.result), dims{s.ldc, 1});
+  dnnl::memory::desc bias;
+  if (with_bias) bias = dnnl::memory::desc({1, s.n}, onednn_type(s.operands), dims{s.n, 1});
+  dnnl::primitive_attr attr;
+  if (s.accumulate) {
+    dnnl::post_ops post;
+    post.append_sum(1.0f);
+    attr.set_post_ops(post);
+  }
+  auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+  dnnl::matmul::primitive_desc pd(desc, attr, cpu());
+  return {dnnl::matmul(pd), a, b, c, bias};
+}
+
+}  // namespace
+
+bool matmul_16bit_available(DType type) {
+  static std::map<DType, bool> probed;
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  if (auto it = probed.find(type); it != probed.end()) return it->second;
+  bool available = false;
+  try {
+    Gemm16 probe{false, true, 16, 16, 16, 16, 16, 16, type, type, false};
+    make(probe, true);
+    // oneDNN also offers reference (non-JIT) kernels; those are far slower than sgemm on widened copies.
+    dnnl::memory::desc a({16, 16}, onednn_type(type), dnnl::memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, a), cpu());
+    available = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+  } catch (const dnnl::error&) {
+    available = false;
+  }
+  probed[type] = available;
+  return available;
+}
+
+void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
+  static std::map<Key, Primitive> cache;
+  static std::mutex mutex;
+  Key key{s.transa, s.transb, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result), s.accumulate,
+          bias != nullptr};
+  Primitive* p;
+  {
+    std::lock_guard lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      try {
+        it = cache.emplace(key, make(s, bias != nullptr)).first;
+      } catch (const dnnl::error& e) {
+        ENGINE_CHECK(false, std::string("oneDNN matmul: ") + e.what());
+      }
+    }
+    p = &it->second;
+  }
+  dnnl::stream stream(cpu());
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(p->a, cpu(), const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, cpu(), const_cast<void*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(p->c, cpu(), c)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p->bias, cpu(), const_cast<void*>(bias)));
+  p->matmul.execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,31 @@
+// 16-bit matrix products through oneDNN's matmul primitive: bf16 (or f16) operands, fp32
+// accumulation, the result stored in fp32 or in the operands' type. oneDNN picks AMX or
+// AVX512-BF16 kernels where the CPU has them. Primitives are created once per shape and cached.
+//
+//   if (matmul_16bit_available(DType::bf16))
+//     gemm16({.transb = true, .m = rows, .n = out, .k = in, .lda = in, .ldb = in, .ldc = out,
+//             .operands = DType::bf16, .result = DType::bf16}, x, w, bias, y);
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace engine::ops {
+
+struct Gemm16 {
+  bool transa = false, transb = false;  // op(A) = A^T, op(B) = B^T
+  int64_t m = 0, n = 0, k = 0;          // C (m, n) = op(A) (m, k) x op(B) (k, n)
+  int64_t lda = 0, ldb = 0, ldc = 0;    // row strides of A, B and C as stored
+  DType operands = DType::bf16;         // A, B and the bias
+  DType result = DType::f32;            // C
+  bool accumulate = false;              // C += instead of C =
+};
+
+// Whether oneDNN has a matmul for operands of `type` on this CPU (probed once).
+bool matmul_16bit_available(DType type);
+
+// C = op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating).
+void gemm16(const Gemm16& shape, const void* a, const void* b, const void* bias, void* c);
+
+}  // namespace engine::ops
