@@ -1,6 +1,7 @@
 -- warmup_cosine: the learning-rate schedule as a plugin. Linear warmup from 0 to the base rate
--- (optimizer.lr), then cosine decay to min_lr, reached just after the last step: the same numbers
--- as the built-in `scheduler: {type: cosine}`, bit for bit.
+-- (optimizer.lr), then cosine decay to min_lr, reached just after the last step: the numbers of the
+-- built-in `scheduler: {type: cosine}`, to within one rounding (the compiled schedule may fuse a
+-- multiply and an add).
 --
 --   plugins: [{path: plugins/warmup_cosine.lua, args: {warmup_steps: 30, min_lr: 0.0003}}]
 
@@ -17,7 +18,7 @@ function lr(step, base_lr, state)
   if step < warmup then
     return base_lr * (step + 1) / warmup
   end
-  -- The same operations in the same order as the engine's schedule, so the results are equal.
+  -- The same operations in the same order as the engine's schedule.
   local decay_steps = state.recipe.train.steps - warmup
   local progress = (step - warmup) / decay_steps
   local factor = 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -12,11 +12,18 @@
 
 namespace engine::lua::testing {
 
+// One directory per test, emptied the first time the test asks for it.
 inline std::filesystem::path temp_dir() {
+  static std::string prepared;
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() / "engine-lua-test" /
-             (std::string(test->test_suite_name()) + "." + test->name());
-  std::filesystem::remove_all(dir);
+  std::string name = std::string(test->test_suite_name()) + "." + test->name();
+  for (char& c : name)
+    if (c == '/') c = '_';
+  auto dir = std::filesystem::temp_directory_path() / "engine-lua-test" / name;
+  if (prepared != name) {
+    std::filesystem::remove_all(dir);
+    prepared = name;
+  }
   std::filesystem::create_directories(dir);
   return dir;
 }
