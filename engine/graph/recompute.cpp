@@ -187,7 +187,12 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
   size_t forward_size = 0;
   const std::vector<Node> original = g.nodes();
   for (size_t i = 0; i < total; ++i) {
-    for (Node& n : before[i]) rebuilt.push_back(std::move(n));
+    for (Node& n : before[i]) {
+      if (n.op != &kHostCopy)  // clones read prefetched inputs too
+        for (ValueId& in : n.inputs)
+          if (auto r = replacement.find(in); r != replacement.end() && r->second != n.outputs[0]) in = r->second;
+      rebuilt.push_back(std::move(n));
+    }
     Node node = original[i];
     if (i >= forward)
       for (ValueId& in : node.inputs)
