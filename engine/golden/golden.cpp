@@ -115,8 +115,10 @@ GoldenFile read_golden(const fs::path& path) {
       golden.policy.grad_norm = tolerance_of(policy.at("grad_norm"));
       golden.policy.lr = tolerance_of(policy.at("lr"));
     }
+    // A non-finite gradient norm (an overflowing fp16 step, skipped) is stored as null.
+    auto number = [](const Json& v) { return v.is_null() ? double(INFINITY) : v.get<double>(); };
     for (const Json& s : j.at("steps"))
-      golden.trajectory.steps.push_back({s.at("step"), s.at("loss"), s.at("grad_norm"), s.at("lr")});
+      golden.trajectory.steps.push_back({s.at("step"), number(s.at("loss")), number(s.at("grad_norm")), s.at("lr")});
     golden.trajectory.weights_digest = j.value("weights_digest", "");
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path.string() + ": malformed golden file: " + e.what());
@@ -156,6 +158,7 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got) {
                             {"grad_norm", &StepMetrics::grad_norm, expected.policy.grad_norm},
                             {"lr", &StepMetrics::lr, expected.policy.lr}};
   auto within = [&](const Metric& m, double want, double have) {
+    if (!std::isfinite(want) || !std::isfinite(have)) return !std::isfinite(want) && !std::isfinite(have);
     if (expected.policy.exact) return std::memcmp(&want, &have, sizeof want) == 0;
     return std::abs(have - want) <= m.tolerance.atol + m.tolerance.rtol * std::abs(want);
   };
