@@ -166,3 +166,45 @@ TEST(Rules, ClassificationEvaluationNeedsAValidationSample) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+const char* kPrecisionBase =
+    "model: {arch: gpt, vocab_size: 64, context_length: 32, n_layer: 1, n_head: 2, n_embd: 32}\n"
+    "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n";
+
+TEST(Precision, LossScalingKeysNeedFp16AndSayWhere) {
+  auto errors = recipe(std::string(kPrecisionBase) + "precision: {mode: bf16, growth_interval: 5}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "precision.growth_interval");
+  EXPECT_EQ(errors[0].mark.str(), "r.yaml:4:25");
+  EXPECT_NE(errors[0].message.find("precision.mode is bf16"), std::string::npos) << errors[0].message;
+}
+
+TEST(Precision, StaticScaleNeedsStaticScaling) {
+  auto errors = recipe(std::string(kPrecisionBase) + "precision: {mode: fp16, static_scale: 128}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "precision.static_scale");
+  EXPECT_NE(errors[0].message.find("loss_scaling is dynamic"), std::string::npos) << errors[0].message;
+}
+
+TEST(Precision, GradientsAccumulateInFp32OrTheModesType) {
+  auto errors = recipe(std::string(kPrecisionBase) + "precision: {mode: bf16, accumulation_dtype: fp16}\n").errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "precision.accumulation_dtype");
+  auto ok = recipe(std::string(kPrecisionBase) + "precision: {mode: fp16, accumulation_dtype: fp16}\n").load();
+  EXPECT_EQ(ok.recipe.precision.accumulation_dtype, GradientDType::fp16);
+}
+
+TEST(ActivationCheckpointing, KAndOffloadApplyOnlyToTheirPolicies) {
+  auto errors =
+      recipe(std::string(kPrecisionBase) + "activation_checkpointing: {policy: selective, k: 3, cpu_checkpointing: true}\n")
+          .errors();
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_EQ(errors[0].key, "activation_checkpointing.k");
+  EXPECT_EQ(errors[1].key, "activation_checkpointing.cpu_checkpointing");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing
