@@ -1,6 +1,9 @@
 #include "nn/embedding.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "core/convert.h"
 
 namespace engine::ops {
 
@@ -10,6 +13,24 @@ void embedding_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& ts = ctx.shape(node.inputs[0]);
   int64_t batch = ts[0], time = ts[1], channels = ctx.shape(node.inputs[1])[1];
   const int32_t* tokens = ctx.i32(node.inputs[0]);
+  if (const DType type = ctx.dtype(node.inputs[1]); type != DType::f32) {
+    // 16-bit tables: only the rows a batch reads are widened, never the whole table.
+    const auto* table = static_cast<const std::byte*>(ctx.data(node.inputs[1]));
+    const auto* positions = node.inputs.size() > 2 ? static_cast<const std::byte*>(ctx.data(node.inputs[2])) : nullptr;
+    auto* out = static_cast<std::byte*>(ctx.data(node.outputs[0]));
+    const auto size = int64_t(dtype_size(type));
+#pragma omp parallel
+    {
+      std::vector<float> row(static_cast<size_t>(channels));
+#pragma omp for schedule(static)
+      for (int64_t bt = 0; bt < batch * time; ++bt) {
+        widen(table + int64_t(tokens[bt]) * channels * size, type, row.data(), channels);
+        if (positions) widen(positions + (bt % time) * channels * size, type, row.data(), channels, true);
+        narrow(row.data(), out + bt * channels * size, type, channels);
+      }
+    }
+    return;
+  }
   const float* table = ctx.f32(node.inputs[1]);
   const float* positions = node.inputs.size() > 2 ? ctx.f32(node.inputs[2]) : nullptr;
   float* out = ctx.f32(node.outputs[0]);
@@ -60,7 +81,8 @@ void embedding_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kEmbedding{"embedding", embedding_cpu, embedding_grad, elementwise_flops};
+const OpDef kEmbedding{"embedding", embedding_cpu, embedding_grad, elementwise_flops,
+                       "reads 16-bit table rows, adds in fp32"};
 const OpDef kEmbeddingBackward{
     "embedding_backward", embedding_backward_cpu, nullptr,
     [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
