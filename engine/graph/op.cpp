@@ -35,8 +35,7 @@ bool needs_conversion(const Graph& graph, const Node& node) {
 int64_t conversion_bytes(const Graph& graph, const Node& node) {
   if (!needs_conversion(graph, node)) return 0;
   int64_t bytes = 0;
-  for_each_16bit_value(graph, node,
-                       [&](ValueId id) { bytes += (graph.value(id).shape.numel() * 4 + 63) / 64 * 64; });
+  for_each_16bit_value(graph, node, [&](ValueId id) { bytes += (graph.value(id).shape.numel() * 4 + 63) / 64 * 64; });
   return bytes;
 }
 

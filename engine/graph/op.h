@@ -26,7 +26,7 @@ struct KernelContext {
   uint64_t micro_step = 0;  // micro-batch within the step
   bool training = true;     // false for evaluation and generation: dropout passes values through
 
-  float loss_scale = 1.0f;   // multiplies the loss gradient (fp16 loss scaling)
+  float loss_scale = 1.0f;  // multiplies the loss gradient (fp16 loss scaling)
   // Per ValueId, the type of the memory `pointers` holds: the graph's, or f32 while the executor
   // runs a kernel on widened copies.
   std::vector<DType> dtypes;

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "graph/op.h"
 #include "elementwise/cast.h"
+#include "graph/op.h"
 
 namespace engine {
 

@@ -22,7 +22,7 @@ void host_copy_cpu(const Node& node, const KernelContext& ctx) {
 // their inputs, which the backward keeps anyway (attention scores are never stored: the fused
 // attention kernel recomputes them itself).
 bool is_cheap(const OpDef* op) {
-  static const std::set<std::string_view> cheap = {"layernorm", "rmsnorm", "gelu", "relu",
+  static const std::set<std::string_view> cheap = {"layernorm", "rmsnorm", "gelu",   "relu",
                                                    "silu",      "swiglu",  "rotary", "dropout"};
   return cheap.count(op->name) != 0;
 }
@@ -162,8 +162,10 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
         if (replacement.count(in)) continue;
         size_t last_forward = 0, first_later = total;
         for (size_t r : readers[size_t(in)]) {
-          if (r < forward) last_forward = std::max(last_forward, r);
-          else first_later = std::min(first_later, r);
+          if (r < forward)
+            last_forward = std::max(last_forward, r);
+          else
+            first_later = std::min(first_later, r);
         }
         const size_t prefetch_at = std::min({first_later, s.insert_at, k > 0 ? segments[k - 1].insert_at : total});
         const Value v = g.value(in);

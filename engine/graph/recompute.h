@@ -31,10 +31,10 @@
 namespace engine {
 
 struct RecomputeReport {
-  int segments = 0;            // checkpointed segments that had activations to recompute
-  int64_t cloned_nodes = 0;    // forward nodes run a second time per step
-  double extra_flops = 0;      // their FLOPs per micro-batch
-  int64_t offloaded_bytes = 0; // block inputs held in host memory between forward and backward
+  int segments = 0;             // checkpointed segments that had activations to recompute
+  int64_t cloned_nodes = 0;     // forward nodes run a second time per step
+  double extra_flops = 0;       // their FLOPs per micro-batch
+  int64_t offloaded_bytes = 0;  // block inputs held in host memory between forward and backward
 };
 
 RecomputeReport apply_recompute(Graph& graph, const recipe::ActivationCheckpointingSection& policy);

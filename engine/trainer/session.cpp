@@ -146,8 +146,8 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
     result.overflow = result.skipped = true;
     if (scaler.update(true) == LossScaler::Outcome::min_scale) {
       if (recipe.precision.on_min_scale == recipe::MinScaleAction::abort)
-        throw UserError("fp16 gradients still overflow at the minimum loss scale " +
-                        std::to_string(scale) + " (" + std::to_string(scaler.skipped()) +
+        throw UserError("fp16 gradients still overflow at the minimum loss scale " + std::to_string(scale) + " (" +
+                        std::to_string(scaler.skipped()) +
                         " steps skipped so far); train in bf16 (precision.mode: bf16 has fp32's range), lower "
                         "precision.min_scale, or set precision.on_min_scale: fallback");
       fall_back_to_bf16();

@@ -16,8 +16,8 @@
 #include <memory>
 
 #include "data/dataset.h"
-#include "models/model.h"
 #include "graph/recompute.h"
+#include "models/model.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "recipe/load.h"
@@ -31,7 +31,9 @@ struct MemoryPlan {
   int64_t copies = 0;   // 16-bit parameter copies and 16-bit gradient buffers
   int64_t scratch = 0;  // f32 copies for kernels that compute 16-bit values in fp32
   int64_t host = 0;     // activations held in host memory (cpu_checkpointing)
-  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs + copies + scratch + host; }
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + inputs + copies + scratch + host;
+  }
 };
 
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
@@ -60,13 +62,13 @@ class Session {
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
 
   struct StepResult {
-    double loss = 0;        // mean over the step's micro-batches
-    double grad_norm = 0;   // global L2 norm of the unscaled gradients, before clipping
-    double lr = 0;          // of this update (the schedule counts applied updates)
-    double loss_scale = 1;  // the scale this step's backward ran with
-    bool overflow = false;  // the gradients held inf or NaN (fp16): the update was skipped
-    bool skipped = false;   // no update was applied (overflow, or vetoed by before_update)
-    bool fell_back = false; // this step's overflow at the minimum scale switched fp16 to bf16
+    double loss = 0;         // mean over the step's micro-batches
+    double grad_norm = 0;    // global L2 norm of the unscaled gradients, before clipping
+    double lr = 0;           // of this update (the schedule counts applied updates)
+    double loss_scale = 1;   // the scale this step's backward ran with
+    bool overflow = false;   // the gradients held inf or NaN (fp16): the update was skipped
+    bool skipped = false;    // no update was applied (overflow, or vetoed by before_update)
+    bool fell_back = false;  // this step's overflow at the minimum scale switched fp16 to bf16
   };
   struct StepHooks {
     // Sees the accumulated gradients as the backward left them (loss-scaled), before any check.

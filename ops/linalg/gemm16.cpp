@@ -79,8 +79,8 @@ bool matmul_16bit_available(DType type) {
 void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
   static std::map<Key, Primitive> cache;
   static std::mutex mutex;
-  Key key{s.transa, s.transb, s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result), s.accumulate,
-          bias != nullptr};
+  Key key{s.transa,     s.transb,       s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
+          s.accumulate, bias != nullptr};
   Primitive* p;
   {
     std::lock_guard lock(mutex);
@@ -95,10 +95,9 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
     p = &it->second;
   }
   dnnl::stream stream(cpu());
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(p->a, cpu(), const_cast<void*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, cpu(), const_cast<void*>(b))},
-      {DNNL_ARG_DST, dnnl::memory(p->c, cpu(), c)}};
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p->a, cpu(), const_cast<void*>(a))},
+                                             {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, cpu(), const_cast<void*>(b))},
+                                             {DNNL_ARG_DST, dnnl::memory(p->c, cpu(), c)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p->bias, cpu(), const_cast<void*>(bias)));
   p->matmul.execute(stream, args);
   stream.wait();

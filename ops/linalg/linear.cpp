@@ -113,19 +113,28 @@ constexpr const char* kMatmul16 = "16-bit matmul (oneDNN), fp32 accumulation";
 }  // namespace
 
 const OpDef kLinear{"linear", linear_cpu, linear_grad, linear_flops, kMatmul16, 0, matmul_16bit_available};
-const OpDef kLinearBackwardInput{"linear_backward_input", linear_backward_input_cpu, nullptr,
+const OpDef kLinearBackwardInput{"linear_backward_input",
+                                 linear_backward_input_cpu,
+                                 nullptr,
                                  [](const Graph& g, const Node& n) {
                                    const Shape& dys = g.value(n.inputs[0]).shape;
                                    const Shape& ws = g.value(n.inputs[1]).shape;
                                    return 2.0 * double(dys.rows()) * double(ws[0]) * double(ws[1]);
                                  },
-                                 kMatmul16, 0, matmul_16bit_available};
-const OpDef kLinearBackwardWeight{
-    "linear_backward_weight", linear_backward_weight_cpu, nullptr, [](const Graph& g, const Node& n) {
-      const Shape& dys = g.value(n.inputs[0]).shape;
-      return 2.0 * double(dys.rows()) * double(dys.last()) * double(g.value(n.inputs[1]).shape.last());
-    },
-    kMatmul16, 0, matmul_16bit_available};
+                                 kMatmul16,
+                                 0,
+                                 matmul_16bit_available};
+const OpDef kLinearBackwardWeight{"linear_backward_weight",
+                                  linear_backward_weight_cpu,
+                                  nullptr,
+                                  [](const Graph& g, const Node& n) {
+                                    const Shape& dys = g.value(n.inputs[0]).shape;
+                                    return 2.0 * double(dys.rows()) * double(dys.last()) *
+                                           double(g.value(n.inputs[1]).shape.last());
+                                  },
+                                  kMatmul16,
+                                  0,
+                                  matmul_16bit_available};
 
 ValueId linear(Graph& g, ValueId x, ValueId w, ValueId b, const std::string& name) {
   const Shape& xs = g.value(x).shape;

@@ -72,9 +72,12 @@ void cross_entropy_grad(GradBuilder& gb, const Node& node) {
 }  // namespace
 
 const OpDef kSoftmaxCrossEntropy{
-    "softmax_cross_entropy", cross_entropy_cpu, cross_entropy_grad,
+    "softmax_cross_entropy",
+    cross_entropy_cpu,
+    cross_entropy_grad,
     [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
-    "16-bit logits and their gradient, fp32 softmax and loss", 0b1};
+    "16-bit logits and their gradient, fp32 softmax and loss",
+    0b1};
 
 ValueId softmax_cross_entropy(Graph& g, ValueId logits, ValueId targets, double scale, const std::string& name) {
   const Shape& ls = g.value(logits).shape;

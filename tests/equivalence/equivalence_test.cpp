@@ -29,7 +29,8 @@ TEST(Accumulation, FourMicroBatchesOfEightEqualOneBatchOfThirtyTwo) {
 
 TEST(Accumulation, SixteenBitGradientsAccumulateInTheirOwnType) {
   // bf16 accumulation rounds each micro-batch's sum: close to fp32 accumulation, not equal to it.
-  auto fp32_sum = quickstart({"precision.mode=bf16", "train.micro_batch_size=4", "train.gradient_accumulation_steps=4"});
+  auto fp32_sum =
+      quickstart({"precision.mode=bf16", "train.micro_batch_size=4", "train.gradient_accumulation_steps=4"});
   auto bf16_sum = quickstart({"precision.mode=bf16", "precision.accumulation_dtype=bf16", "train.micro_batch_size=4",
                               "train.gradient_accumulation_steps=4"});
   testing::Run a = run(fp32_sum.recipe, 3), b = run(bf16_sum.recipe, 3);
@@ -78,7 +79,8 @@ TEST(Checkpointing, PoliciesSaveActivationMemoryAndCostRecompute) {
   CompiledStep full = plan_of({"activation_checkpointing.policy=full"});
   CompiledStep every = plan_of({"activation_checkpointing.policy=every_k", "activation_checkpointing.k=2"});
   CompiledStep selective = plan_of({"activation_checkpointing.policy=selective"});
-  CompiledStep offloaded = plan_of({"activation_checkpointing.policy=full", "activation_checkpointing.cpu_checkpointing=true"});
+  CompiledStep offloaded =
+      plan_of({"activation_checkpointing.policy=full", "activation_checkpointing.cpu_checkpointing=true"});
   EXPECT_EQ(none.recompute.cloned_nodes, 0);
   EXPECT_LT(full.train.arena_bytes, every.train.arena_bytes);
   EXPECT_LT(every.train.arena_bytes, none.train.arena_bytes);

@@ -30,24 +30,24 @@ TEST(LossScaler, GrowsAfterCleanStepsAndBacksOffWithHysteresis) {
   LossScaler s(dynamic_fp16(4, 3, 2, 4));
   EXPECT_EQ(s.scale(), 16);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(s.update(false), Outcome::applied);
-  EXPECT_EQ(s.scale(), 32);                        // grew after 3 clean steps
-  EXPECT_EQ(s.update(true), Outcome::skipped);     // first overflow spends the hysteresis
+  EXPECT_EQ(s.scale(), 32);                     // grew after 3 clean steps
+  EXPECT_EQ(s.update(true), Outcome::skipped);  // first overflow spends the hysteresis
   EXPECT_EQ(s.scale(), 32);
-  EXPECT_EQ(s.update(true), Outcome::skipped);     // second backs off
+  EXPECT_EQ(s.update(true), Outcome::skipped);  // second backs off
   EXPECT_EQ(s.scale(), 16);
-  EXPECT_EQ(s.update(true), Outcome::skipped);     // hysteresis is not refilled by a backoff
+  EXPECT_EQ(s.update(true), Outcome::skipped);  // hysteresis is not refilled by a backoff
   EXPECT_EQ(s.scale(), 8);
   for (int i = 0; i < 2; ++i) s.update(false);
-  EXPECT_EQ(s.scale(), 8);                         // the clean count restarted at the overflow
+  EXPECT_EQ(s.scale(), 8);  // the clean count restarted at the overflow
   s.update(false);
-  EXPECT_EQ(s.scale(), 16);                        // ... and growth refills the hysteresis
+  EXPECT_EQ(s.scale(), 16);  // ... and growth refills the hysteresis
   EXPECT_EQ(s.update(true), Outcome::skipped);
   EXPECT_EQ(s.scale(), 16);
   EXPECT_EQ(s.update(true), Outcome::skipped);
   EXPECT_EQ(s.scale(), 8);
   EXPECT_EQ(s.update(true), Outcome::skipped);
-  EXPECT_EQ(s.scale(), 4);                         // min_scale
-  EXPECT_EQ(s.update(true), Outcome::min_scale);   // nowhere left to go
+  EXPECT_EQ(s.scale(), 4);                        // min_scale
+  EXPECT_EQ(s.update(true), Outcome::min_scale);  // nowhere left to go
   EXPECT_EQ(s.skipped(), 7);
 }
 
@@ -74,36 +74,39 @@ TEST(LossScaler, Fp32AndBf16DoNotScale) {
 // schedule untouched) and the run continues as if it had never seen those batches. With a static
 // scale both runs scale every step alike, so the weights are equal to the last bit.
 TEST(LossScaling, InjectedOverflowsAreSkippedAsIfTheBatchesWereNeverSeen) {
-  auto loaded = testing::quickstart({"precision.mode=fp16", "precision.loss_scaling=static",
-                                     "precision.static_scale=4096", "scheduler.warmup_steps=4",
-                                     "train.micro_batch_size=4"});
+  auto loaded =
+      testing::quickstart({"precision.mode=fp16", "precision.loss_scaling=static", "precision.static_scale=4096",
+                           "scheduler.warmup_steps=4", "train.micro_batch_size=4"});
   const std::set<int64_t> poisoned{2, 3, 7};
   testing::Run injected = testing::run(loaded.recipe, 12, poisoned);
-  for (int64_t step = 0; step < 12; ++step) EXPECT_EQ(injected.skipped[size_t(step)], poisoned.count(step) == 1) << step;
+  for (int64_t step = 0; step < 12; ++step)
+    EXPECT_EQ(injected.skipped[size_t(step)], poisoned.count(step) == 1) << step;
   testing::Run clean = testing::run(loaded.recipe, 9, {}, poisoned);
   ASSERT_EQ(clean.weights.size(), injected.weights.size());
-  for (size_t p = 0; p < clean.weights.size(); ++p) EXPECT_EQ(injected.weights[p], clean.weights[p]) << "parameter " << p;
+  for (size_t p = 0; p < clean.weights.size(); ++p)
+    EXPECT_EQ(injected.weights[p], clean.weights[p]) << "parameter " << p;
 }
 
 // The dynamic scale backs off and regrows as specified around the same injected overflows. (A clean
 // run never backs off, so its fp16 gradients round at other scales and its weights differ by fp16
 // rounding; the static-scale test above is the bit-exact comparison.)
 TEST(LossScaling, DynamicScaleBacksOffAndRegrowsAroundInjectedOverflows) {
-  auto loaded = testing::quickstart({"precision.mode=fp16", "precision.initial_scale_power=12",
-                                     "precision.growth_interval=3", "precision.hysteresis=2",
-                                     "scheduler.warmup_steps=4", "train.micro_batch_size=4"});
+  auto loaded =
+      testing::quickstart({"precision.mode=fp16", "precision.initial_scale_power=12", "precision.growth_interval=3",
+                           "precision.hysteresis=2", "scheduler.warmup_steps=4", "train.micro_batch_size=4"});
   const std::set<int64_t> poisoned{2, 3, 7};
   testing::Run injected = testing::run(loaded.recipe, 12, poisoned);
   // 2: hysteresis spent; 3: back off; 4-6 clean: grow (hysteresis refilled); 7: hysteresis spent;
   // 8-10 clean: grow.
   const std::vector<double> expected_scales{4096, 4096, 4096, 4096, 2048, 2048, 2048, 4096, 4096, 4096, 4096, 8192};
   EXPECT_EQ(injected.loss_scales, expected_scales);
-  for (int64_t step = 0; step < 12; ++step) EXPECT_EQ(injected.skipped[size_t(step)], poisoned.count(step) == 1) << step;
+  for (int64_t step = 0; step < 12; ++step)
+    EXPECT_EQ(injected.skipped[size_t(step)], poisoned.count(step) == 1) << step;
 }
 
 TEST(LossScaling, OverflowAtTheMinimumScaleAbortsWithAdvice) {
-  auto loaded = testing::quickstart({"precision.mode=fp16", "precision.initial_scale_power=0",
-                                     "precision.hysteresis=1", "precision.min_scale=1"});
+  auto loaded = testing::quickstart(
+      {"precision.mode=fp16", "precision.initial_scale_power=0", "precision.hysteresis=1", "precision.min_scale=1"});
   try {
     testing::run(loaded.recipe, 3, {1});
     FAIL() << "expected the run to stop";
@@ -114,9 +117,8 @@ TEST(LossScaling, OverflowAtTheMinimumScaleAbortsWithAdvice) {
 }
 
 TEST(LossScaling, OverflowAtTheMinimumScaleCanFallBackToBf16) {
-  auto loaded = testing::quickstart({"precision.mode=fp16", "precision.initial_scale_power=0",
-                                     "precision.hysteresis=1", "precision.min_scale=1",
-                                     "precision.on_min_scale=fallback"});
+  auto loaded = testing::quickstart({"precision.mode=fp16", "precision.initial_scale_power=0", "precision.hysteresis=1",
+                                     "precision.min_scale=1", "precision.on_min_scale=fallback"});
   testing::Run r = testing::run(loaded.recipe, 30, {1});
   EXPECT_TRUE(r.skipped[1]);
   for (size_t s = 2; s < r.losses.size(); ++s) {

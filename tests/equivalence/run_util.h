@@ -49,11 +49,14 @@ inline Run run(const recipe::Recipe& r, int64_t steps, const std::set<int64_t>& 
         }
       if (poison_steps.count(step)) session.store.grad(0)[0] = step % 2 ? NAN : INFINITY;
     };
-    auto result = session.train_step(step, [&] {
-      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
-      session.data->fill(Split::train, index++, batch);
-      return batch;
-    }, step_hooks);
+    auto result = session.train_step(
+        step,
+        [&] {
+          Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+          session.data->fill(Split::train, index++, batch);
+          return batch;
+        },
+        step_hooks);
     out.losses.push_back(result.loss);
     out.grad_norms.push_back(result.grad_norm);
     out.loss_scales.push_back(result.loss_scale);

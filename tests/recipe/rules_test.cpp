@@ -198,9 +198,9 @@ TEST(Precision, GradientsAccumulateInFp32OrTheModesType) {
 }
 
 TEST(ActivationCheckpointing, KAndOffloadApplyOnlyToTheirPolicies) {
-  auto errors =
-      recipe(std::string(kPrecisionBase) + "activation_checkpointing: {policy: selective, k: 3, cpu_checkpointing: true}\n")
-          .errors();
+  auto errors = recipe(std::string(kPrecisionBase) +
+                       "activation_checkpointing: {policy: selective, k: 3, cpu_checkpointing: true}\n")
+                    .errors();
   ASSERT_EQ(errors.size(), 2u);
   EXPECT_EQ(errors[0].key, "activation_checkpointing.k");
   EXPECT_EQ(errors[1].key, "activation_checkpointing.cpu_checkpointing");

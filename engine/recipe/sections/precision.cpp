@@ -10,12 +10,12 @@ const std::vector<std::pair<std::string, GradientDType>> kGradientDTypes = {
 }  // namespace
 
 void declare_precision(Schema& schema) {
-  auto precision = schema.section(
-      "precision", &Recipe::precision,
-      "Numeric precision of the step. In bf16 and fp16 the forward and backward store parameter copies, "
-      "activations and their gradients in 16 bits; master weights and optimizer state stay fp32, and "
-      "softmax, normalisation statistics, the loss and reductions accumulate in fp32. `engine plan` "
-      "prints which op runs in which precision.");
+  auto precision =
+      schema.section("precision", &Recipe::precision,
+                     "Numeric precision of the step. In bf16 and fp16 the forward and backward store parameter copies, "
+                     "activations and their gradients in 16 bits; master weights and optimizer state stay fp32, and "
+                     "softmax, normalisation statistics, the loss and reductions accumulate in fp32. `engine plan` "
+                     "prints which op runs in which precision.");
   precision.key("mode", &PrecisionSection::mode)
       .choices({{"fp32", PrecisionMode::fp32}, {"bf16", PrecisionMode::bf16}, {"fp16", PrecisionMode::fp16}})
       .def(PrecisionMode::fp32)
