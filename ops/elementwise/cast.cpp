@@ -1,19 +1,10 @@
 #include "elementwise/cast.h"
 
+#include "core/convert.h"
+
 namespace engine::ops {
 
 namespace {
-
-float load(const void* data, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::bf16:
-      return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::f16:
-      return f16_to_float(static_cast<const uint16_t*>(data)[i]);
-    default:
-      return static_cast<const float*>(data)[i];
-  }
-}
 
 void cast_cpu(const Node& node, const KernelContext& ctx) {
   const Tensor in = ctx.tensor(node.inputs[0]);
@@ -25,8 +16,8 @@ void cast_cpu(const Node& node, const KernelContext& ctx) {
   const DType from = in.dtype, to = out.dtype;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float v = load(x, from, i);
-    if (accumulate) v += load(y, to, i);
+    float v = load_float(x, from, i);
+    if (accumulate) v += load_float(y, to, i);
     switch (to) {
       case DType::bf16:
         static_cast<uint16_t*>(y)[i] = float_to_bf16(v);
