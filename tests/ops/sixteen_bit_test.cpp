@@ -1,0 +1,87 @@
+// 16-bit paths: the bulk conversions against the scalar ones, and oneDNN's 16-bit matmul (every
+// transpose, bias, accumulation, fp32 and bf16 results) against a double-precision product of the
+// same rounded operands.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/convert.h"
+#include "linalg/gemm16.h"
+
+namespace engine {
+namespace {
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> out(n);
+  for (auto& v : out) v = float_to_bf16(normal(rng));
+  return out;
+}
+
+TEST(Convert, BulkConversionsMatchTheScalarOnesBitForBit) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0, 1e3f);
+  std::vector<float> values(1037);
+  for (auto& v : values) v = normal(rng);
+  values[0] = INFINITY, values[1] = -0.0f, values[2] = NAN, values[3] = 1e-40f, values[4] = 70000.0f;
+  for (DType type : {DType::bf16, DType::f16}) {
+    std::vector<uint16_t> bulk(values.size());
+    narrow(values.data(), bulk.data(), type, int64_t(values.size()));
+    std::vector<float> back(values.size()), added(values.size(), 1.0f);
+    widen(bulk.data(), type, back.data(), int64_t(values.size()));
+    widen(bulk.data(), type, added.data(), int64_t(values.size()), true);
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint16_t scalar = type == DType::bf16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+      float widened = type == DType::bf16 ? bf16_to_float(scalar) : f16_to_float(scalar);
+      if (std::isnan(values[i])) {
+        EXPECT_TRUE(std::isnan(back[i]));
+        continue;
+      }
+      EXPECT_EQ(bulk[i], scalar) << dtype_name(type) << " " << values[i];
+      EXPECT_EQ(back[i], widened);
+      EXPECT_EQ(added[i], 1.0f + widened);
+    }
+  }
+}
+
+TEST(Gemm16, MatchesADoubleProductOfTheRoundedOperands) {
+  if (!ops::matmul_16bit_available(DType::bf16)) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  std::mt19937 rng(7);
+  const int64_t m = 37, n = 29, k = 53;
+  for (bool transa : {false, true})
+    for (bool transb : {false, true})
+      for (bool accumulate : {false, true})
+        for (DType result : {DType::f32, DType::bf16}) {
+          auto a = random_bf16(size_t(m * k), rng), b = random_bf16(size_t(k * n), rng),
+               bias = random_bf16(size_t(n), rng);
+          const int64_t lda = transa ? m : k, ldb = transb ? k : n;
+          auto at = [&](int64_t i, int64_t p) {
+            return bf16_to_float(transa ? a[size_t(p * m + i)] : a[size_t(i * k + p)]);
+          };
+          auto bt = [&](int64_t p, int64_t j) {
+            return bf16_to_float(transb ? b[size_t(j * k + p)] : b[size_t(p * n + j)]);
+          };
+          std::vector<float> c32(size_t(m * n), 0.5f);
+          std::vector<uint16_t> c16(size_t(m * n), float_to_bf16(0.5f));
+          void* c = result == DType::f32 ? static_cast<void*>(c32.data()) : static_cast<void*>(c16.data());
+          ops::gemm16({transa, transb, m, n, k, lda, ldb, n, DType::bf16, result, accumulate}, a.data(), b.data(),
+                      accumulate ? nullptr : bias.data(), c);
+          double worst = 0;
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double want = accumulate ? 0.5 : double(bf16_to_float(bias[size_t(j)]));
+              for (int64_t p = 0; p < k; ++p) want += double(at(i, p)) * double(bt(p, j));
+              double got = result == DType::f32 ? c32[size_t(i * n + j)] : bf16_to_float(c16[size_t(i * n + j)]);
+              worst = std::max(worst, std::abs(got - want) / (1 + std::abs(want)));
+            }
+          // fp32 accumulation: 1e-5; a bf16 result adds its own rounding (2^-8 relative).
+          EXPECT_LT(worst, result == DType::f32 ? 1e-5 : 8e-3)
+              << "transa " << transa << " transb " << transb << " accumulate " << accumulate << " result "
+              << dtype_name(result);
+        }
+}
+
+}  // namespace
+}  // namespace engine
