@@ -56,7 +56,7 @@ class PluginError : public UserError {
 struct TrainState {
   static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
   int64_t step = 0;
-  int64_t epoch = 0;   // passes over the training data completed
+  int64_t epoch = 0;   // passes over the training data completed (0: the sources are endless streams)
   int64_t tokens = 0;  // tokens (or samples) seen by training so far
   double loss = kNone;
   double lr = kNone;

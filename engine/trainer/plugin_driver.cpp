@@ -51,9 +51,8 @@ void PluginDriver::apply(lua::PluginActions actions, int64_t step) {
   for (const auto& line : actions.log) note_(line);
   for (auto& metric : actions.metrics) step_metrics_.push_back(std::move(metric));
   if (actions.set_lr) {
+    // Recorded in metrics.jsonl, not printed: a plugin may set the rate every step.
     lr_override_ = *actions.set_lr;
-    note_("step " + std::to_string(step + 1) + ": learning rate " +
-          (lr_override_ ? "set to " + std::to_string(*lr_override_) : std::string("back to the schedule")));
     record({{"step", step + 1}, {"event", "set_lr"}, {"lr", lr_override_ ? Json(*lr_override_) : Json()}});
   }
   if (actions.checkpoint) checkpoint_ = true;

@@ -64,6 +64,8 @@ const Attack kAttacks[] = {
     {"randomseed_clock", "math.randomseed()", "bad argument #1 to 'randomseed'"},
 };
 
+void PrintTo(const Attack& attack, std::ostream* out) { *out << attack.name; }
+
 class Escape : public ::testing::TestWithParam<Attack> {};
 
 TEST_P(Escape, IsStoppedWithAClearMessage) {
@@ -96,7 +98,7 @@ TEST(LuaLimits, BudgetIsPerCall) {
 // Memory freed is memory available again: the cap is on live allocations.
 TEST(LuaLimits, MemoryCapIsOnLiveMemory) {
   auto plugin =
-      load_plugin("function on_step_start(state) for i = 1, 20 do local s = string.rep('x', 8 << 20) end end");
+      load_plugin("function on_step_start(state) for i = 1, 10 do local s = string.rep('x', 4 << 20) end end");
   for (int i = 0; i < 3; ++i) plugin->on_step_start({});
 }
 
