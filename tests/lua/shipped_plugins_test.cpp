@@ -253,3 +253,28 @@ TEST(PluginsInTraining, AFailingHookDoesNotHalfApplyTheStep) {
 
 }  // namespace
 }  // namespace engine::lua
+
+namespace engine::lua {
+namespace {
+
+std::string run_command(const std::string& command) {
+  std::string output;
+  FILE* pipe = popen(("(" + command + ") 2>&1").c_str(), "r");
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  pclose(pipe);
+  return output;
+}
+
+TEST(PluginInfoCommand, PrintsDescriptionHooksAndParameters) {
+  std::string out = run_command(std::string(ENGINE_BINARY) + " plugin info " + kSource + "/plugins/early_stopping.lua");
+  EXPECT_NE(out.find("Stops the run when an evaluation metric has not improved"), std::string::npos) << out;
+  EXPECT_NE(out.find("hooks: on_eval"), std::string::npos) << out;
+  EXPECT_NE(out.find("patience         an integer >= 1              default 5"), std::string::npos) << out;
+  std::string broken = run_command(std::string(ENGINE_BINARY) + " plugin info /nonexistent.lua; echo status $?");
+  EXPECT_NE(broken.find("file not found"), std::string::npos) << broken;
+  EXPECT_NE(broken.find("status 2"), std::string::npos) << broken;
+}
+
+}  // namespace
+}  // namespace engine::lua
