@@ -1,10 +1,18 @@
 #include "elementwise/add.h"
 
+#include "elementwise/chunked.h"
+
 namespace engine::ops {
 
 namespace {
 
 void add_cpu(const Node& node, const KernelContext& ctx) {
+  if (!all_f32(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}))
+    return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {false},
+                                ctx.shape(node.inputs[0]).numel(),
+                                [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  for (int64_t i = 0; i < count; ++i) out[0][i] = in[0][i] + in[1][i];
+                                });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
@@ -22,7 +30,7 @@ void add_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kAdd{"add", add_cpu, add_grad, elementwise_flops};
+const OpDef kAdd{"add", add_cpu, add_grad, elementwise_flops, "fp32 on 16-bit chunks widened in cache"};
 
 ValueId add(Graph& g, ValueId a, ValueId b, const std::string& name) {
   if (g.value(a).shape != g.value(b).shape)

@@ -1,11 +1,20 @@
 #include "nn/activation.h"
 
+#include "elementwise/chunked.h"
+
 namespace engine::ops {
 
 namespace {
 
+constexpr const char* kChunked16 = "fp32 on 16-bit chunks widened in cache";
+
 template <class F>
 void unary_cpu(const Node& node, const KernelContext& ctx) {
+  if (!all_f32(ctx, {node.inputs[0], node.outputs[0]}))
+    return for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {false}, ctx.shape(node.inputs[0]).numel(),
+                                [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  for (int64_t i = 0; i < count; ++i) out[0][i] = F::forward(in[0][i]);
+                                });
   const float* x = ctx.f32(node.inputs[0]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
@@ -16,6 +25,12 @@ void unary_cpu(const Node& node, const KernelContext& ctx) {
 // inputs x, dy; output dx
 template <class F>
 void unary_backward_cpu(const Node& node, const KernelContext& ctx) {
+  if (!all_f32(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}))
+    return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {ctx.accumulates(node, 0)},
+                                ctx.shape(node.inputs[0]).numel(),
+                                [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  for (int64_t i = 0; i < count; ++i) out[0][i] = F::derivative(in[0][i]) * in[1][i];
+                                });
   const float* x = ctx.f32(node.inputs[0]);
   const float* dy = ctx.f32(node.inputs[1]);
   float* dx = ctx.f32(node.outputs[0]);
@@ -44,6 +59,12 @@ ValueId unary(Graph& g, const OpDef& op, ValueId x, const std::string& name) {
 }
 
 void swiglu_cpu(const Node& node, const KernelContext& ctx) {
+  if (!all_f32(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}))
+    return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {false},
+                                ctx.shape(node.inputs[0]).numel(),
+                                [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  for (int64_t i = 0; i < count; ++i) out[0][i] = Silu::forward(in[0][i]) * in[1][i];
+                                });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
@@ -54,12 +75,21 @@ void swiglu_cpu(const Node& node, const KernelContext& ctx) {
 
 // inputs a, b, dy; outputs da, db (each written or accumulated per its own target)
 void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
+  bool acc_a = node.attrs.ints[0] != 0, acc_b = node.attrs.ints[1] != 0;
+  if (!all_f32(ctx, {node.inputs[0], node.inputs[1], node.inputs[2], node.outputs[0], node.outputs[1]}))
+    return for_each_chunk<3, 2>(ctx, {node.inputs[0], node.inputs[1], node.inputs[2]},
+                                {node.outputs[0], node.outputs[1]}, {acc_a, acc_b}, ctx.shape(node.inputs[0]).numel(),
+                                [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  for (int64_t i = 0; i < count; ++i) {
+                                    out[0][i] = Silu::derivative(in[0][i]) * in[1][i] * in[2][i];
+                                    out[1][i] = Silu::forward(in[0][i]) * in[2][i];
+                                  }
+                                });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   const float* dy = ctx.f32(node.inputs[2]);
   float* da = ctx.f32(node.outputs[0]);
   float* db = ctx.f32(node.outputs[1]);
-  bool acc_a = node.attrs.ints[0] != 0, acc_b = node.attrs.ints[1] != 0;
   int64_t n = ctx.shape(node.inputs[0]).numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -86,14 +116,14 @@ void swiglu_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kGelu{"gelu", unary_cpu<Gelu>, unary_grad<&kGeluBackward>, elementwise_flops};
-const OpDef kGeluBackward{"gelu_backward", unary_backward_cpu<Gelu>, nullptr, elementwise_flops};
-const OpDef kRelu{"relu", unary_cpu<Relu>, unary_grad<&kReluBackward>, elementwise_flops};
-const OpDef kReluBackward{"relu_backward", unary_backward_cpu<Relu>, nullptr, elementwise_flops};
-const OpDef kSilu{"silu", unary_cpu<Silu>, unary_grad<&kSiluBackward>, elementwise_flops};
-const OpDef kSiluBackward{"silu_backward", unary_backward_cpu<Silu>, nullptr, elementwise_flops};
-const OpDef kSwiglu{"swiglu", swiglu_cpu, swiglu_grad, elementwise_flops};
-const OpDef kSwigluBackward{"swiglu_backward", swiglu_backward_cpu, nullptr, elementwise_flops};
+const OpDef kGelu{"gelu", unary_cpu<Gelu>, unary_grad<&kGeluBackward>, elementwise_flops, kChunked16};
+const OpDef kGeluBackward{"gelu_backward", unary_backward_cpu<Gelu>, nullptr, elementwise_flops, kChunked16};
+const OpDef kRelu{"relu", unary_cpu<Relu>, unary_grad<&kReluBackward>, elementwise_flops, kChunked16};
+const OpDef kReluBackward{"relu_backward", unary_backward_cpu<Relu>, nullptr, elementwise_flops, kChunked16};
+const OpDef kSilu{"silu", unary_cpu<Silu>, unary_grad<&kSiluBackward>, elementwise_flops, kChunked16};
+const OpDef kSiluBackward{"silu_backward", unary_backward_cpu<Silu>, nullptr, elementwise_flops, kChunked16};
+const OpDef kSwiglu{"swiglu", swiglu_cpu, swiglu_grad, elementwise_flops, kChunked16};
+const OpDef kSwigluBackward{"swiglu_backward", swiglu_backward_cpu, nullptr, elementwise_flops, kChunked16};
 
 ValueId gelu(Graph& g, ValueId x, const std::string& name) { return unary(g, kGelu, x, name); }
 ValueId relu(Graph& g, ValueId x, const std::string& name) { return unary(g, kRelu, x, name); }

@@ -1,10 +1,41 @@
 #include "nn/layernorm.h"
 
 #include <cmath>
+#include <vector>
+
+#include "core/convert.h"
 
 namespace engine::ops {
 
 namespace {
+
+// Rows of a value in f32: the stored row itself, or (16-bit storage) the row widened into `buffer`.
+struct Rows {
+  const std::byte* data;
+  DType type;
+  int64_t width;
+  const float* row(int64_t r, std::vector<float>& buffer) const {
+    if (type == DType::f32) return reinterpret_cast<const float*>(data) + r * width;
+    widen(data + r * width * 2, type, buffer.data(), width);
+    return buffer.data();
+  }
+  float at(int64_t i) const { return load_float(data, type, i); }
+};
+Rows rows_of(const KernelContext& ctx, ValueId id, int64_t width) {
+  return {static_cast<const std::byte*>(ctx.data(id)), ctx.dtype(id), width};
+}
+// A whole (small) vector in f32: norm weights and shifts.
+std::vector<float> widened(const KernelContext& ctx, ValueId id) {
+  std::vector<float> out(static_cast<size_t>(ctx.shape(id).numel()));
+  widen(ctx.data(id), ctx.dtype(id), out.data(), int64_t(out.size()));
+  return out;
+}
+// Adds `v` to element i of a value stored in any float type.
+void add_to(const KernelContext& ctx, ValueId id, int64_t i, float v) {
+  const DType type = ctx.dtype(id);
+  float total = load_float(ctx.data(id), type, i) + v;
+  narrow(&total, static_cast<std::byte*>(ctx.data(id)) + i * int64_t(dtype_size(type)), type, 1);
+}
 
 // Shared by both norms: attrs.ints[0] = 1 for rmsnorm (no mean, no shift); attrs.ints[1] = 1 when
 // a layernorm has a shift (GPT-2 with bias: false has none).
@@ -17,33 +48,40 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
   int64_t rows = xs.rows(), c = xs.last();
   bool rms = is_rms(node);
   double eps = node.attrs.floats[0];
-  const float* x = ctx.f32(node.inputs[0]);
-  const float* w = ctx.f32(node.inputs[1]);
-  const float* b = has_shift(node) ? ctx.f32(node.inputs[2]) : nullptr;
-  float* y = ctx.f32(node.outputs[0]);
+  const Rows x = rows_of(ctx, node.inputs[0], c);
+  const std::vector<float> weight = widened(ctx, node.inputs[1]);
+  const std::vector<float> shift = has_shift(node) ? widened(ctx, node.inputs[2]) : std::vector<float>{};
+  const float* w = weight.data();
+  const float* b = has_shift(node) ? shift.data() : nullptr;
+  const DType y_type = ctx.dtype(node.outputs[0]);
   float* mean_out = ctx.f32(node.outputs[1]);
   float* rstd_out = ctx.f32(node.outputs[2]);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * c;
-    double mean = 0;
-    if (!rms) {
-      for (int64_t i = 0; i < c; ++i) mean += xr[i];
-      mean /= double(c);
+#pragma omp parallel
+  {
+    std::vector<float> x_buffer(static_cast<size_t>(c)), y_buffer(static_cast<size_t>(c));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.row(r, x_buffer);
+      double mean = 0;
+      if (!rms) {
+        for (int64_t i = 0; i < c; ++i) mean += xr[i];
+        mean /= double(c);
+      }
+      double var = 0;
+      for (int64_t i = 0; i < c; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+      var /= double(c);
+      float rstd = float(1.0 / std::sqrt(var + eps));
+      float m = float(mean);
+      float* yr = y_type == DType::f32 ? ctx.f32(node.outputs[0]) + r * c : y_buffer.data();
+      if (rms) {
+        for (int64_t i = 0; i < c; ++i) yr[i] = xr[i] * rstd * w[i];
+      } else {
+        for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - m) * rstd * w[i] + (b ? b[i] : 0.0f);
+      }
+      if (y_type != DType::f32) narrow(yr, static_cast<std::byte*>(ctx.data(node.outputs[0])) + r * c * 2, y_type, c);
+      mean_out[r] = m;
+      rstd_out[r] = rstd;
     }
-    double var = 0;
-    for (int64_t i = 0; i < c; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= double(c);
-    float rstd = float(1.0 / std::sqrt(var + eps));
-    float m = float(mean);
-    float* yr = y + r * c;
-    if (rms) {
-      for (int64_t i = 0; i < c; ++i) yr[i] = xr[i] * rstd * w[i];
-    } else {
-      for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - m) * rstd * w[i] + (b ? b[i] : 0.0f);
-    }
-    mean_out[r] = m;
-    rstd_out[r] = rstd;
   }
 }
 
@@ -52,48 +90,56 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& xs = ctx.shape(node.inputs[1]);
   int64_t rows = xs.rows(), c = xs.last();
   bool rms = is_rms(node);
-  const float* dy = ctx.f32(node.inputs[0]);
-  const float* x = ctx.f32(node.inputs[1]);
-  const float* w = ctx.f32(node.inputs[2]);
+  const Rows dy = rows_of(ctx, node.inputs[0], c);
+  const Rows x = rows_of(ctx, node.inputs[1], c);
+  const std::vector<float> weight = widened(ctx, node.inputs[2]);
+  const float* w = weight.data();
   const float* mean = ctx.f32(node.inputs[3]);
   const float* rstd = ctx.f32(node.inputs[4]);
-  float* dx = ctx.f32(node.outputs[0]);
+  const DType dx_type = ctx.dtype(node.outputs[0]);
   bool accumulate_dx = ctx.accumulates(node, 0);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* dyr = dy + r * c;
-    const float* xr = x + r * c;
-    float m = mean[r], s = rstd[r];
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (rms: no mean(g) term)
-    double mean_g = 0, mean_gx = 0;
-    for (int64_t i = 0; i < c; ++i) {
-      double g = double(dyr[i]) * w[i];
-      double xhat = (xr[i] - m) * s;
-      mean_g += g;
-      mean_gx += g * xhat;
-    }
-    mean_g = rms ? 0.0 : mean_g / double(c);
-    mean_gx /= double(c);
-    float* dxr = dx + r * c;
-    for (int64_t i = 0; i < c; ++i) {
-      double g = double(dyr[i]) * w[i];
-      double xhat = (xr[i] - m) * s;
-      float v = float(s * (g - mean_g - xhat * mean_gx));
-      dxr[i] = accumulate_dx ? dxr[i] + v : v;
+#pragma omp parallel
+  {
+    std::vector<float> dy_buffer(static_cast<size_t>(c)), x_buffer(static_cast<size_t>(c)),
+        dx_buffer(static_cast<size_t>(c));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dy.row(r, dy_buffer);
+      const float* xr = x.row(r, x_buffer);
+      float m = mean[r], s = rstd[r];
+      // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (rms: no mean(g) term)
+      double mean_g = 0, mean_gx = 0;
+      for (int64_t i = 0; i < c; ++i) {
+        double g = double(dyr[i]) * w[i];
+        double xhat = (xr[i] - m) * s;
+        mean_g += g;
+        mean_gx += g * xhat;
+      }
+      mean_g = rms ? 0.0 : mean_g / double(c);
+      mean_gx /= double(c);
+      auto* dx_row = static_cast<std::byte*>(ctx.data(node.outputs[0])) + r * c * int64_t(dtype_size(dx_type));
+      float* dxr = dx_type == DType::f32 ? reinterpret_cast<float*>(dx_row) : dx_buffer.data();
+      if (dx_type != DType::f32 && accumulate_dx) widen(dx_row, dx_type, dxr, c);
+      for (int64_t i = 0; i < c; ++i) {
+        double g = double(dyr[i]) * w[i];
+        double xhat = (xr[i] - m) * s;
+        float v = float(s * (g - mean_g - xhat * mean_gx));
+        dxr[i] = accumulate_dx ? dxr[i] + v : v;
+      }
+      if (dx_type != DType::f32) narrow(dxr, dx_row, dx_type, c);
     }
   }
-  float* dw = ctx.f32(node.outputs[1]);
-  float* db = has_shift(node) ? ctx.f32(node.outputs[2]) : nullptr;
+  const bool shift = has_shift(node);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < c; ++i) {
     double sw = 0, sb = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      double d = dy[r * c + i];
-      sw += d * (x[r * c + i] - mean[r]) * rstd[r];
+      double d = dy.at(r * c + i);
+      sw += d * (x.at(r * c + i) - mean[r]) * rstd[r];
       sb += d;
     }
-    dw[i] += float(sw);
-    if (db) db[i] += float(sb);
+    add_to(ctx, node.outputs[1], i, float(sw));
+    if (shift) add_to(ctx, node.outputs[2], i, float(sb));
   }
 }
 
@@ -128,12 +174,14 @@ ValueId norm(Graph& g, const OpDef& op, ValueId x, ValueId w, ValueId b, double 
 
 double norm_flops(const Graph& g, const Node& n) { return 8.0 * double(g.value(n.inputs[0]).shape.numel()); }
 
+constexpr const char* kRows16 = "fp32 on 16-bit rows widened in cache";
+
 }  // namespace
 
-const OpDef kLayerNorm{"layernorm", norm_cpu, norm_grad, norm_flops, nullptr, 0b110};  // mean, rstd in fp32
-const OpDef kLayerNormBackward{"layernorm_backward", norm_backward_cpu, nullptr, norm_flops};
-const OpDef kRmsNorm{"rmsnorm", norm_cpu, norm_grad, norm_flops, nullptr, 0b110};
-const OpDef kRmsNormBackward{"rmsnorm_backward", norm_backward_cpu, nullptr, norm_flops};
+const OpDef kLayerNorm{"layernorm", norm_cpu, norm_grad, norm_flops, kRows16, 0b110};  // mean, rstd in fp32
+const OpDef kLayerNormBackward{"layernorm_backward", norm_backward_cpu, nullptr, norm_flops, kRows16};
+const OpDef kRmsNorm{"rmsnorm", norm_cpu, norm_grad, norm_flops, kRows16, 0b110};
+const OpDef kRmsNormBackward{"rmsnorm_backward", norm_backward_cpu, nullptr, norm_flops, kRows16};
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {
   return norm(g, kLayerNorm, x, w, b, eps, false, name);
