@@ -29,7 +29,7 @@ rows = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"loss"' in l]
 timed = [r for r in rows if r["step"] > 2]
 tps = sum(r["tokens_per_second"] for r in timed) / len(timed)
 summary = json.load(open(f"{run}/summary.json"))
-print(f"| engine {label:<28} | {arena / 2**20:10.0f} | {summary['peak_rss_bytes'] / 2**20:10.0f} | {4 * 256 / tps:8.2f} |")
+print(f"| engine {label:<31} | {arena / 2**20:10.0f} | {summary['peak_rss_bytes'] / 2**20:10.0f} | {4 * 256 / tps:8.2f} |")
 PY
 }
 
@@ -39,12 +39,12 @@ torch_row() {  # label, mode
   local tps rss
   tps=$(sed -n 's/^tokens_per_second=//p' <<< "$result")
   rss=$(sed -n 's/^peak_rss_bytes=//p' <<< "$result")
-  printf '| PyTorch %-27s | %10s | %10.0f | %8.2f |\n' "$1" "-" "$(echo "$rss / 1048576" | bc -l)" "$(echo "1024 / $tps" | bc -l)"
+  printf '| PyTorch %-30s | %10s | %10.0f | %8.2f |\n' "$1" "-" "$(echo "$rss / 1048576" | bc -l)" "$(echo "1024 / $tps" | bc -l)"
 }
 
 printf '\nGPT 12 layers, d_model 768, 12 heads, context 256, batch 4, vocab 50257, 2 threads, %s steps\n\n' "$steps"
-printf '| %-35s | %10s | %10s | %8s |\n' "run" "arena MiB" "peak MiB" "s/step"
-printf '|%s|%s|%s|%s|\n' "-------------------------------------" "------------" "------------" "----------"
+printf '| %-38s | %10s | %10s | %8s |\n' "run" "arena MiB" "peak MiB" "s/step"
+printf '|%s|%s|%s|%s|\n' "----------------------------------------" "------------" "------------" "----------"
 engine_row "fp32, no checkpointing"
 engine_row "fp32, selective" activation_checkpointing.policy=selective
 engine_row "fp32, every_k (k=2)" activation_checkpointing.policy=every_k activation_checkpointing.k=2
