@@ -1,5 +1,6 @@
 // 16-bit training against fp32 over 200 steps of the quick start. Its own executable: it is the
-// slowest equivalence test, so the sanitizer build leaves it out (label `slow`).
+// slowest equivalence test, so the sanitizer build leaves it out (label `equivalence_slow`, which
+// `ctest -L equivalence` still selects: labels are matched as regular expressions).
 #include <gtest/gtest.h>
 
 #include <cmath>
