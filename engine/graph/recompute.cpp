@@ -78,18 +78,15 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
   std::vector<Segment> segments = choose_segments(g, policy);
   for (Segment& s : segments) {
     std::set<size_t> members(s.nodes.begin(), s.nodes.end());
-    s.insert_at = total;
     for (size_t i : s.nodes)
       for (ValueId out : g.nodes()[i].outputs) {
         if (!is_activation(out)) continue;
         bool read_backward = false, read_outside = false;
         for (size_t r : readers[size_t(out)]) {
-          if (r >= forward) {
+          if (r >= forward)
             read_backward = true;
-            s.insert_at = std::min(s.insert_at, r);
-          } else if (!members.count(r)) {
+          else if (!members.count(r))
             read_outside = true;
-          }
         }
         // A block's output is the next block's kept input: it stays (full, every_k).
         if (read_backward && (selective || !read_outside)) s.recompute.insert(out);
@@ -107,7 +104,7 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
     }
     std::reverse(cloned.begin(), cloned.end());
     s.nodes = std::move(cloned);
-    // The first backward reader of a recomputed value may precede the first reader of the others.
+    // Clones go just before the first backward reader of any recomputed value.
     s.insert_at = total;
     for (ValueId v : s.recompute)
       for (size_t r : readers[size_t(v)])
