@@ -11,16 +11,20 @@ namespace {
 
 bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
+// Each distinct 16-bit value among the node's inputs and outputs, once (a value may be both). It
+// runs for every node of every step, so it allocates nothing: nodes have a handful of values.
 template <class Visit>
 void for_each_16bit_value(const Graph& graph, const Node& node, Visit&& visit) {
-  std::vector<ValueId> seen;
-  auto consider = [&](ValueId id) {
-    if (!is_16bit(graph.value(id).dtype) || std::find(seen.begin(), seen.end(), id) != seen.end()) return;
-    seen.push_back(id);
-    visit(id);
+  auto seen_before = [&](size_t position, ValueId id) {
+    for (size_t p = 0; p < position; ++p)
+      if ((p < node.inputs.size() ? node.inputs[p] : node.outputs[p - node.inputs.size()]) == id) return true;
+    return false;
   };
-  for (ValueId id : node.inputs) consider(id);
-  for (ValueId id : node.outputs) consider(id);
+  const size_t count = node.inputs.size() + node.outputs.size();
+  for (size_t p = 0; p < count; ++p) {
+    const ValueId id = p < node.inputs.size() ? node.inputs[p] : node.outputs[p - node.inputs.size()];
+    if (is_16bit(graph.value(id).dtype) && !seen_before(p, id)) visit(id);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "plan/plan.h"
 
+#include "graph/op.h"
+
 #include <algorithm>
 #include <numeric>
 
@@ -48,6 +50,8 @@ Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<
                    [&](size_t a, size_t b) { return value_bytes(values[a]) > value_bytes(values[b]); });
 
   Plan plan;
+  for (size_t index : nodes)
+    plan.scratch_bytes = std::max(plan.scratch_bytes, conversion_bytes(graph, graph.nodes()[index]));
   plan.nodes = std::move(nodes);
   plan.offsets.assign(values.size(), -1);
   struct Placed {

@@ -24,6 +24,7 @@ struct Plan {
   std::vector<int64_t> offsets;  // per ValueId: byte offset in the arena, -1 if not an activation of this plan
   int64_t arena_bytes = 0;
   int64_t unplaced_bytes = 0;  // sum of all activation sizes: what no reuse would cost
+  int64_t scratch_bytes = 0;   // f32 copies for kernels without a 16-bit path (graph/op.h)
   bool training = true;        // whether kernels run in training mode (dropout on)
 };
 

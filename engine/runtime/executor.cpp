@@ -23,9 +23,7 @@ Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed
 
 void Executor::add_plan(const std::string& name, Plan plan) {
   if (plan.arena_bytes > arena_.bytes()) arena_ = Buffer(plan.arena_bytes);
-  int64_t scratch = 0;
-  for (size_t index : plan.nodes) scratch = std::max(scratch, conversion_bytes(graph_, graph_.nodes()[index]));
-  if (scratch > scratch_.bytes()) scratch_ = Buffer(scratch);
+  if (plan.scratch_bytes > scratch_.bytes()) scratch_ = Buffer(plan.scratch_bytes);
   plans_[name] = std::move(plan);
 }
 
@@ -36,12 +34,8 @@ float* Executor::value_f32(const std::string& plan, ValueId id) {
 }
 
 void Executor::run_converted(const Node& node, KernelContext& ctx) {
-  struct Converted {
-    ValueId id;
-    void* original;
-    bool output;
-  };
-  std::vector<Converted> converted;
+  std::vector<Converted>& converted = converted_;  // reused: a step allocates nothing
+  converted.clear();
   std::byte* next = scratch_.data();
   auto convert = [&](ValueId id, bool output, bool load) {
     DType type = graph_.value(id).dtype;

@@ -46,6 +46,12 @@ class Executor {
   std::map<ValueId, Buffer> inputs_;  // and host values (cpu_checkpointing)
   Buffer arena_;
   Buffer scratch_;  // f32 copies of 16-bit values for kernels without a 16-bit path
+  struct Converted {
+    ValueId id;
+    void* original;
+    bool output;
+  };
+  std::vector<Converted> converted_;  // run_converted's list of the node being run
   void run_converted(const Node& node, KernelContext& ctx);
   bool profile_ = false;
   std::map<std::string, double> op_seconds_;

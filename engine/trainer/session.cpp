@@ -69,8 +69,7 @@ CompiledStep compile_step(const recipe::Recipe& r) {
   }
   if (compute_dtype(r) != DType::f32) m.copies += g.param_count() * 2;
   if (r.precision.accumulation_dtype != recipe::GradientDType::fp32) m.copies += g.param_count() * 2;
-  for (const Plan* plan : {&c.train, &c.eval})
-    for (size_t index : plan->nodes) m.scratch = std::max(m.scratch, conversion_bytes(g, g.nodes()[index]));
+  m.scratch = std::max(c.train.scratch_bytes, c.eval.scratch_bytes);
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
