@@ -7,6 +7,7 @@
 //   widen(grad16, DType::bf16, grad32, n, true);        // grad32[i] += float(grad16[i])
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -28,6 +29,12 @@ inline float load_float(const void* data, DType type, int64_t i) {
     default:
       return static_cast<const float*>(data)[i];
   }
+}
+
+// data[i] += v, in whatever float type data holds (a 16-bit sum is rounded once).
+inline void add_float(void* data, DType type, int64_t i, float v) {
+  float total = load_float(data, type, i) + v;
+  narrow(&total, static_cast<std::byte*>(data) + i * int64_t(dtype_size(type)), type, 1);
 }
 
 }  // namespace engine

@@ -69,8 +69,7 @@ void linear_backward_weight_cpu(const Node& node, const KernelContext& ctx) {
       for (int64_t j = 0; j < m; ++j) {
         double sum = 0;
         for (int64_t r = 0; r < rows; ++r) sum += load_float(dy, type, r * m + j);
-        float total = load_float(db, db_type, j) + float(sum);
-        narrow(&total, static_cast<std::byte*>(db) + j * int64_t(dtype_size(db_type)), db_type, 1);
+        add_float(db, db_type, j, float(sum));
       }
     }
     return;

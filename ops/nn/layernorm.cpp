@@ -20,21 +20,15 @@ struct Rows {
     return buffer.data();
   }
   float at(int64_t i) const { return load_float(data, type, i); }
+  // A buffer for row(): empty for f32, which reads in place.
+  std::vector<float> buffer() const { return std::vector<float>(type == DType::f32 ? 0 : static_cast<size_t>(width)); }
 };
 Rows rows_of(const KernelContext& ctx, ValueId id, int64_t width) {
   return {static_cast<const std::byte*>(ctx.data(id)), ctx.dtype(id), width};
 }
-// A whole (small) vector in f32: norm weights and shifts.
-std::vector<float> widened(const KernelContext& ctx, ValueId id) {
-  std::vector<float> out(static_cast<size_t>(ctx.shape(id).numel()));
-  widen(ctx.data(id), ctx.dtype(id), out.data(), int64_t(out.size()));
-  return out;
-}
-// Adds `v` to element i of a value stored in any float type.
-void add_to(const KernelContext& ctx, ValueId id, int64_t i, float v) {
-  const DType type = ctx.dtype(id);
-  float total = load_float(ctx.data(id), type, i) + v;
-  narrow(&total, static_cast<std::byte*>(ctx.data(id)) + i * int64_t(dtype_size(type)), type, 1);
+// Where a kernel writes an output row before rounding it: in place for f32, else a buffer.
+std::vector<float> output_buffer(DType type, int64_t width) {
+  return std::vector<float>(type == DType::f32 ? 0 : static_cast<size_t>(width));
 }
 
 // Shared by both norms: attrs.ints[0] = 1 for rmsnorm (no mean, no shift); attrs.ints[1] = 1 when
@@ -49,16 +43,17 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
   bool rms = is_rms(node);
   double eps = node.attrs.floats[0];
   const Rows x = rows_of(ctx, node.inputs[0], c);
-  const std::vector<float> weight = widened(ctx, node.inputs[1]);
-  const std::vector<float> shift = has_shift(node) ? widened(ctx, node.inputs[2]) : std::vector<float>{};
-  const float* w = weight.data();
-  const float* b = has_shift(node) ? shift.data() : nullptr;
+  // The scale and shift are one row each (their 16-bit copies are widened once per call).
+  const Rows weight = rows_of(ctx, node.inputs[1], c), shift = rows_of(ctx, node.inputs[has_shift(node) ? 2 : 1], c);
+  std::vector<float> weight_buffer = weight.buffer(), shift_buffer = shift.buffer();
+  const float* w = weight.row(0, weight_buffer);
+  const float* b = has_shift(node) ? shift.row(0, shift_buffer) : nullptr;
   const DType y_type = ctx.dtype(node.outputs[0]);
   float* mean_out = ctx.f32(node.outputs[1]);
   float* rstd_out = ctx.f32(node.outputs[2]);
 #pragma omp parallel
   {
-    std::vector<float> x_buffer(static_cast<size_t>(c)), y_buffer(static_cast<size_t>(c));
+    std::vector<float> x_buffer = x.buffer(), y_buffer = output_buffer(y_type, c);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.row(r, x_buffer);
@@ -92,16 +87,16 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
   bool rms = is_rms(node);
   const Rows dy = rows_of(ctx, node.inputs[0], c);
   const Rows x = rows_of(ctx, node.inputs[1], c);
-  const std::vector<float> weight = widened(ctx, node.inputs[2]);
-  const float* w = weight.data();
+  const Rows weight = rows_of(ctx, node.inputs[2], c);
+  std::vector<float> weight_buffer = weight.buffer();
+  const float* w = weight.row(0, weight_buffer);
   const float* mean = ctx.f32(node.inputs[3]);
   const float* rstd = ctx.f32(node.inputs[4]);
   const DType dx_type = ctx.dtype(node.outputs[0]);
   bool accumulate_dx = ctx.accumulates(node, 0);
 #pragma omp parallel
   {
-    std::vector<float> dy_buffer(static_cast<size_t>(c)), x_buffer(static_cast<size_t>(c)),
-        dx_buffer(static_cast<size_t>(c));
+    std::vector<float> dy_buffer = dy.buffer(), x_buffer = x.buffer(), dx_buffer = output_buffer(dx_type, c);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* dyr = dy.row(r, dy_buffer);
@@ -138,8 +133,8 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
       sw += d * (x.at(r * c + i) - mean[r]) * rstd[r];
       sb += d;
     }
-    add_to(ctx, node.outputs[1], i, float(sw));
-    if (shift) add_to(ctx, node.outputs[2], i, float(sb));
+    add_float(ctx.data(node.outputs[1]), ctx.dtype(node.outputs[1]), i, float(sw));
+    if (shift) add_float(ctx.data(node.outputs[2]), ctx.dtype(node.outputs[2]), i, float(sb));
   }
 }
 
