@@ -4,24 +4,13 @@
 #include "lua/plugin.h"
 #include "recipe/export.h"
 #include "recipe/schema.h"
+#include "recipe/value_json.h"
 
 namespace engine::lua {
 
 using Json = nlohmann::json;
 
 namespace {
-
-Json value_json(const recipe::Value& value) {
-  struct Visitor {
-    Json operator()(std::monostate) const { return "auto"; }
-    Json operator()(bool v) const { return v; }
-    Json operator()(int64_t v) const { return v; }
-    Json operator()(double v) const { return v; }
-    Json operator()(const std::string& v) const { return v; }
-    Json operator()(const std::vector<double>& v) const { return v; }
-  };
-  return std::visit(Visitor{}, value);
-}
 
 void flatten(const Json& changes, const std::string& prefix, std::vector<std::string>& out, const std::string& plugin) {
   for (const auto& [key, value] : changes.items()) {
@@ -47,7 +36,8 @@ Json recipe_values(const recipe::LoadedRecipe& loaded) {
   for (const auto& section : recipe::Schema::engine().sections()) {
     Json keys = Json::object();
     for (const auto& spec : section.keys)
-      if (recipe::key_applies(spec, section, loaded.recipe)) keys[spec.name] = value_json(spec.read(loaded.recipe));
+      if (recipe::key_applies(spec, section, loaded.recipe))
+        keys[spec.name] = recipe::value_json<Json>(spec.read(loaded.recipe));
     values[section.name] = keys;
   }
   Json plugins = Json::array();

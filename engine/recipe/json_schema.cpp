@@ -1,24 +1,13 @@
 #include <nlohmann/json.hpp>
 
 #include "recipe/export.h"
+#include "recipe/value_json.h"
 
 namespace engine::recipe {
 
 using Json = nlohmann::ordered_json;
 
 namespace {
-
-Json value_json(const Value& value) {
-  struct Visitor {
-    Json operator()(std::monostate) const { return "auto"; }
-    Json operator()(bool v) const { return v; }
-    Json operator()(int64_t v) const { return v; }
-    Json operator()(double v) const { return v; }
-    Json operator()(const std::string& v) const { return v; }
-    Json operator()(const std::vector<double>& v) const { return v; }
-  };
-  return std::visit(Visitor{}, value);
-}
 
 void add_range(Json& json, const KeySpec& spec) {
   if (spec.minimum) json[spec.exclusive_minimum ? "exclusiveMinimum" : "minimum"] = *spec.minimum;
@@ -71,7 +60,7 @@ Json key_json(const KeySpec& spec) {
       break;
     }
   }
-  if (spec.default_value) json["default"] = value_json(*spec.default_value);
+  if (spec.default_value) json["default"] = value_json<Json>(*spec.default_value);
   return json;
 }
 
@@ -164,7 +153,8 @@ std::string json_schema(const Schema& schema) {
     Json item = {{"type", "object"}, {"properties", fields}, {"additionalProperties", false}};
     if (!required.empty()) item["required"] = required;
     if (!list.shorthand.empty())
-      item = {{"anyOf", Json::array({Json{{"type", "string"}, {"minLength", 1}, {"description", list.shorthand}}, item})}};
+      item = {
+          {"anyOf", Json::array({Json{{"type", "string"}, {"minLength", 1}, {"description", list.shorthand}}, item})}};
     properties[list.name] = {{"description", list.help}, {"type", Json::array({"array", "null"})}, {"items", item}};
   }
   root["properties"] = properties;
