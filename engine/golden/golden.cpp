@@ -78,14 +78,13 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original) {
   for (int64_t step = 0; step < r.train.steps; ++step) {
     plugins.step_start(step);
     Session::StepHooks hooks;
-    if (plugins.active())
-      hooks.before_update = [&](Session::StepResult& s) {
-        return plugins.before_update(step, session.updates, s.loss, s.grad_norm, s.loss_scale, s.lr);
-      };
-    auto result = session.train_step(step, [&] { return loader.next(); }, hooks);
+    hooks.before_update = plugins.update_hook(step, session);
+    auto result = session.train_step(
+        step, [&] { return loader.next(); }, hooks);
     trajectory.steps.push_back({step + 1, result.loss, result.grad_norm, result.lr});
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
-    if (plugins.active() && r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps))
+    if (plugins.active() && r.train.eval_every > 0 &&
+        ((step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps))
       plugins.eval(step, session.evaluate(r.train.eval_batches));
     plugins.end_of_step(step, {}, {});
     if (plugins.stop_reason()) break;

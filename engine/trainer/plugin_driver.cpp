@@ -78,6 +78,13 @@ void PluginDriver::step_start(int64_t step) {
   apply(plugins_.on_step_start(state_), step);
 }
 
+std::function<bool(Session::StepResult&)> PluginDriver::update_hook(int64_t step, const Session& session) {
+  if (!active()) return {};
+  return [this, step, &session](Session::StepResult& r) {
+    return before_update(step, session.updates, r.loss, r.grad_norm, r.loss_scale, r.lr);
+  };
+}
+
 bool PluginDriver::before_update(int64_t step, int64_t updates, double loss, double grad_norm, double loss_scale,
                                  double& lr) {
   if (!active()) return true;

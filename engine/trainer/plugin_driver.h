@@ -6,8 +6,7 @@
 //   plugins.train_start();
 //   for each step:
 //     plugins.step_start(step);                          // on_step_start
-//     ... hooks.before_update = [&](StepResult& r) {     // lr, on_anomaly, on_step_end
-//       return plugins.before_update(step, session.updates, r.loss, r.grad_norm, r.loss_scale, r.lr); };
+//     hooks.before_update = plugins.update_hook(step, session);   // lr, on_anomaly, on_step_end
 //     plugins.step_end(step, ...);                       // metrics, overflow anomaly
 //     plugins.eval(step, val_loss);                      // on_eval
 //     plugins.end_of_step(step, write_weights);          // checkpoint requests, on_checkpoint
@@ -32,6 +31,7 @@
 
 #include "lua/plugin.h"
 #include "recipe/load.h"
+#include "trainer/session.h"
 
 namespace engine {
 
@@ -51,6 +51,8 @@ class PluginDriver {
   // Before the update: sets `lr` (set_lr, else the lr hook), runs on_anomaly for a non-finite loss or
   // a loss spike and on_step_end; false when a plugin skipped the update.
   bool before_update(int64_t step, int64_t updates, double loss, double grad_norm, double loss_scale, double& lr);
+  // before_update as the session's StepHooks::before_update for step `step`; empty without plugins.
+  std::function<bool(Session::StepResult&)> update_hook(int64_t step, const Session& session);
   // After the step: tokens seen (and throughput) for `state`; an fp16 overflow goes to on_anomaly.
   void step_end(int64_t step, int64_t tokens, bool overflow, double loss_scale);
   void eval(int64_t step, double val_loss);

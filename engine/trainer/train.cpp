@@ -62,8 +62,10 @@ void save_gradients(const fs::path& path, const ParameterStore& store) {
 TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, const TrainOptions& options) {
   ProgressLine* progress_line = nullptr;  // plugin notes go above the live line once it exists
   PluginDriver plugins(original, [&](const std::string& text) {
-    if (progress_line) progress_line->note(text);
-    else out << text << "\n";
+    if (progress_line)
+      progress_line->note(text);
+    else
+      out << text << "\n";
   });
   const recipe::LoadedRecipe& loaded = plugins.recipe();  // as on_recipe left it
   const recipe::Recipe& r = loaded.recipe;
@@ -106,17 +108,18 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
   for (int64_t step = 0; step < r.train.steps; ++step) {
     plugins.step_start(step);
     Session::StepHooks hooks;
-    if (plugins.active())
-      hooks.before_update = [&](Session::StepResult& s) {
-        return plugins.before_update(step, session.updates, s.loss, s.grad_norm, s.loss_scale, s.lr);
-      };
+    hooks.before_update = plugins.update_hook(step, session);
     if (step == 0 && !options.first_gradients.empty())
       hooks.after_backward = [&] { save_gradients(options.first_gradients, session.store); };
-    const Session::StepResult result = session.train_step(step, [&] { return loader.next(); }, hooks);
+    const Session::StepResult result = session.train_step(
+        step, [&] { return loader.next(); }, hooks);
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;
     if (result.overflow) {
       ++summary.skipped_steps;
-      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"overflow", true}, {"loss_scale", result.loss_scale},
+      metrics << nlohmann::json{{"step", step + 1},
+                                {"loss", loss},
+                                {"overflow", true},
+                                {"loss_scale", result.loss_scale},
                                 {"next_loss_scale", session.scaler.scale()}}
                      .dump()
               << "\n";
