@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <tuple>
 
 #include "core/error.h"
@@ -32,6 +33,7 @@ dnnl::engine& cpu() {
 struct Primitive {
   dnnl::matmul matmul;
   dnnl::memory::desc a, b, c, bias;
+  std::string implementation;  // oneDNN's name for the kernel it chose ("ref:any" for the slow C++ one)
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool>;
@@ -51,7 +53,7 @@ Primitive make(const Gemm16& s, bool with_bias) {
   }
   auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
   dnnl::matmul::primitive_desc pd(desc, attr, cpu());
-  return {dnnl::matmul(pd), a, b, c, bias};
+  return {dnnl::matmul(pd), a, b, c, bias, pd.impl_info_str()};
 }
 
 }  // namespace
@@ -63,12 +65,9 @@ bool matmul_16bit_available(DType type) {
   if (auto it = probed.find(type); it != probed.end()) return it->second;
   bool available = false;
   try {
-    Gemm16 probe{false, true, 16, 16, 16, 16, 16, 16, type, type, false};
-    make(probe, true);
     // oneDNN also offers reference (non-JIT) kernels; those are far slower than sgemm on widened copies.
-    dnnl::memory::desc a({16, 16}, onednn_type(type), dnnl::memory::format_tag::ab);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, a), cpu());
-    available = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    Gemm16 probe{false, true, 16, 16, 16, 16, 16, 16, type, type, false};
+    available = make(probe, true).implementation.find("ref") == std::string::npos;
   } catch (const dnnl::error&) {
     available = false;
   }
