@@ -15,6 +15,7 @@
 #include "elementwise/add.h"
 #include "elementwise/cast.h"
 #include "graph/autodiff.h"
+#include "graph/recompute.h"
 #include "linalg/linear.h"
 #include "linalg/matmul.h"
 #include "loss/cross_entropy.h"
@@ -61,6 +62,7 @@ struct Case {
   double backward_tolerance = 2e-3;
   bool weighted = true;           // false for the loss op, whose gradient ignores R (R = 1)
   bool straight_through = false;  // the gradient is the op applied to dy (rounding), not finite differences
+  bool differentiable = true;     // false for ops without a gradient rule (host_copy): forward only
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -115,6 +117,7 @@ void run_case(const Case& c, uint64_t seed) {
     }
   }
 
+  if (!c.differentiable) return;
   if (c.straight_through) {
     // The gradient passes through the casts, so it is dy stored in the 16-bit type on the way: the
     // reference applied to R.
@@ -413,6 +416,25 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                          y[size_t(r)] += x[0][size_t(r * c + i)] / (mean ? double(c) : 1.0);
                      return y;
                    }});
+  }
+  {
+    // Offload and prefetch (cpu_checkpointing): a value copied to host memory and back, unchanged.
+    Case host{"host_copy there and back",
+              {Shape{rows, c}},
+              {},
+              0,
+              [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                ValueId host = g.add_activation("x@host", Shape{rows, c});
+                g.mutable_value(host).placement = Placement::host;
+                ValueId back = g.add_activation("x@prefetched", Shape{rows, c});
+                g.add_node(Node{&kHostCopy, {p[0]}, {host}, {}, false, false, "offload"});
+                g.add_node(Node{&kHostCopy, {host}, {back}, {}, false, false, "prefetch"});
+                return back;
+              },
+              [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
+    host.forward_tolerance = 0;
+    host.differentiable = false;
+    all.push_back(host);
   }
   for (DType t : {DType::bf16, DType::f16}) {
     // f32 -> 16-bit -> f32: the forward rounds to nearest even; the gradient passes straight through.
