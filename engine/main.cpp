@@ -70,14 +70,22 @@ int run(int argc, char** argv) {
   golden->require_subcommand(1);
   auto* golden_record = golden->add_subcommand("record", "Run recipes and store their trajectories next to them");
   golden_record->add_option("recipes", golden_args.recipes, "Recipe files")->required();
-  golden_record->add_option("--rtol", golden_args.rtol, "Relative tolerance (default: exact, bitwise)")
-      ->check(CLI::Range(0.0, 1.0));
-  golden_record->add_option("--atol", golden_args.atol, "Absolute tolerance (default: exact, bitwise)")
-      ->check(CLI::Range(0.0, 1e6));
   auto* golden_check = golden->add_subcommand("check", "Rerun recipes and compare; exit 3 on a regression");
   golden_check->add_option("recipes", golden_args.recipes, "Recipe files")->required();
   auto* golden_update = golden->add_subcommand("update", "Rerun recipes and rewrite their golden files");
   golden_update->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+  for (auto* writer : {golden_record, golden_update}) {
+    writer
+        ->add_option("--safety-factor", golden_args.safety_factor,
+                     "Band = this factor x the spread measured across forced ISAs and thread counts")
+        ->check(CLI::Range(1.0, 1000.0));
+    writer->add_flag("!--no-band", golden_args.variants,
+                     "Skip the reruns: the golden can then only be checked bitwise where it was recorded");
+  }
+  auto* golden_trajectory = golden->add_subcommand(
+      "trajectory", "Run one recipe in this environment and write its trajectory (a golden file without a band)");
+  golden_trajectory->add_option("recipe", golden_args.recipes, "Recipe file")->required()->expected(1);
+  golden_trajectory->add_option("--out", golden_args.out, "Where to write the trajectory")->required();
 
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
@@ -114,7 +122,10 @@ int run(int argc, char** argv) {
   if (*plan) return engine::cli::plan(plan_args);
   if (*golden) {
     using Action = engine::cli::GoldenArgs::Action;
-    golden_args.action = *golden_record ? Action::record : *golden_update ? Action::update : Action::check;
+    golden_args.action = *golden_record       ? Action::record
+                         : *golden_update     ? Action::update
+                         : *golden_trajectory ? Action::trajectory
+                                              : Action::check;
     return engine::cli::golden(golden_args);
   }
   if (*export_cmd) return engine::cli::export_weights(export_run, export_destination);

@@ -39,9 +39,11 @@ struct GenerateArgs {
 };
 
 struct GoldenArgs {
-  enum class Action { record, check, update } action = Action::check;
+  enum class Action { record, check, update, trajectory } action = Action::check;
   std::vector<std::filesystem::path> recipes;
-  double rtol = 0, atol = 0;  // record: 0 and 0 mean the exact policy
+  double safety_factor = 5;       // record, update: the band's factor over the measured spread
+  bool variants = true;           // record, update: derive the band (false: bitwise only)
+  std::filesystem::path out;      // trajectory: where to write it
 };
 
 int validate(const RecipeArgs& args);

@@ -10,7 +10,7 @@
 #include "checkpoint/weights.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "data/loader.h"
+#include "golden/golden_json.h"
 #include "recipe/export.h"
 #include "trainer/plugin_driver.h"
 #include "trainer/session.h"
@@ -34,23 +34,18 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-Json tolerance_json(const MetricTolerance& t) { return {{"rtol", t.rtol}, {"atol", t.atol}}; }
-
-MetricTolerance tolerance_of(const Json& j) { return {j.value("rtol", 0.0), j.value("atol", 0.0)}; }
-
-std::string format(double v) {
+std::string format(double v, int digits = 9) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.9g", v);
+  std::snprintf(text, sizeof text, "%.*g", digits, v);
   return text;
 }
 
 }  // namespace
 
-std::string TolerancePolicy::describe() const {
-  if (exact) return "exact";
-  return "loss rtol " + format(loss.rtol) + " atol " + format(loss.atol) + ", grad_norm rtol " +
-         format(grad_norm.rtol) + " atol " + format(grad_norm.atol) + ", lr rtol " + format(lr.rtol) + " atol " +
-         format(lr.atol);
+ValueClass value_class(double value) {
+  if (std::isnan(value)) return ValueClass::nan;
+  if (std::isinf(value)) return value > 0 ? ValueClass::positive_infinity : ValueClass::negative_infinity;
+  return ValueClass::finite;
 }
 
 fs::path golden_path(const fs::path& recipe) {
@@ -64,14 +59,13 @@ std::string recipe_hash(const recipe::LoadedRecipe& loaded) {
   return hex(fnv1a(text.data(), text.size()));
 }
 
-Trajectory run_trajectory(const recipe::LoadedRecipe& original) {
+Trajectory run_trajectory(const recipe::LoadedRecipe& original, const TrajectoryProbes& probes) {
   PluginDriver plugins(original, [](const std::string&) {});  // plugins act as in `engine train`, silently
   const recipe::LoadedRecipe& loaded = plugins.recipe();
   const recipe::Recipe& r = loaded.recipe;
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) load_weights(r.model.init_from, session.store, r.model.arch);
-  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, 0);
   Trajectory trajectory;
   plugins.train_start();
   const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
@@ -79,8 +73,21 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original) {
     plugins.step_start(step);
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
-    auto result = session.train_step(
-        step, [&] { return loader.next(); }, hooks);
+    if (probes.after_backward) hooks.after_backward = [&] { probes.after_backward(step, session); };
+    if (probes.before_update)
+      hooks.before_update = [&, plugin_hook = hooks.before_update](Session::StepResult& result) {
+        probes.before_update(step, result.lr);
+        return plugin_hook ? plugin_hook(result) : true;
+      };
+    // A batch is a pure function of its index (data/dataset.h), so the order can be remapped here.
+    const int64_t batch_step = probes.batch_of_step ? probes.batch_of_step(step) : step;
+    int64_t micro = 0;
+    auto next_batch = [&] {
+      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+      session.data->fill(Split::train, batch_step * session.accumulation + micro++, batch);
+      return batch;
+    };
+    auto result = session.train_step(step, next_batch, hooks);
     trajectory.steps.push_back({step + 1, result.loss, result.grad_norm, result.lr});
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
     if (plugins.active() && r.train.eval_every > 0 &&
@@ -103,63 +110,77 @@ GoldenFile read_golden(const fs::path& path) {
   Json j = Json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("steps"))
     throw UserError(path.string() + ": not a golden file (invalid JSON or no steps)");
-  GoldenFile golden;
+  if (j.value("format", 1) != kGoldenFormat)
+    throw UserError(path.string() + ": golden file format " + std::to_string(j.value("format", 1)) +
+                    ", this engine reads format " + std::to_string(kGoldenFormat) +
+                    "; record it again with `engine golden update`");
   try {
-    golden.engine_version = j.value("engine_version", "");
-    golden.recipe_hash = j.value("recipe_hash", "");
-    const Json& policy = j.at("policy");
-    golden.policy.exact = policy.value("mode", "exact") == "exact";
-    if (!golden.policy.exact) {
-      golden.policy.loss = tolerance_of(policy.at("loss"));
-      golden.policy.grad_norm = tolerance_of(policy.at("grad_norm"));
-      golden.policy.lr = tolerance_of(policy.at("lr"));
-    }
-    // A non-finite gradient norm (an overflowing fp16 step, skipped) is stored as null.
-    auto number = [](const Json& v) { return v.is_null() ? double(INFINITY) : v.get<double>(); };
-    for (const Json& s : j.at("steps"))
-      golden.trajectory.steps.push_back({s.at("step"), number(s.at("loss")), number(s.at("grad_norm")), s.at("lr")});
-    golden.trajectory.weights_digest = j.value("weights_digest", "");
+    return golden_from_json(j);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path.string() + ": malformed golden file: " + e.what());
+  } catch (const UserError& e) {
+    throw UserError(path.string() + ": " + e.what());
   }
-  return golden;
 }
 
 void write_golden(const fs::path& path, const GoldenFile& golden) {
-  Json j;
-  j["engine_version"] = golden.engine_version;
-  j["recipe_hash"] = golden.recipe_hash;
-  Json policy = {{"mode", golden.policy.exact ? "exact" : "tolerance"}};
-  if (!golden.policy.exact) {
-    policy["loss"] = tolerance_json(golden.policy.loss);
-    policy["grad_norm"] = tolerance_json(golden.policy.grad_norm);
-    policy["lr"] = tolerance_json(golden.policy.lr);
-  }
-  j["policy"] = policy;
-  j["weights_digest"] = golden.trajectory.weights_digest;
-  Json steps = Json::array();
-  for (const auto& s : golden.trajectory.steps)
-    steps.push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}, {"lr", s.lr}});
-  j["steps"] = steps;
+  const Json j = golden_to_json(golden);
   write_file_atomically(path, [&](std::ostream& out) { out << j.dump(1) << "\n"; });
 }
 
-Comparison compare(const GoldenFile& expected, const Trajectory& got) {
+namespace {
+
+std::string join(const std::vector<std::string>& parts, const char* separator) {
+  std::string out;
+  for (const std::string& part : parts) out += (out.empty() ? "" : separator) + part;
+  return out;
+}
+
+struct Metric {
+  const char* name;
+  double StepMetrics::*value;
+  double StepBand::*rtol;
+};
+constexpr Metric kMetrics[] = {{"loss", &StepMetrics::loss, &StepBand::loss},
+                               {"grad_norm", &StepMetrics::grad_norm, &StepBand::grad_norm},
+                               {"lr", &StepMetrics::lr, &StepBand::lr}};
+
+// The widest band of each metric, for the one-line description of a banded check.
+std::string widest_band(const Band& band) {
+  std::vector<std::string> parts;
+  for (const Metric& m : kMetrics) {
+    double widest = 0;
+    for (const StepBand& b : band.steps) widest = std::max(widest, b.*m.rtol);
+    parts.push_back(std::string(m.name) + " rtol up to " + format(widest, 3));
+  }
+  return join(parts, ", ");
+}
+
+}  // namespace
+
+Comparison compare(const GoldenFile& expected, const Trajectory& got, const NumericEnvironment& here) {
   Comparison c;
   const auto& e = expected.trajectory.steps;
   const auto& g = got.steps;
-  struct Metric {
-    const char* name;
-    double StepMetrics::*field;
-    MetricTolerance tolerance;
-  };
-  const Metric metrics[] = {{"loss", &StepMetrics::loss, expected.policy.loss},
-                            {"grad_norm", &StepMetrics::grad_norm, expected.policy.grad_norm},
-                            {"lr", &StepMetrics::lr, expected.policy.lr}};
-  auto within = [&](const Metric& m, double want, double have) {
-    if (!std::isfinite(want) || !std::isfinite(have)) return !std::isfinite(want) && !std::isfinite(have);
-    if (expected.policy.exact) return std::memcmp(&want, &have, sizeof want) == 0;
-    return std::abs(have - want) <= m.tolerance.atol + m.tolerance.rtol * std::abs(want);
+  const std::vector<std::string> differences = expected.environment.differences(here);
+  c.bitwise = differences.empty();
+  if (c.bitwise) {
+    c.mode = "environment matches the recording; checked bitwise";
+  } else {
+    c.mode = "environment differs: " + join(differences, "; ");
+    if (expected.band.steps.size() != e.size()) {
+      c.ok = false;
+      c.mode += "; the golden file has no tolerance band, so it can only be checked where it was recorded";
+      c.report = "  record it again with `engine golden update` to derive a band\n";
+      return c;
+    }
+    c.mode += "; checked within the golden's band (" + widest_band(expected.band) + ")";
+  }
+  auto within = [&](const Metric& m, size_t i, double want, double have) {
+    if (value_class(want) != value_class(have)) return false;
+    if (!std::isfinite(want)) return true;  // same non-finite class
+    if (c.bitwise) return std::memcmp(&want, &have, sizeof want) == 0;
+    return relative_deviation(want, have) <= expected.band.steps[i].*m.rtol;
   };
   std::ostringstream report, movement;
   if (e.size() != g.size()) {
@@ -170,26 +191,33 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got) {
   int64_t first = -1;
   const char* first_metric = "";
   const size_t n = std::min(e.size(), g.size());
-  for (const Metric& m : metrics) {
+  for (const Metric& m : kMetrics) {
     double worst = 0, worst_rel = 0;
     size_t worst_at = 0;
     for (size_t i = 0; i < n; ++i) {
-      double want = e[i].*m.field, have = g[i].*m.field;
-      if (!within(m, want, have) && (first < 0 || int64_t(i) < first)) {
+      double want = e[i].*m.value, have = g[i].*m.value;
+      if (!within(m, i, want, have) && (first < 0 || int64_t(i) < first)) {
         first = int64_t(i);
         first_metric = m.name;
       }
       double diff = std::abs(have - want);
+      if (!c.bitwise && std::isfinite(want) && std::isfinite(have))
+        c.band_used = std::max(c.band_used, relative_deviation(want, have) / expected.band.steps[i].*m.rtol);
+      if (value_class(want) != value_class(have)) diff = INFINITY;
+      if (!std::isfinite(want) && value_class(want) == value_class(have)) diff = 0;
       if (diff > worst) {
         worst = diff;
         worst_rel = want != 0 ? diff / std::abs(want) : -1;  // -1: no relative change from zero
         worst_at = i;
       }
     }
-    if (worst > 0)
+    if (worst > 0) {
       movement << "  " << m.name << ": largest change " << format(worst)
                << (worst_rel >= 0 ? " (relative " + format(worst_rel) + ")" : std::string(" (from 0)")) << " at step "
-               << (n ? e[worst_at].step : 0) << "\n";
+               << (n ? e[worst_at].step : 0);
+      if (!c.bitwise) movement << ", band there " << format(expected.band.steps[worst_at].*m.rtol, 3);
+      movement << "\n";
+    }
   }
   if (first >= 0) {
     c.ok = false;
@@ -202,13 +230,14 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got) {
                     g[i].grad_norm);
       report << line;
     }
-    report << "  largest deviations (policy: " << expected.policy.describe() << "):\n" << movement.str();
+    report << "  largest deviations:\n" << movement.str();
   }
-  if (expected.policy.exact && c.ok && expected.trajectory.weights_digest != got.weights_digest) {
+  if (c.bitwise && c.ok && expected.trajectory.weights_digest != got.weights_digest) {
     c.ok = false;
     report << "  every step matches but the final weights differ (digest " << expected.trajectory.weights_digest
            << " recorded, " << got.weights_digest << " now)\n";
   }
+  if (!c.bitwise) c.mode += "; largest deviation " + format(100 * c.band_used, 2) + "% of the band";
   c.report = report.str();
   c.movement = movement.str().empty() ? "  nothing moved\n" : movement.str();
   return c;

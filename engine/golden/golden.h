@@ -2,24 +2,33 @@
 //
 // A golden file sits next to its recipe (recipes/golden/gpt.yaml -> gpt.golden.json) and holds
 // every step's loss, gradient norm and learning rate, a digest of the final weights, the engine
-// version, a hash of the resolved recipe and the tolerance policy: `exact` (bitwise, for the
-// deterministic CPU paths) or rtol/atol per metric. `engine golden check` reruns the recipe and
-// compares; a regression prints the first diverging step, the steps around it and the largest
-// deviation, and exits with status 3.
+// version and commit, a hash of the resolved recipe, the numeric environment of the recording
+// (golden/environment.h) and a tolerance band per step derived from reruns in other environments
+// (golden/band.h). `engine golden check` reruns the recipe and compares:
+//   - bitwise, final weights included, when this process's environment equals the recording's;
+//   - within the band otherwise, saying which fields of the environment differ.
+// Non-finite values are kept apart by class: NaN, +inf and -inf each match only themselves.
+// A regression prints the first diverging step, the steps around it and the largest deviation,
+// and `engine golden check` exits with status 3.
 //
 //   Trajectory now = run_trajectory(load_recipe("recipes/golden/gpt.yaml"));
-//   Comparison c = compare(read_golden("recipes/golden/gpt.golden.json"), now);
-//   if (!c.ok) std::cout << c.report;
+//   Comparison c = compare(read_golden("recipes/golden/gpt.golden.json"), now, current_environment());
+//   std::cout << c.mode << "\n" << c.report;
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "golden/band.h"
+#include "golden/environment.h"
 #include "recipe/load.h"
 
 namespace engine {
+
+class Session;
 
 struct StepMetrics {
   int64_t step = 0;
@@ -31,25 +40,24 @@ struct Trajectory {
   std::string weights_digest;  // FNV-1a 64 of the final parameter bytes, hex
 };
 
-struct MetricTolerance {
-  double rtol = 0, atol = 0;
-};
-
-struct TolerancePolicy {
-  bool exact = true;
-  MetricTolerance loss, grad_norm, lr;
-  std::string describe() const;
-};
+// finite, nan, +inf or -inf: values of different classes never match.
+enum class ValueClass { finite, nan, positive_infinity, negative_infinity };
+ValueClass value_class(double value);
 
 struct GoldenFile {
   std::string engine_version;
+  std::string engine_commit;
   std::string recipe_hash;
-  TolerancePolicy policy;
+  NumericEnvironment environment;
+  Band band;  // empty: only a bitwise check in the recording environment is possible
   Trajectory trajectory;
 };
 
 struct Comparison {
   bool ok = true;
+  bool bitwise = true;   // compared bitwise (environment matches) or within the band
+  double band_used = 0;  // within the band: the largest deviation as a fraction of the band there
+  std::string mode;      // one line: which comparison ran and why
   std::string report;    // readable: empty when ok
   std::string movement;  // largest change per metric, for `engine golden update`
 };
@@ -57,12 +65,22 @@ struct Comparison {
 std::filesystem::path golden_path(const std::filesystem::path& recipe);
 std::string recipe_hash(const recipe::LoadedRecipe& loaded);
 
+// Test seams: a run may be altered on purpose to prove that the check catches (or tolerates) it.
+struct TrajectoryProbes {
+  // Called after each step's backward with the session (gradients accumulated, before the update).
+  std::function<void(int64_t step, Session&)> after_backward;
+  // Called before each update; may change the learning rate (result.lr).
+  std::function<void(int64_t step, double& lr)> before_update;
+  // Maps a step to the step whose batches it trains on (a changed data order); identity by default.
+  std::function<int64_t(int64_t step)> batch_of_step;
+};
+
 // Trains the recipe in-process exactly as `engine train` does, without writing anything.
-Trajectory run_trajectory(const recipe::LoadedRecipe& loaded);
+Trajectory run_trajectory(const recipe::LoadedRecipe& loaded, const TrajectoryProbes& probes = {});
 
 GoldenFile read_golden(const std::filesystem::path& path);  // throws UserError
 void write_golden(const std::filesystem::path& path, const GoldenFile& golden);
 
-Comparison compare(const GoldenFile& expected, const Trajectory& got);
+Comparison compare(const GoldenFile& expected, const Trajectory& got, const NumericEnvironment& here);
 
 }  // namespace engine

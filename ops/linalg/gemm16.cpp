@@ -58,22 +58,25 @@ Primitive make(const Gemm16& s, bool with_bias) {
 
 }  // namespace
 
-bool matmul_16bit_available(DType type) {
-  static std::map<DType, bool> probed;
+std::string matmul_16bit_kernel(DType type) {
+  static std::map<DType, std::string> probed;
   static std::mutex mutex;
   std::lock_guard lock(mutex);
   if (auto it = probed.find(type); it != probed.end()) return it->second;
-  bool available = false;
+  std::string kernel;
   try {
     // oneDNN also offers reference (non-JIT) kernels; those are far slower than sgemm on widened copies.
     Gemm16 probe{false, true, 16, 16, 16, 16, 16, 16, type, type, false};
-    available = make(probe, true).implementation.find("ref") == std::string::npos;
+    kernel = make(probe, true).implementation;
+    if (kernel.find("ref") != std::string::npos) kernel.clear();
   } catch (const dnnl::error&) {
-    available = false;
+    kernel.clear();
   }
-  probed[type] = available;
-  return available;
+  probed[type] = kernel;
+  return kernel;
 }
+
+bool matmul_16bit_available(DType type) { return !matmul_16bit_kernel(type).empty(); }
 
 void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
   static std::map<Key, Primitive> cache;

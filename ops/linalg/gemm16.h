@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -24,6 +25,10 @@ struct Gemm16 {
 
 // Whether oneDNN has a matmul for operands of `type` on this CPU (probed once).
 bool matmul_16bit_available(DType type);
+
+// oneDNN's name for the kernel the probe chose ("brg:avx512_core_amx", ...), or "" when there is
+// no usable 16-bit matmul for `type` and linears compute in fp32 on widened copies.
+std::string matmul_16bit_kernel(DType type);
 
 // C = op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating).
 void gemm16(const Gemm16& shape, const void* a, const void* b, const void* bias, void* c);

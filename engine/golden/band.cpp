@@ -1,0 +1,69 @@
+#include "golden/band.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "golden/golden.h"
+
+namespace engine {
+
+double relative_deviation(double want, double got) {
+  const double diff = std::abs(got - want);
+  return want != 0 ? diff / std::abs(want) : diff;
+}
+
+namespace {
+
+// Spread of one metric over the variants, per step.
+std::vector<double> spread(const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& variants,
+                           double StepMetrics::*metric, const char* name) {
+  std::vector<double> out(recorded.size(), 0.0);
+  for (const VariantRun& v : variants) {
+    for (size_t i = 0; i < recorded.size(); ++i) {
+      const double want = recorded[i].*metric, got = v.steps[i].*metric;
+      if (value_class(want) != value_class(got))
+        throw UserError(std::string("the run under ") + v.label + " has " + name + " " + std::to_string(got) +
+                        " at step " + std::to_string(i + 1) + " where the recording has " + std::to_string(want) +
+                        ": this recipe's trajectory depends on the environment beyond rounding; make it less "
+                        "sensitive (fewer steps, a lower learning rate) before recording it");
+      if (std::isfinite(want)) out[i] = std::max(out[i], relative_deviation(want, got));
+    }
+  }
+  return out;
+}
+
+std::vector<double> widen(const std::vector<double>& spread, const BandRule& rule) {
+  std::vector<double> band(spread.size());
+  double envelope = 0;
+  for (size_t i = 0; i < spread.size(); ++i) {
+    const size_t last = std::min(spread.size(), i + 1 + size_t(std::max(rule.lookahead, 0)));
+    for (size_t j = i; j < last; ++j) envelope = std::max(envelope, spread[j]);
+    band[i] = std::max(rule.floor, rule.safety_factor * envelope);
+  }
+  return band;
+}
+
+}  // namespace
+
+Band derive_band(const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& variants,
+                 const BandRule& rule) {
+  Band band;
+  band.rule = rule;
+  for (const VariantRun& v : variants) {
+    if (v.steps.size() != recorded.size())
+      throw UserError("the run under " + v.label + " trained " + std::to_string(v.steps.size()) +
+                      " steps where the recording trained " + std::to_string(recorded.size()) +
+                      ": this recipe's trajectory depends on the environment beyond rounding");
+    band.variants.push_back(v.label + ": " + v.environment.cpu_isa + ", bf16 matmul " +
+                            v.environment.matmul_kernels.at("bf16") + ", " + std::to_string(v.environment.threads) +
+                            " threads");
+  }
+  const auto loss = widen(spread(recorded, variants, &StepMetrics::loss, "loss"), rule);
+  const auto grad_norm = widen(spread(recorded, variants, &StepMetrics::grad_norm, "grad_norm"), rule);
+  const auto lr = widen(spread(recorded, variants, &StepMetrics::lr, "lr"), rule);
+  for (size_t i = 0; i < recorded.size(); ++i) band.steps.push_back({loss[i], grad_norm[i], lr[i]});
+  return band;
+}
+
+}  // namespace engine

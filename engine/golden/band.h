@@ -1,0 +1,60 @@
+// The tolerance band of a golden trajectory: how far, per step and per metric, a correct engine may
+// drift from the recording when it runs in another numeric environment (another oneDNN kernel,
+// ISA, compiler or thread count). The band is derived from data, not guessed: the recipe is rerun
+// under every environment this machine can force (ONEDNN_MAX_CPU_ISA caps, thread counts), and
+//
+//   spread[s]  = max over variants of |variant[s] - recorded[s]| / |recorded[s]|
+//   band[s]    = max(floor, safety_factor * max(spread[1 .. s + lookahead]))
+//
+// The running maximum keeps the band from shrinking after a divergence has shown itself (chaotic
+// growth does not undo itself); the lookahead lets another machine's rounding diverge a few steps
+// earlier than any variant did here; the floor (8 fp32 ulps, relative) covers steps where every
+// variant happened to agree bitwise.
+//
+//   Band band = derive_band(recorded, variants, BandRule{});
+//   bool ok = band.admits("loss", step_index, recorded_value, value);
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "golden/environment.h"
+
+namespace engine {
+
+struct StepMetrics;
+struct Trajectory;
+
+struct BandRule {
+  double safety_factor = 5;
+  int lookahead = 2;                  // steps
+  double floor = 9.5367431640625e-7;  // 2^-20: 8 ulps of fp32 (2^-23), relative
+};
+
+// A rerun of the recipe under one forced environment.
+struct VariantRun {
+  std::string label;  // "ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1"
+  NumericEnvironment environment;
+  std::vector<StepMetrics> steps;
+};
+
+struct StepBand {
+  double loss = 0, grad_norm = 0, lr = 0;  // relative tolerances
+};
+
+struct Band {
+  BandRule rule;
+  std::vector<std::string> variants;  // label: what it ran on (ISA, kernels, threads)
+  std::vector<StepBand> steps;        // index = step - 1
+  bool empty() const { return steps.empty(); }
+};
+
+// Throws UserError when a variant's run is not comparable (another step count, or a non-finite
+// value where the recording has a finite one): such a recipe cannot have a portable golden.
+Band derive_band(const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& variants,
+                 const BandRule& rule);
+
+// The relative deviation used throughout: |got - want| / |want| (|got - want| when want is 0).
+double relative_deviation(double want, double got);
+
+}  // namespace engine

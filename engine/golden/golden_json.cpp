@@ -1,0 +1,116 @@
+#include "golden/golden_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace engine {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+Json value_json(double v) {
+  switch (value_class(v)) {
+    case ValueClass::nan:
+      return "nan";
+    case ValueClass::positive_infinity:
+      return "inf";
+    case ValueClass::negative_infinity:
+      return "-inf";
+    case ValueClass::finite:
+      break;
+  }
+  return v;
+}
+
+double value_of(const Json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    const std::string text = j.get<std::string>();
+    if (text == "nan") return std::numeric_limits<double>::quiet_NaN();
+    if (text == "inf") return std::numeric_limits<double>::infinity();
+    if (text == "-inf") return -std::numeric_limits<double>::infinity();
+  }
+  throw UserError("a step value is " + j.dump() + ": expected a number, \"nan\", \"inf\" or \"-inf\"");
+}
+
+}  // namespace
+
+Json environment_to_json(const NumericEnvironment& env) {
+  Json kernels = Json::object();
+  for (const auto& [path, kernel] : env.matmul_kernels) kernels[path] = kernel;
+  return {{"compiler", env.compiler}, {"compiler_flags", env.compiler_flags}, {"onednn", env.onednn},
+          {"cpu_isa", env.cpu_isa},   {"matmul_kernels", kernels},              {"threads", env.threads}};
+}
+
+NumericEnvironment environment_from_json(const Json& j) {
+  NumericEnvironment env;
+  env.compiler = j.at("compiler");
+  env.compiler_flags = j.at("compiler_flags");
+  env.onednn = j.at("onednn");
+  env.cpu_isa = j.at("cpu_isa");
+  for (const auto& [path, kernel] : j.at("matmul_kernels").items()) env.matmul_kernels[path] = kernel;
+  env.threads = j.at("threads");
+  return env;
+}
+
+Json golden_to_json(const GoldenFile& golden) {
+  Json j;
+  j["format"] = kGoldenFormat;
+  j["engine_version"] = golden.engine_version;
+  j["engine_commit"] = golden.engine_commit;
+  j["recipe_hash"] = golden.recipe_hash;
+  j["environment"] = environment_to_json(golden.environment);
+  const BandRule& rule = golden.band.rule;
+  j["band"] = {{"rule",
+                "band[s] = max(floor, safety_factor * max(spread[1 .. s + lookahead])); spread[s] = max over the "
+                "variants of |variant[s] - recorded[s]| / |recorded[s]|"},
+               {"safety_factor", rule.safety_factor},
+               {"lookahead", rule.lookahead},
+               {"floor", rule.floor},
+               {"variants", golden.band.variants}};
+  j["weights_digest"] = golden.trajectory.weights_digest;
+  Json steps = Json::array();
+  const auto& s = golden.trajectory.steps;
+  for (size_t i = 0; i < s.size(); ++i) {
+    Json step = {{"step", s[i].step},
+                 {"loss", value_json(s[i].loss)},
+                 {"grad_norm", value_json(s[i].grad_norm)},
+                 {"lr", value_json(s[i].lr)}};
+    if (i < golden.band.steps.size()) {
+      const StepBand& b = golden.band.steps[i];
+      step["rtol"] = {{"loss", b.loss}, {"grad_norm", b.grad_norm}, {"lr", b.lr}};
+    }
+    steps.push_back(step);
+  }
+  j["steps"] = steps;
+  return j;
+}
+
+GoldenFile golden_from_json(const Json& j) {
+  GoldenFile golden;
+  golden.engine_version = j.at("engine_version");
+  golden.engine_commit = j.at("engine_commit");
+  golden.recipe_hash = j.at("recipe_hash");
+  golden.environment = environment_from_json(j.at("environment"));
+  const Json& band = j.at("band");
+  golden.band.rule = {band.at("safety_factor"), band.at("lookahead"), band.at("floor")};
+  golden.band.variants = band.at("variants").get<std::vector<std::string>>();
+  golden.trajectory.weights_digest = j.at("weights_digest");
+  bool banded = true;
+  for (const Json& step : j.at("steps")) {
+    golden.trajectory.steps.push_back(
+        {step.at("step"), value_of(step.at("loss")), value_of(step.at("grad_norm")), value_of(step.at("lr"))});
+    banded = banded && step.contains("rtol");
+    if (banded) {
+      const Json& r = step.at("rtol");
+      golden.band.steps.push_back({r.at("loss"), r.at("grad_norm"), r.at("lr")});
+    }
+  }
+  if (!banded) golden.band.steps.clear();  // all steps or none
+  return golden;
+}
+
+}  // namespace engine

@@ -1,0 +1,32 @@
+// Reruns of a recipe under the numeric environments this machine can force, for deriving a golden's
+// tolerance band (golden/band.h). Each variant is a child process of the engine binary
+// (`engine golden trajectory`), because oneDNN reads ONEDNN_MAX_CPU_ISA once per process.
+//
+//   for (const VariantSpec& spec : default_variants())
+//     runs.push_back(run_variant("/proc/self/exe", "recipes/golden/gpt_bf16.yaml", spec));
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "golden/band.h"
+
+namespace engine {
+
+struct VariantSpec {
+  std::string max_cpu_isa;  // ONEDNN_MAX_CPU_ISA, "" for the machine's own
+  int threads = 1;          // OMP_NUM_THREADS
+  std::string label() const;
+};
+
+// ISA caps {machine, AVX512_CORE (no bf16 instructions), AVX2 (no AVX-512)} x threads {1, 3}: the
+// kernels and ISAs the CI machines differ by (AMX, AVX512-BF16, AVX-512, AVX2) and thread counts on
+// both sides of the usual 2. A cap above the machine's ISA leaves it as it is.
+std::vector<VariantSpec> default_variants();
+
+// Runs `engine golden trajectory` under the variant; throws UserError if the child fails.
+VariantRun run_variant(const std::filesystem::path& engine_binary, const std::filesystem::path& recipe,
+                       const VariantSpec& spec);
+
+}  // namespace engine

@@ -1,0 +1,106 @@
+// What the golden bands tolerate and what they catch, on the committed golden recipes: a
+// one-ulp-scale perturbation of the gradients (what another kernel's rounding does) passes the
+// band; real changes of training behaviour (a wrong learning rate in one step, a dropped gradient
+// term, a changed data order) fail it. Each run is checked as if on another machine (the recorded
+// environment with another bf16 kernel), and the perturbation is also shown to be real: it fails
+// the bitwise check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/rng.h"
+#include "golden/golden.h"
+#include "trainer/session.h"
+
+namespace engine {
+namespace {
+
+struct Golden {
+  recipe::LoadedRecipe recipe;
+  GoldenFile file;
+  NumericEnvironment elsewhere;  // the recording's environment with another bf16 kernel
+};
+
+Golden load(const std::string& name) {
+  const auto dir = std::filesystem::path(ENGINE_SOURCE_DIR) / "recipes/golden";
+  Golden g{recipe::load_recipe(dir / (name + ".yaml")), read_golden(dir / (name + ".golden.json")), {}};
+  g.elsewhere = g.file.environment;
+  g.elsewhere.matmul_kernels["bf16"] = "brg:avx512_core_amx";
+  return g;
+}
+
+// Moves every fp32 gradient element by one ulp up, one ulp down or not at all, pseudo-randomly per
+// (step, element): the size of rounding differences between two matmul kernels.
+void nudge_gradients_by_one_ulp(int64_t step, Session& session) {
+  ASSERT_EQ(session.store.grad_dtype(), DType::f32);
+  uint64_t counter = 0;
+  for (Buffer& unit : session.store.grad_units()) {
+    float* g = reinterpret_cast<float*>(unit.data());
+    for (int64_t i = 0; i < unit.bytes() / int64_t(sizeof(float)); ++i) {
+      const uint64_t r = mix64(uint64_t(step) * 0x9e3779b97f4a7c15ull + counter++) % 3;
+      if (r == 1) g[i] = std::nextafter(g[i], INFINITY);
+      if (r == 2) g[i] = std::nextafter(g[i], -INFINITY);
+    }
+  }
+}
+
+Comparison check(const Golden& g, const TrajectoryProbes& probes) {
+  return compare(g.file, run_trajectory(g.recipe, probes), g.elsewhere);
+}
+
+class GoldenPower : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenPower, OneUlpGradientNoisePassesTheBandButNotTheBitwiseCheck) {
+  Golden g = load(GetParam());
+  TrajectoryProbes probes;
+  probes.after_backward = nudge_gradients_by_one_ulp;
+  Trajectory nudged = run_trajectory(g.recipe, probes);
+  Comparison banded = compare(g.file, nudged, g.elsewhere);
+  EXPECT_TRUE(banded.ok) << banded.mode << "\n" << banded.report;
+  std::printf("%s: one-ulp gradient noise uses %.0f%% of the band\n", GetParam().c_str(), 100 * banded.band_used);
+  EXPECT_FALSE(compare(g.file, nudged, g.file.environment).ok) << "the perturbation did not change the run";
+}
+
+TEST_P(GoldenPower, AWrongLearningRateInOneStepFails) {
+  Golden g = load(GetParam());
+  for (int64_t wrong_step : {2, 12}) {
+    TrajectoryProbes probes;
+    probes.before_update = [&](int64_t step, double& lr) {
+      if (step == wrong_step) lr *= 1.1;
+    };
+    Comparison c = check(g, probes);
+    EXPECT_FALSE(c.ok) << "lr x 1.1 at step " << wrong_step + 1 << " passed: " << c.movement;
+  }
+}
+
+TEST_P(GoldenPower, ADroppedGradientTermFails) {
+  Golden g = load(GetParam());
+  // A bias gradient that a kernel forgets to write: the last bias parameter of the model.
+  TrajectoryProbes probes;
+  probes.after_backward = [](int64_t, Session& session) {
+    const auto& all = session.model.graph.params();
+    for (size_t i = all.size(); i-- > 0;)
+      if (all[i].name.find("bias") != std::string::npos) {
+        std::memset(session.store.grad(int(i)), 0, size_t(session.store.numel(int(i))) * sizeof(float));
+        return;
+      }
+  };
+  Comparison c = check(g, probes);
+  EXPECT_FALSE(c.ok) << c.movement;
+}
+
+TEST_P(GoldenPower, AChangedDataOrderFails) {
+  Golden g = load(GetParam());
+  TrajectoryProbes probes;
+  probes.batch_of_step = [](int64_t step) { return step == 5 ? 6 : step == 6 ? 5 : step; };
+  Comparison c = check(g, probes);
+  EXPECT_FALSE(c.ok) << c.movement;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, GoldenPower, ::testing::Values("gpt_markov", "gpt_bf16"));
+
+}  // namespace
+}  // namespace engine
