@@ -26,7 +26,8 @@ GoldenFile record(const fs::path& recipe_path, const LoadedRecipe& loaded, const
   if (!args.variants) return golden;
   std::vector<VariantRun> runs;
   const fs::path self = fs::read_symlink("/proc/self/exe");
-  for (const VariantSpec& spec : default_variants()) runs.push_back(run_variant(self, recipe_path, spec));
+  for (const VariantSpec& spec : default_variants(golden.environment.threads))
+    runs.push_back(run_variant(self, recipe_path, spec));
   BandRule rule;
   rule.safety_factor = args.safety_factor;
   golden.band = derive_band(golden.trajectory.steps, runs, rule);

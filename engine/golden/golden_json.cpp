@@ -41,8 +41,9 @@ double value_of(const Json& j) {
 Json environment_to_json(const NumericEnvironment& env) {
   Json kernels = Json::object();
   for (const auto& [path, kernel] : env.matmul_kernels) kernels[path] = kernel;
-  return {{"compiler", env.compiler}, {"compiler_flags", env.compiler_flags}, {"onednn", env.onednn},
-          {"cpu_isa", env.cpu_isa},   {"matmul_kernels", kernels},              {"threads", env.threads}};
+  return {{"compiler", env.compiler},  {"compiler_flags", env.compiler_flags},
+          {"onednn", env.onednn},      {"cpu_isa", env.cpu_isa},
+          {"matmul_kernels", kernels}, {"threads", env.threads}};
 }
 
 NumericEnvironment environment_from_json(const Json& j) {

@@ -21,10 +21,11 @@ std::string VariantSpec::label() const {
          " OMP_NUM_THREADS=" + std::to_string(threads);
 }
 
-std::vector<VariantSpec> default_variants() {
+std::vector<VariantSpec> default_variants(int recording_threads) {
   std::vector<VariantSpec> specs;
   for (const char* isa : {"", "AVX512_CORE", "AVX2"})
-    for (int threads : {1, 3}) specs.push_back({isa, threads});
+    for (int threads : {1, 2, 3, 4})
+      if (*isa || threads != recording_threads) specs.push_back({isa, threads});
   return specs;
 }
 
@@ -55,7 +56,8 @@ struct TemporaryDirectory {
   fs::path path;
   TemporaryDirectory() {
     std::string pattern = (fs::temp_directory_path() / "engine-golden-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw UserError("cannot create a temporary directory: " + std::string(strerror(errno)));
+    if (!mkdtemp(pattern.data()))
+      throw UserError("cannot create a temporary directory: " + std::string(strerror(errno)));
     path = pattern;
   }
   ~TemporaryDirectory() {
@@ -69,8 +71,8 @@ struct TemporaryDirectory {
 VariantRun run_variant(const fs::path& engine_binary, const fs::path& recipe, const VariantSpec& spec) {
   TemporaryDirectory dir;
   const fs::path out = dir.path / "trajectory.golden.json";
-  std::vector<std::string> args = {engine_binary.string(), "golden", "trajectory", recipe.string(), "--out",
-                                   out.string()};
+  std::vector<std::string> args = {engine_binary.string(), "golden", "trajectory",
+                                   recipe.string(),        "--out",  out.string()};
   std::vector<std::string> env = child_environment(spec);
   auto argv = pointers(args), envp = pointers(env);
   pid_t pid = 0;

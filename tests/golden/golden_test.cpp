@@ -150,15 +150,15 @@ TEST(GoldenBand, IsTheSafetyFactorTimesTheRunningSpreadWithLookaheadAndFloor) {
   BandRule rule{.safety_factor = 10, .lookahead = 1, .floor = 1e-6};
   Band band = derive_band(recorded.steps, {variant({1.0, 1.0, 1.0 + 1e-4, 1.0, 1.0 - 1e-3})}, rule);
   ASSERT_EQ(band.steps.size(), 5u);
-  EXPECT_DOUBLE_EQ(band.steps[0].loss, 1e-6);  // nothing moved by step 2: the floor
+  EXPECT_DOUBLE_EQ(band.steps[0].loss, 1e-6);    // nothing moved by step 2: the floor
   EXPECT_NEAR(band.steps[1].loss, 1e-3, 1e-12);  // the lookahead sees step 3's 1e-4
   EXPECT_NEAR(band.steps[2].loss, 1e-3, 1e-12);
   EXPECT_NEAR(band.steps[3].loss, 1e-2, 1e-12);  // step 5's 1e-3, one step early
   EXPECT_NEAR(band.steps[4].loss, 1e-2, 1e-12);
   EXPECT_DOUBLE_EQ(band.steps[0].grad_norm, 1e-6);
   // The widest variant wins at every step.
-  Band two = derive_band(recorded.steps, {variant({1.0, 1.0, 1.0, 1.0, 1.0}), variant({1.0, 1.0, 1.0, 1.0, 1.1})},
-                         rule);
+  Band two =
+      derive_band(recorded.steps, {variant({1.0, 1.0, 1.0, 1.0, 1.0}), variant({1.0, 1.0, 1.0, 1.0, 1.1})}, rule);
   EXPECT_NEAR(two.steps[4].loss, 1.0, 1e-12);
 }
 
