@@ -79,10 +79,15 @@ struct AnomalyEvent {
   bool before_update = false;  // the update of this step is not applied yet: skip_step() is allowed
 };
 
+// The key under which a plugin's engine.metric(name, value) is recorded: "plugin/<plugin>/<name>",
+// <plugin> as the recipe wrote its path, so that no plugin metric can pass for one of the engine's
+// own (`loss`, `step`, ...) in metrics.jsonl.
+std::string plugin_metric_key(const std::string& plugin, const std::string& name);
+
 // Everything the hooks of one dispatch asked for. Each request names its plugin for the log.
 struct PluginActions {
   std::vector<std::string> log;                 // "plugins/x.lua: text"
-  Metrics metrics;                              // engine.metric(name, value)
+  Metrics metrics;                              // engine.metric(name, value), keyed plugin_metric_key()
   std::optional<std::string> stop;              // engine.request_stop(reason): the first one
   bool checkpoint = false;                      // engine.request_checkpoint()
   std::optional<std::string> skip;              // engine.skip_step(reason)

@@ -45,7 +45,8 @@ int engine_metric(lua_State* L) {
   const double value = luaL_checknumber(L, 2);
   if (!std::isfinite(value)) return luaL_error(L, "engine.metric: '%s' must be a finite number", name);
   if (!*name) return luaL_error(L, "engine.metric: the name is empty");
-  c.pending.metrics.emplace_back(name, value);
+  // Under the plugin's own prefix: `loss` or `step` from a plugin must not read as the engine's.
+  c.pending.metrics.emplace_back(plugin_metric_key(c.name, name), value);
   return 0;
 }
 
@@ -99,6 +100,10 @@ void set_integer(lua_State* L, const char* key, int64_t value) {
 }
 
 }  // namespace
+
+std::string plugin_metric_key(const std::string& plugin, const std::string& name) {
+  return "plugin/" + plugin + "/" + name;
+}
 
 void install_engine_api(lua_State* L) {
   const luaL_Reg functions[] = {{"log", engine_log},

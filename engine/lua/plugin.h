@@ -101,7 +101,8 @@ class PluginSet {
   bool has(Hook hook) const;
 
   // Runs every plugin's on_recipe on the resolved recipe and reloads it with the changes as
-  // overrides, so the result is validated like any recipe. Returns nullopt when nothing changed;
+  // overrides, so the result is validated like any recipe; a change that moves a path is a
+  // PluginError naming the plugin and the key. Returns nullopt when nothing changed;
   // `applied` receives "plugin: override" for each change, for the log.
   std::optional<recipe::LoadedRecipe> apply_on_recipe(const recipe::LoadedRecipe& loaded,
                                                       std::vector<std::string>* applied = nullptr);
@@ -131,7 +132,15 @@ class PluginSet {
 nlohmann::json recipe_values(const recipe::LoadedRecipe& loaded);
 
 // Turns on_recipe's changes into `section.key=value` overrides. Throws PluginError naming `plugin`
-// for changes that are not a table of recipe values.
+// and the key for changes that are not a table of recipe values, and for changes that could reach
+// the file system: a key declared file_system (recipe/schema.h: run.output_dir, data.path,
+// model.init_from ...), a whole section holding one, `base` or `plugins`. Paths belong to the user.
 std::vector<std::string> changes_to_overrides(const nlohmann::json& changes, const std::string& plugin);
+
+// The file_system keys that apply in `after` and the plugin paths whose values differ between the
+// two recipes, as "run.output_dir: 'runs' -> '/tmp/x'". apply_on_recipe's last line of defence
+// behind changes_to_overrides: whatever route a change took (a rule that derives one key from
+// another, say), a plugin does not move a path.
+std::vector<std::string> moved_paths(const recipe::Recipe& before, const recipe::Recipe& after);
 
 }  // namespace engine::lua

@@ -12,11 +12,57 @@ using Json = nlohmann::json;
 
 namespace {
 
+bool is_key_name(const std::string& part) {
+  return !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+std::string on_recipe_error(const std::string& plugin, const std::string& text) {
+  return "plugin " + plugin + ", on_recipe: " + text;
+}
+
+std::string user_only(const std::string& key) {
+  return key + " names a file or directory; only the recipe and the command line may set it";
+}
+
+// Refuses a change that could reach the file system: one to a key declared file_system, a value
+// (`leaf`) in place of a whole section that holds such a key, anything under `base` or `plugins`.
+// The key must be spelt as a recipe key, so that no override text (`=`, `~`, spaces) can smuggle a
+// second key in.
+void check_change(const std::string& path, bool leaf, const std::string& plugin) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  for (const auto& part : parts)
+    if (!is_key_name(part))
+      throw PluginError(on_recipe_error(plugin, "'" + path + "' is not a recipe key (section.key)"));
+  if (parts[0] == "plugins")
+    throw PluginError(on_recipe_error(plugin, "the plugins of a run cannot be changed by a plugin"));
+  if (parts[0] == "base") throw PluginError(on_recipe_error(plugin, user_only("base")));
+  const auto& schema = recipe::Schema::engine();
+  const recipe::SectionSpec* section = schema.find_section(parts[0]);
+  if (!section) return;  // unknown: the reload reports it with a did-you-mean
+  if (parts.size() == 1) {
+    if (!leaf) return;  // a table of changes to the section's keys, each checked on its own
+    for (const auto& key : section->keys)
+      if (key.file_system)
+        throw PluginError(
+            on_recipe_error(plugin, "'" + path + "' replaces the whole section, and " + user_only(key.path())));
+    return;
+  }
+  if (const recipe::KeySpec* key = section->find(parts[1]); key && key->file_system)
+    throw PluginError(on_recipe_error(plugin, user_only(key->path())));
+}
+
 void flatten(const Json& changes, const std::string& prefix, std::vector<std::string>& out, const std::string& plugin) {
   for (const auto& [key, value] : changes.items()) {
     std::string path = prefix.empty() ? key : prefix + "." + key;
-    if (path == "plugins" || path.rfind("plugins.", 0) == 0)
-      throw PluginError("plugin " + plugin + ", on_recipe: the plugins of a run cannot be changed by a plugin");
+    check_change(path, !value.is_object(), plugin);
     if (value.is_object()) {
       flatten(value, path, out, plugin);
     } else if (value.is_string()) {
@@ -30,6 +76,23 @@ void flatten(const Json& changes, const std::string& prefix, std::vector<std::st
 }
 
 }  // namespace
+
+std::vector<std::string> moved_paths(const recipe::Recipe& before, const recipe::Recipe& after) {
+  std::vector<std::string> moved;
+  for (const auto& section : recipe::Schema::engine().sections())
+    for (const auto& key : section.keys) {
+      if (!key.file_system || !recipe::key_applies(key, section, after)) continue;
+      const recipe::Value old_value = key.read(before), new_value = key.read(after);
+      if (old_value != new_value)
+        moved.push_back(key.path() + ": '" + recipe::format_value(old_value) + "' -> '" +
+                        recipe::format_value(new_value) + "'");
+    }
+  bool same_plugins = before.plugins.size() == after.plugins.size();
+  for (size_t i = 0; same_plugins && i < before.plugins.size(); ++i)
+    same_plugins = before.plugins[i].path == after.plugins[i].path;
+  if (!same_plugins) moved.push_back("plugins");
+  return moved;
+}
 
 Json recipe_values(const recipe::LoadedRecipe& loaded) {
   Json values = Json::object();
@@ -78,26 +141,52 @@ bool PluginSet::has(Hook hook) const {
 std::optional<recipe::LoadedRecipe> PluginSet::apply_on_recipe(const recipe::LoadedRecipe& loaded,
                                                                std::vector<std::string>* applied) {
   const Json values = recipe_values(loaded);
+  std::vector<std::pair<std::string, std::vector<std::string>>> changes;  // plugin, its overrides
   std::vector<std::string> overrides;
   for (auto& plugin : plugins_) {
     if (!plugin->has(Hook::on_recipe)) continue;
-    for (auto& o : changes_to_overrides(plugin->on_recipe(values), plugin->info().name)) {
+    auto mine = changes_to_overrides(plugin->on_recipe(values), plugin->info().name);
+    for (const auto& o : mine) {
       if (applied) applied->push_back(plugin->info().name + ": " + o);
-      overrides.push_back(std::move(o));
+      overrides.push_back(o);
     }
+    if (!mine.empty()) changes.emplace_back(plugin->info().name, std::move(mine));
   }
   if (overrides.empty()) return std::nullopt;
-  recipe::LoadOptions options;
-  options.overrides = loaded.overrides;
-  options.overrides.insert(options.overrides.end(), overrides.begin(), overrides.end());
-  options.world = loaded.world;
-  try {
+  auto reload = [&](const std::vector<std::string>& extra) {
+    recipe::LoadOptions options;
+    options.overrides = loaded.overrides;
+    options.overrides.insert(options.overrides.end(), extra.begin(), extra.end());
+    options.world = loaded.world;
     return recipe::load_recipe(loaded.path, options);
+  };
+  std::optional<recipe::LoadedRecipe> changed;
+  try {
+    changed = reload(overrides);
   } catch (const recipe::RecipeError& e) {
     std::string list;
     for (const auto& o : overrides) list += (list.empty() ? "" : " ") + o;
     throw PluginError("the recipe as changed by on_recipe (" + list + ") is not valid:\n" + e.what());
   }
+  if (auto moved = moved_paths(loaded.recipe, changed->recipe); !moved.empty()) {
+    // Name the plugin whose changes alone move a path; failing that (only the changes together
+    // do), every plugin that changed the recipe.
+    for (const auto& [plugin, mine] : changes) {
+      std::vector<std::string> alone;
+      try {
+        alone = moved_paths(loaded.recipe, reload(mine).recipe);
+      } catch (const recipe::RecipeError&) {
+      }
+      if (!alone.empty())
+        throw PluginError(on_recipe_error(
+            plugin, user_only(alone[0].substr(0, alone[0].find(':'))) + " (its changes moved " + alone[0] + ")"));
+    }
+    std::string names;
+    for (const auto& [plugin, mine] : changes) names += (names.empty() ? "" : ", ") + plugin;
+    throw PluginError("plugins " + names + ", on_recipe: " + user_only(moved[0].substr(0, moved[0].find(':'))) +
+                      " (their changes together moved " + moved[0] + ")");
+  }
+  return changed;
 }
 
 void PluginSet::set_recipe(const recipe::LoadedRecipe& loaded) {

@@ -71,6 +71,10 @@ struct KeySpec {
   std::vector<std::string> choices;   // Enum
   std::optional<size_t> list_length;  // FloatList
   bool must_exist = false;            // Path: the file must exist when the recipe is loaded
+  // The value names a file or directory the engine reads or writes (every Path key, and strings
+  // declared with file_system()). Such keys belong to the user: only the recipe and the command
+  // line set them, never a plugin's on_recipe.
+  bool file_system = false;
   std::optional<Condition> applies_when;
 
   std::function<void(Recipe&, const Value&)> assign;
@@ -249,6 +253,11 @@ class KeyDecl {
     spec_.must_exist = true;
     return *this;
   }
+  // For a string that becomes part of a path (a directory, a file name); Path keys are already.
+  KeyDecl& file_system() {
+    spec_.file_system = true;
+    return *this;
+  }
   KeyDecl& only_when(std::string key, std::vector<std::string> values) {
     spec_.applies_when = Condition{std::move(key), std::move(values)};
     return *this;
@@ -324,6 +333,7 @@ class SectionDecl {
       return decl;
     } else {
       key.kind = FieldTraits<Field>::kind;
+      key.file_system = key.kind == ValueKind::Path;
       key.assign = [member, field](Recipe& recipe, const Value& value) {
         (recipe.*member).*field = FieldTraits<Field>::from_value(value);
       };

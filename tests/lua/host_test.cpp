@@ -107,7 +107,7 @@ TEST(LuaHost, ActionsComeBackAsRequested) {
   EXPECT_EQ(a.log[0], "plugins/test.lua: loss is\t1.5");
   EXPECT_EQ(a.log[1], "plugins/test.lua: printed");
   ASSERT_EQ(a.metrics.size(), 1u);
-  EXPECT_EQ(a.metrics[0], (std::pair<std::string, double>("twice_loss", 3.0)));
+  EXPECT_EQ(a.metrics[0], (std::pair<std::string, double>("plugin/plugins/test.lua/twice_loss", 3.0)));
   EXPECT_EQ(a.skip, "plugins/test.lua: spike");
   EXPECT_EQ(a.set_lr, std::optional<double>(0.5));
   EXPECT_TRUE(a.checkpoint);
@@ -225,9 +225,9 @@ TEST(LuaHost, SavedStateRefusesWhatJsonCannotHold) {
 
 TEST(LuaHost, RandomIsSeededFromTheRun) {
   const char* source = "function on_train_start(state) saved = {math.random(1, 1000000), math.random()} end";
-  auto a = load_plugin(source, Json::object(), {}, 42);
-  auto b = load_plugin(source, Json::object(), {}, 42);
-  auto c = load_plugin(source, Json::object(), {}, 43);
+  auto a = load_plugin(source, Json::object(), testing::untimed_limits(), 42);
+  auto b = load_plugin(source, Json::object(), testing::untimed_limits(), 42);
+  auto c = load_plugin(source, Json::object(), testing::untimed_limits(), 43);
   for (auto* p : {a.get(), b.get(), c.get()}) p->on_train_start(state_at(0));
   EXPECT_EQ(a->save_state(), b->save_state());
   EXPECT_NE(a->save_state(), c->save_state());
@@ -281,11 +281,11 @@ TEST(LuaHost, PluginSetMergesActionsInOrder) {
 TEST(LuaHost, ChangesBecomeOverrides) {
   auto overrides = changes_to_overrides(Json{{"train", {{"steps", 100}}},
                                              {"optimizer.lr", 0.5},
-                                             {"run", {{"name", "a \"b\""}}},
+                                             {"data", {{"source", "a \"b\""}}},
                                              {"optimizer", {{"betas", {0.9, 0.99}}}}},
                                         "p.lua");
-  EXPECT_EQ(overrides, (std::vector<std::string>{"optimizer.betas=[0.9,0.99]", "optimizer.lr=0.5",
-                                                 "run.name=\"a \\\"b\\\"\"", "train.steps=100"}));
+  EXPECT_EQ(overrides, (std::vector<std::string>{"data.source=\"a \\\"b\\\"\"", "optimizer.betas=[0.9,0.99]",
+                                                 "optimizer.lr=0.5", "train.steps=100"}));
   EXPECT_NE(plugin_error([] {
               changes_to_overrides(Json{{"plugins", Json::array()}}, "p.lua");
             }).find("plugins of a run cannot be changed"),

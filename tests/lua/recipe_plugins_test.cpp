@@ -148,5 +148,68 @@ TEST(RecipePlugins, OnRecipeChangesAreValidatedLikeAnyRecipe) {
   EXPECT_NE(message.find("train.steps: expected an integer >= 1, found '-1'"), std::string::npos) << message;
 }
 
+// Paths belong to the user: on_recipe cannot point the run's outputs, its data, its initial weights,
+// its bases or its plugins somewhere else, by any spelling of the key. The error names the plugin
+// and the key.
+TEST(RecipePlugins, OnRecipeCannotMovePaths) {
+  struct Case {
+    const char* changes;  // what on_recipe returns
+    const char* key;      // named in the error
+  };
+  const Case cases[] = {
+      {"{run = {output_dir = '/tmp/elsewhere'}}", "run.output_dir"},
+      {"{['run.output_dir'] = '/tmp/elsewhere'}", "run.output_dir"},
+      {"{run = {output_dir = {nested = 1}}}", "run.output_dir"},
+      {"{run = {name = '../../elsewhere'}}", "run.name"},
+      {"{data = {path = '/etc/passwd'}}", "data.path"},
+      {"{model = {init_from = '/tmp/weights.safetensors'}}", "model.init_from"},
+      {"{run = 'x'}", "'run' replaces the whole section, and run.name names a file"},
+      {"{base = 'other.yaml'}", "base"},
+      {"{plugins = {}}", "plugins"},
+      // Override text in a key: would read as run.output_dir="evil" with the rest a YAML comment.
+      {"{['run.output_dir=\"evil\" #'] = 1}", "'run.output_dir=\"evil\" #' is not a recipe key"},
+      {"{['run.output_dir '] = 'x'}", "'run.output_dir ' is not a recipe key"},
+  };
+  for (const auto& c : cases) {
+    auto path =
+        recipe_with("plugins: [plugins/p.lua]\n", std::string("function on_recipe(r) return ") + c.changes + " end");
+    auto loaded = recipe::load_recipe(path);
+    PluginSet set = PluginSet::from_recipe(loaded);
+    std::string message = testing::plugin_error([&] { set.apply_on_recipe(loaded); });
+    EXPECT_NE(message.find("plugin plugins/p.lua, on_recipe: "), std::string::npos) << c.changes << ": " << message;
+    EXPECT_NE(message.find(c.key), std::string::npos) << c.changes << ": " << message;
+  }
+}
+
+// Every key that names a file is declared so; the declaration, not a list in the plugin host,
+// decides what on_recipe may not touch.
+TEST(RecipePlugins, PathKeysAreDeclaredFileSystem) {
+  std::vector<std::string> keys;
+  for (const auto& section : recipe::Schema::engine().sections())
+    for (const auto& key : section.keys) {
+      if (key.kind == recipe::ValueKind::Path) EXPECT_TRUE(key.file_system) << key.path();
+      if (key.file_system) keys.push_back(key.path());
+    }
+  EXPECT_EQ(keys, (std::vector<std::string>{"run.name", "run.output_dir", "model.init_from", "data.path"}));
+}
+
+// The last line of defence: any difference in a path between the recipe before and after on_recipe.
+TEST(RecipePlugins, MovedPathsComparesEveryFileSystemKey) {
+  auto path = recipe_with("");
+  auto load = [&](std::vector<std::string> overrides) {
+    recipe::LoadOptions options;
+    options.overrides = std::move(overrides);
+    return recipe::load_recipe(path, options).recipe;
+  };
+  const auto original = load({});
+  EXPECT_TRUE(moved_paths(original, load({"train.steps=9"})).empty());
+  EXPECT_EQ(moved_paths(original, load({"run.output_dir=/tmp/x", "run.name=y"})),
+            (std::vector<std::string>{"run.name: 'r' -> 'y'", "run.output_dir: 'runs' -> '/tmp/x'"}));
+  const auto weights = write_file(path.parent_path() / "w.safetensors", "");
+  auto moved = moved_paths(original, load({"model.init_from=" + weights.string()}));
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].rfind("model.init_from: '' -> '", 0), 0u) << moved[0];
+}
+
 }  // namespace
 }  // namespace engine::lua

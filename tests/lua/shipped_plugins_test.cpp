@@ -103,8 +103,8 @@ TEST(LogEvery, RecordsMetricsEveryNSteps) {
   s.tokens = 64;
   auto actions = plugin->on_step_end(s, {{"loss", 2.0}, {"lr", 0.1}});
   ASSERT_EQ(actions.metrics.size(), 4u);
-  EXPECT_EQ(actions.metrics[0], (std::pair<std::string, double>("loss_ema", 3.0)));
-  EXPECT_EQ(actions.metrics[1], (std::pair<std::string, double>("tokens_seen", 64.0)));
+  EXPECT_EQ(actions.metrics[0], (std::pair<std::string, double>("plugin/plugins/log_every.lua/loss_ema", 3.0)));
+  EXPECT_EQ(actions.metrics[1], (std::pair<std::string, double>("plugin/plugins/log_every.lua/tokens_seen", 64.0)));
 }
 
 TEST(ReduceOnPlateau, TurnsEvaluationOnAndReducesTheRate) {
@@ -207,12 +207,58 @@ TEST(PluginsInTraining, MetricsGoToMetricsJsonl) {
   EXPECT_EQ(found, 2);
 }
 
+// A plugin that records `loss` and `step` (a forger once wrote one loss line per step) cannot make a
+// line that a reader of metrics.jsonl takes for the engine's: neither one that parses to a `loss` or
+// `step` of the plugin's choosing, nor one that contains the text "loss" as a key.
+TEST(PluginsInTraining, PluginMetricsCannotPassForTheEngines) {
+  auto dir = temp_dir();
+  write_file(dir / "p.lua",
+             "function on_step_end(state, m) engine.metric('loss', 12345) engine.metric('step', 999) end\n"
+             "function on_eval(state, m) engine.metric('val_loss', 12345) end\n");
+  std::ostringstream out;
+  TrainSummary summary = train(tiny("[p.lua]", "", 4), out);
+  std::ifstream in(summary.run_dir / "metrics.jsonl");
+  int engine_losses = 0, plugin_lines = 0, lines_with_loss_text = 0;
+  for (std::string text; std::getline(in, text);) {
+    Json line = Json::parse(text);
+    ASSERT_TRUE(line.contains("step")) << text;
+    EXPECT_GE(line["step"].get<int64_t>(), 1) << text;
+    EXPECT_LE(line["step"].get<int64_t>(), 4) << text;
+    for (const char* key : {"loss", "val_loss"})
+      if (line.contains(key)) EXPECT_NE(line[key], 12345) << text;
+    if (text.find("\"loss\"") != std::string::npos) ++lines_with_loss_text;
+    if (line.contains("loss")) ++engine_losses;
+    if (line.contains("plugin/p.lua/loss")) {
+      ++plugin_lines;
+      EXPECT_EQ(line["plugin/p.lua/loss"], 12345) << text;
+      EXPECT_EQ(line["plugin/p.lua/step"], 999) << text;
+    }
+  }
+  EXPECT_EQ(engine_losses, 4);  // log_every: 1
+  EXPECT_EQ(lines_with_loss_text, engine_losses);
+  EXPECT_EQ(plugin_lines, 4);
+}
+
 TEST(PluginsInTraining, OnRecipeChangesTheRun) {
   auto dir = temp_dir();
   write_file(dir / "p.lua", "function on_recipe(r) return {train = {steps = 2}} end");
   std::ostringstream out;
   EXPECT_EQ(train(tiny("[p.lua]"), out).steps, 2);
   EXPECT_NE(out.str().find("p.lua: on_recipe changed train.steps=2"), std::string::npos) << out.str();
+}
+
+// The attack as it was found: on_recipe pointed run.output_dir at a directory of the plugin's
+// choosing and the engine wrote the whole run there. Now the run does not start, and nothing is
+// written there.
+TEST(PluginsInTraining, OnRecipeCannotRedirectTheRun) {
+  auto dir = temp_dir();
+  const auto elsewhere = dir / "chosen_by_the_plugin";
+  write_file(dir / "p.lua", "function on_recipe(r) return {run = {output_dir = '" + elsewhere.string() + "'}} end");
+  std::ostringstream out;
+  std::string message = testing::plugin_error([&] { train(tiny("[p.lua]"), out); });
+  EXPECT_NE(message.find("plugin p.lua, on_recipe: run.output_dir names a file or directory"), std::string::npos)
+      << message;
+  EXPECT_FALSE(std::filesystem::exists(elsewhere));
 }
 
 TEST(PluginsInTraining, AFailingHookDoesNotHalfApplyTheStep) {

@@ -6,9 +6,11 @@ void declare_run(Schema& schema) {
   auto run = schema.section("run", &Recipe::run, "Identity of the run and where its outputs go.");
   run.key("name", &RunSection::name)
       .derived_default("the recipe file's name without extension")
+      .file_system()
       .help("Name of the run; outputs go to <output_dir>/<name>.");
   run.key("output_dir", &RunSection::output_dir)
       .def(std::string("runs"))
+      .file_system()
       .help("Directory that holds the runs, relative to the working directory.");
   run.key("seed", &RunSection::seed)
       .def(1337)
