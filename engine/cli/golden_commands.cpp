@@ -22,6 +22,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 int golden(const GoldenArgs& args) {
+  require_single_process(world_size_from_environment(), "golden");
   int status = kExitOk;
   for (const fs::path& recipe_path : args.recipes) {
     LoadedRecipe loaded = load_recipe(recipe_path);
