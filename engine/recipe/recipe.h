@@ -28,22 +28,23 @@ enum class Activation { relu, gelu, silu };
 
 struct ModelSection {
   Arch arch;
-  int64_t vocab_size;               // gpt, llama
-  int64_t context_length;           // gpt, llama: maximum positions
-  int64_t n_layer;                  // transformer blocks, or hidden layers of an MLP
-  int64_t n_head;                   // gpt, llama
-  std::optional<int64_t> kv_heads;  // llama: key/value heads (auto: resolved to n_head)
-  int64_t n_embd;                   // gpt, llama: model width
-  std::optional<int64_t> ffn_dim;   // gpt, llama: hidden width of the MLP block (auto: resolved)
-  double dropout;                   // gpt
-  bool bias;                        // gpt
-  double norm_eps;                  // gpt, llama
-  double rope_theta;                // llama
-  bool tie_embeddings;              // gpt, llama
-  int64_t input_dim;                // mlp
-  int64_t hidden_dim;               // mlp
-  int64_t num_classes;              // mlp
-  Activation activation;            // mlp
+  int64_t vocab_size;      // gpt, llama
+  int64_t context_length;  // gpt, llama: maximum positions
+  int64_t n_layer;         // transformer blocks, or hidden layers of an MLP
+  int64_t n_head;          // gpt, llama
+  // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
+  std::optional<int64_t> kv_heads;
+  int64_t n_embd;                  // gpt, llama: model width
+  std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
+  double dropout;                  // gpt
+  bool bias;                       // gpt
+  double norm_eps;                 // gpt, llama
+  double rope_theta;               // llama
+  bool tie_embeddings;             // gpt, llama
+  int64_t input_dim;               // mlp
+  int64_t hidden_dim;              // mlp
+  int64_t num_classes;             // mlp
+  Activation activation;           // mlp
   double init_std;
   std::filesystem::path init_from;  // empty: random initialisation
 };
