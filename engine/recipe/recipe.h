@@ -28,14 +28,14 @@ enum class Activation { relu, gelu, silu };
 
 struct ModelSection {
   Arch arch;
-  int64_t vocab_size;      // gpt, llama
-  int64_t context_length;  // gpt, llama: maximum positions
-  int64_t n_layer;         // transformer blocks, or hidden layers of an MLP
-  int64_t n_head;          // gpt, llama
-  // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
-  std::optional<int64_t> kv_heads;
+  int64_t vocab_size;              // gpt, llama
+  int64_t context_length;          // gpt, llama: maximum positions
+  int64_t n_layer;                 // transformer blocks, or hidden layers of an MLP
+  int64_t n_head;                  // gpt, llama
   int64_t n_embd;                  // gpt, llama: model width
   std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
+  // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
+  std::optional<int64_t> kv_heads;
   double dropout;                  // gpt
   bool bias;                       // gpt
   double norm_eps;                 // gpt, llama
@@ -106,16 +106,16 @@ enum class GradientDType { fp32, bf16, fp16 };
 
 struct PrecisionSection {
   PrecisionMode mode;
-  GradientDType accumulation_dtype;   // parameter gradients across micro-batches
-  GradientDType communication_dtype;  // gradient reduction across ranks
-  LossScaling loss_scaling;           // fp16
-  double static_scale;                // fp16, fixed
-  int64_t initial_scale_power;        // fp16, dynamic: the first scale is 2^k
-  int64_t growth_interval;            // fp16, dynamic: clean steps before the scale grows
-  double scale_factor;                // fp16, dynamic: growth and backoff factor
-  int64_t hysteresis;                 // fp16, dynamic: overflows tolerated before a backoff
-  double min_scale;                   // fp16, dynamic
-  MinScaleAction on_min_scale;        // fp16, dynamic
+  GradientDType accumulation_dtype;    // parameter gradients across micro-batches
+  GradientDType communication_dtype;   // gradient reduction across ranks
+  LossScaling loss_scaling;            // fp16
+  double static_scale;                 // fp16, fixed
+  int64_t initial_scale_power;         // fp16, dynamic: the first scale is 2^k
+  int64_t growth_interval;             // fp16, dynamic: clean steps before the scale grows
+  double scale_factor;                 // fp16, dynamic: growth and backoff factor
+  int64_t hysteresis;                  // fp16, dynamic: overflows tolerated before a backoff
+  double min_scale;                    // fp16, dynamic
+  MinScaleAction on_min_scale;         // fp16, dynamic
 };
 
 enum class CheckpointPolicy { none, full, every_k, selective };
@@ -130,8 +130,8 @@ struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
 struct PluginEntry {
-  std::filesystem::path path;            // resolved relative to the recipe that names it
-  std::string name;                      // the path as written, for messages
+  std::filesystem::path path;           // resolved relative to the recipe that names it
+  std::string name;                     // the path as written, for messages
   std::shared_ptr<const YamlNode> node;  // the entry as written ({path, args} or a path), with marks
 };
 
