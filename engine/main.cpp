@@ -43,7 +43,8 @@ int run(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "Train a recipe: progress, metrics.jsonl and weights in the run directory");
   add_recipe_args(train, train_args);
   train->add_option("--dump-first-gradients", train_args.first_gradients,
-                    "Write the first step's gradients (before clipping) to this safetensors file");
+                    "Write the first step's gradients (before clipping) to this safetensors file, in the "
+                    "names and layout of the exported weights");
 
   RecipeArgs plan_args;
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");

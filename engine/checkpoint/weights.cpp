@@ -3,67 +3,88 @@
 #include <cstring>
 #include <map>
 
-#include "checkpoint/safetensors.h"
 #include "core/error.h"
 
 namespace engine {
 
 namespace {
 
-bool is_conv1d(const std::string& name, recipe::Arch arch) {
-  if (arch != recipe::Arch::gpt) return false;
-  for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}) {
-    std::string s = suffix;
-    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
-  }
-  return false;
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-void transpose(const float* in, float* out, int64_t rows, int64_t cols) {
+// One tensor of a file and the rows of an engine parameter it holds, (rows, cols) in the
+// parameter's layout; `transposed` files store it (cols, rows).
+struct FilePart {
+  std::string name;
+  int64_t first_row, rows, cols;
+  bool transposed;
+  std::vector<int64_t> file_shape() const {
+    return transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+  }
+};
+
+std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, recipe::Arch arch) {
+  if (arch == recipe::Arch::gpt) {
+    for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
+      if (ends_with(name, suffix)) return {{name, 0, shape[0], shape[1], true}};
+  }
+  const std::string fused = "self_attn.qkv_proj.weight";
+  if (arch == recipe::Arch::llama && ends_with(name, fused)) {
+    // Rows [q (n_embd) | k | v]; q's width is the input width, k and v share the rest.
+    const std::string prefix = name.substr(0, name.size() - fused.size()) + "self_attn.";
+    const int64_t c = shape[1], kv = (shape[0] - c) / 2;
+    return {{prefix + "q_proj.weight", 0, c, c, false},
+            {prefix + "k_proj.weight", c, kv, c, false},
+            {prefix + "v_proj.weight", c + kv, kv, c, false}};
+  }
+  const int64_t rows = shape.rank() == 0 ? 1 : shape[0];
+  return {{name, 0, rows, rows == 0 ? 0 : shape.numel() / rows, false}};
+}
+
+// Copies a (rows, cols) block, transposing it when asked.
+void copy_block(const float* in, float* out, int64_t rows, int64_t cols, bool transpose) {
+  if (!transpose) {
+    std::memcpy(out, in, size_t(rows * cols) * sizeof(float));
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
+// Hugging Face checkpoints carry some tensors that are not parameters: GPT-2's causal-mask buffers
+// (h.N.attn.bias, h.N.attn.masked_bias), older Llama files' rotary frequencies
+// (model.layers.N.self_attn.rotary_emb.inv_freq) and, for tied models, a copy of the embedding as
+// lm_head.weight. A parameter of the same name is never mistaken for one.
+bool is_known_buffer(const std::string& name, const std::map<std::string, int>& expected) {
+  if (expected.count(name)) return false;
+  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+         ends_with(name, ".rotary_emb.inv_freq") || name == "lm_head.weight";
+}
+
 }  // namespace
+
+std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,
+                                             const std::function<const float*(int)>& data) {
+  std::vector<SafeTensor> tensors;
+  for (size_t i = 0; i < graph.params().size(); ++i) {
+    const Param& p = graph.params()[i];
+    const Shape& shape = graph.value(p.value).shape;
+    const float* values = data(int(i));
+    for (const FilePart& part : file_parts(p.name, shape, arch)) {
+      SafeTensor t{part.name, DType::f32, part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims,
+                   std::vector<std::byte>(size_t(part.rows * part.cols) * sizeof(float))};
+      copy_block(values + part.first_row * part.cols, reinterpret_cast<float*>(t.data.data()), part.rows, part.cols,
+                 part.transposed);
+      tensors.push_back(std::move(t));
+    }
+  }
+  return tensors;
+}
 
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata) {
-  const Graph& g = store.graph();
-  std::vector<SafeTensor> tensors;
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const Param& p = g.params()[i];
-    const Shape& shape = g.value(p.value).shape;
-    SafeTensor t{p.name, DType::f32, shape.dims, std::vector<std::byte>(size_t(shape.numel()) * 4)};
-    const float* data = store.param(int(i));
-    if (is_conv1d(p.name, arch)) {
-      transpose(data, reinterpret_cast<float*>(t.data.data()), shape[0], shape[1]);
-      t.shape = {shape[1], shape[0]};
-    } else {
-      std::memcpy(t.data.data(), data, t.data.size());
-    }
-    tensors.push_back(std::move(t));
-  }
-  write_safetensors(path, tensors, metadata);
-}
-
-// Hugging Face checkpoints carry some tensors that are not parameters: GPT-2's causal-mask buffers
-// (h.N.attn.bias, h.N.attn.masked_bias) and, for tied models, a copy of the embedding as
-// lm_head.weight. GPT2LMHeadModel also prefixes every name with "transformer.".
-bool is_known_buffer(const std::string& name, const Graph& graph) {
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) {
-    for (const Param& p : graph.params())
-      if (p.name == name) return false;
-    return true;
-  }
-  if (name == "lm_head.weight") {
-    for (const Param& p : graph.params())
-      if (p.name == name) return false;
-    return true;  // tied: the embedding is the head
-  }
-  return false;
+  write_safetensors(path, hugging_face_tensors(store.graph(), arch, [&](int i) { return store.param(i); }), metadata);
 }
 
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
@@ -73,40 +94,46 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     std::string plain = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     renamed.emplace(plain, std::move(tensor));
   }
-  file.tensors = std::move(renamed);
   const Graph& g = store.graph();
+  std::map<std::string, int> expected;  // file tensor name -> parameter
   std::vector<std::string> problems;
   for (size_t i = 0; i < g.params().size(); ++i) {
     const Param& p = g.params()[i];
     const Shape& shape = g.value(p.value).shape;
-    auto it = file.tensors.find(p.name);
-    if (it == file.tensors.end()) {
-      problems.push_back("missing tensor '" + p.name + "' " + shape.str());
-      continue;
-    }
-    const SafeTensor& t = it->second;
-    bool conv = is_conv1d(p.name, arch);
-    std::vector<int64_t> expected = conv ? std::vector<int64_t>{shape[1], shape[0]} : shape.dims;
-    if (t.dtype != DType::f32 || t.shape != expected) {
-      problems.push_back("tensor '" + p.name + "' is " + std::string(dtype_name(t.dtype)) + " " + Shape(t.shape).str() +
-                         ", expected f32 " + Shape(expected).str());
-      continue;
-    }
     float* data = store.param(int(i));
-    if (conv)
-      transpose(reinterpret_cast<const float*>(t.data.data()), data, shape[1], shape[0]);
-    else
-      std::memcpy(data, t.data.data(), t.data.size());
+    for (const FilePart& part : file_parts(p.name, shape, arch)) {
+      expected[part.name] = int(i);
+      const std::vector<int64_t> want = part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims;
+      auto it = renamed.find(part.name);
+      if (it == renamed.end()) {
+        problems.push_back("missing tensor '" + part.name + "' " + Shape(want).str());
+        continue;
+      }
+      const SafeTensor& t = it->second;
+      if (t.dtype != DType::f32 || t.shape != want) {
+        problems.push_back("tensor '" + part.name + "' is " + std::string(dtype_name(t.dtype)) + " " +
+                           Shape(t.shape).str() + ", expected f32 " + Shape(want).str());
+        continue;
+      }
+      const float* in = reinterpret_cast<const float*>(t.data.data());
+      float* out = data + part.first_row * part.cols;
+      if (part.transposed)
+        copy_block(in, out, part.cols, part.rows, true);  // the file's (cols, rows) back to (rows, cols)
+      else
+        copy_block(in, out, part.rows, part.cols, false);
+    }
   }
-  for (const auto& [name, t] : file.tensors) {
-    bool known = false;
-    for (const Param& p : g.params()) known = known || p.name == name;
-    if (!known && !is_known_buffer(name, g)) problems.push_back("unexpected tensor '" + name + "'");
-  }
+  for (const auto& [name, t] : renamed)
+    if (!expected.count(name) && !is_known_buffer(name, expected))
+      problems.push_back("unexpected tensor '" + name + "'");
   if (!problems.empty()) {
     std::string message = path.string() + ": weights do not fit the model:";
     for (size_t i = 0; i < problems.size() && i < 20; ++i) message += "\n  " + problems[i];
     if (problems.size() > 20) message += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+    if (arch == recipe::Arch::llama && renamed.count("model.layers.0.self_attn.qkv_proj.weight"))
+      message +=
+          "\n  note: this file has fused self_attn.qkv_proj weights; weight files use Hugging Face's separate "
+          "q_proj, k_proj and v_proj";
     throw UserError(message);
   }
   store.refresh_copies();

@@ -1,17 +1,30 @@
 // Model weights to and from safetensors under Hugging Face names and layouts.
 //
-// GPT-2's Hugging Face checkpoints store the four linear layers of a block (attn.c_attn,
-// attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D weights, (in, out); the engine stores every linear
-// weight (out, in), so those are transposed on the way in and out. Everything else keeps its
-// layout. Import checks that every parameter is present with the right shape and dtype (F32), and
-// names any missing, unexpected or mis-shaped tensor. It accepts Hugging Face's GPT-2 files as
-// published: a "transformer." prefix, the attention-mask buffers and a tied lm_head.weight.
+// Most parameters are stored as they are. Two kinds differ from the engine's own layout:
+// - GPT-2's Hugging Face checkpoints store the four linear layers of a block (attn.c_attn,
+//   attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D weights, (in, out); the engine stores every
+//   linear weight (out, in), so those are transposed on the way in and out.
+// - Llama's fused self_attn.qkv_proj.weight is three tensors in a file: self_attn.q_proj.weight
+//   (n_embd, n_embd), k_proj and v_proj (kv_heads x head_size, n_embd each), its rows in that
+//   order. No rotary permutation is needed: the engine rotates in Hugging Face's convention.
+// Every file the engine writes under these names (final weights, `engine export`, the gradients of
+// --dump-first-gradients) uses this one layout. Import checks that every tensor is present with the
+// right shape and dtype (F32), and names any missing, unexpected or mis-shaped tensor. It accepts
+// Hugging Face's files as published: a "transformer." prefix and the attention-mask buffers
+// (h.N.attn.bias, h.N.attn.masked_bias) of GPT-2, the rotary buffers of older Llama files
+// (self_attn.rotary_emb.inv_freq), and an lm_head.weight when the head is tied to the embedding.
+//
+//   save_weights("model.safetensors", store, recipe::Arch::llama, {{"steps", "100"}});
+//   load_weights("hf/model.safetensors", store, recipe::Arch::llama);
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "graph/graph.h"
 #include "recipe/recipe.h"
 #include "runtime/parameters.h"
@@ -21,5 +34,10 @@ namespace engine {
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata);
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
+
+// The file tensors, in Hugging Face's names and layouts, of one value per parameter: `data(i)` is
+// parameter i's weights, or its gradient (fp32, the parameter's shape).
+std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,
+                                             const std::function<const float*(int)>& data);
 
 }  // namespace engine

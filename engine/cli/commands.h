@@ -23,7 +23,7 @@ inline constexpr int kExitRegression = 3;  // engine golden check: training beha
 struct RecipeArgs {
   std::filesystem::path recipe;
   std::vector<std::string> overrides;
-  int64_t world_size = 0;  // 0: from the environment
+  int64_t world_size = 0;                 // 0: from the environment
   std::filesystem::path first_gradients;  // train: --dump-first-gradients
 
   recipe::LoadOptions load_options() const;
@@ -56,6 +56,12 @@ int config(const RecipeArgs& args, bool only_changed);
 int schema(bool markdown);
 int help(const std::string& topic);
 int plugin_info(const std::filesystem::path& file);
+
+// Commands that run steps (train, golden, generate) run in a single process until distributed
+// training exists: any other world size (--world-size, or mpirun's environment) is a user error,
+// rather than N independent copies training side by side. `engine plan` and `validate` still
+// accept one, to size a run for N ranks.
+void require_single_process(const recipe::WorldSize& world, const std::string& command);
 
 // One line describing a loaded recipe, printed by `engine validate`.
 std::string summary(const recipe::LoadedRecipe& loaded);

@@ -37,6 +37,7 @@ GoldenFile record(const fs::path& recipe_path, const LoadedRecipe& loaded, const
 }  // namespace
 
 int golden(const GoldenArgs& args) {
+  require_single_process(world_size_from_environment(), "golden");
   int status = kExitOk;
   for (const fs::path& recipe_path : args.recipes) {
     LoadedRecipe loaded = load_recipe(recipe_path);

@@ -42,6 +42,7 @@ int export_weights(const fs::path& run_dir, const fs::path& destination) {
 }
 
 int generate(const GenerateArgs& args) {
+  require_single_process(world_size_from_environment(), "generate");
   // The run's recipe, without requiring its data files: generation reads only the weights.
   LoadOptions options;
   options.check_files = false;

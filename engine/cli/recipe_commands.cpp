@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "recipe/export.h"
 
 namespace engine::cli {
@@ -13,6 +14,15 @@ LoadOptions RecipeArgs::load_options() const {
   options.world =
       world_size > 0 ? WorldSize{world_size, "--world-size on the command line"} : world_size_from_environment();
   return options;
+}
+
+void require_single_process(const WorldSize& world, const std::string& command) {
+  if (world.size == 1) return;
+  const std::string n = std::to_string(world.size);
+  throw UserError("engine " + command + " runs in a single process: world size " + n + " (from " + world.source +
+                  ") needs distributed training, which this engine does not have yet; run it without mpirun "
+                  "and without --world-size (`engine plan --world-size " +
+                  n + "` sizes a run for " + n + " ranks)");
 }
 
 std::string summary(const LoadedRecipe& loaded) {

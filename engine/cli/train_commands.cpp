@@ -12,7 +12,9 @@ namespace engine::cli {
 using namespace engine::recipe;
 
 int train(const RecipeArgs& args) {
-  LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
+  LoadOptions options = args.load_options();
+  require_single_process(options.world, "train");
+  LoadedRecipe loaded = load_recipe(args.recipe, options);
   std::cout << summary(loaded) << "\n";
   engine::train(loaded, std::cout, TrainOptions{args.first_gradients});
   return kExitOk;

@@ -1,5 +1,10 @@
-// Llama: token embedding, pre-RMSNorm blocks of rotary causal self-attention and a SwiGLU MLP,
-// no biases, a final RMSNorm and an LM head (tied to the embedding when tie_embeddings).
+// Llama: token embedding, pre-RMSNorm blocks of rotary causal self-attention (grouped-query when
+// kv_heads < n_head) and a SwiGLU MLP, no biases, a final RMSNorm and an LM head (tied to the
+// embedding when tie_embeddings).
+//
+// The q, k and v projections are one fused parameter, self_attn.qkv_proj.weight, rows
+// [q (n_embd) | k (kv_heads x head_size) | v (kv_heads x head_size)], so a block runs one matmul
+// for all three; checkpoint/weights.cpp splits it into Hugging Face's q_proj, k_proj and v_proj.
 #include <cmath>
 
 #include "elementwise/add.h"
@@ -16,6 +21,7 @@ namespace engine {
 ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale) {
   const auto& m = recipe.model;
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
+  const int64_t KV = m.kv_heads.value_or(m.n_head), KVC = KV * (C / m.n_head);  // width of k and of v
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(batch, sequence, V);
   Graph& g = model.graph;
@@ -34,7 +40,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
     std::string p = "model.layers." + std::to_string(l) + ".";
     int unit = g.add_unit("layers." + std::to_string(l), true);
     ValueId ln1 = norm_weight(p + "input_layernorm.weight", unit);
-    ValueId qkv_w = weight(p + "self_attn.qkv_proj.weight", Shape{3 * C, C}, unit, std);
+    ValueId qkv_w = weight(p + "self_attn.qkv_proj.weight", Shape{C + 2 * KVC, C}, unit, std);
     ValueId o_w = weight(p + "self_attn.o_proj.weight", Shape{C, C}, unit, residual_std);
     ValueId ln2 = norm_weight(p + "post_attention_layernorm.weight", unit);
     ValueId gate_w = weight(p + "mlp.gate_proj.weight", Shape{F, C}, unit, std);
@@ -43,8 +49,8 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
 
     ValueId h = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
     ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
-    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary");
-    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn");
+    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary", KV);
+    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn", KV);
     x = ops::add(g, x, ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), p + "residual_1");
     h = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
     ValueId gate = ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj");

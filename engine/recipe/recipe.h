@@ -34,6 +34,8 @@ struct ModelSection {
   int64_t n_head;                  // gpt, llama
   int64_t n_embd;                  // gpt, llama: model width
   std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
+  // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
+  std::optional<int64_t> kv_heads;
   double dropout;                  // gpt
   bool bias;                       // gpt
   double norm_eps;                 // gpt, llama

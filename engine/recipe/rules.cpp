@@ -43,7 +43,9 @@ void resolve_run_name(RuleContext& c) {
 }
 
 void resolve_model_auto(RuleContext& c) {
-  if (!is_transformer(c.r) || c.r.model.ffn_dim) return;
+  if (!is_transformer(c.r)) return;
+  if (c.r.model.arch == Arch::llama && !c.r.model.kv_heads) c.r.model.kv_heads = c.r.model.n_head;
+  if (c.r.model.ffn_dim) return;
   int64_t width = 4 * c.r.model.n_embd;
   if (c.r.model.arch == Arch::llama) width = (2 * width / 3 + 63) / 64 * 64;
   c.r.model.ffn_dim = width;
@@ -60,6 +62,10 @@ void check_attention_shape(RuleContext& c) {
     c.error({"model.n_head", "model.n_embd"}, "head size n_embd / n_head = " + str(m.n_embd / m.n_head) +
                                                   " is odd; rotary embeddings need an even head size");
   }
+  if (m.arch == Arch::llama && m.kv_heads && m.n_head % *m.kv_heads != 0)
+    c.error({"model.kv_heads", "model.n_head"},
+            "kv_heads " + str(*m.kv_heads) + " does not divide n_head " + str(m.n_head),
+            {"each key/value head is shared by n_head / kv_heads query heads"});
 }
 
 void check_model_matches_data(RuleContext& c) {
@@ -168,9 +174,9 @@ void resolve_batch(RuleContext& c) {
 }
 
 void check_schedule(RuleContext& c) {
-  if (c.r.scheduler.warmup_steps > c.r.train.steps)
-    c.error({"scheduler.warmup_steps", "train.steps"},
-            "warmup_steps " + str(c.r.scheduler.warmup_steps) + " exceeds train.steps " + str(c.r.train.steps));
+  // A run shortened from the command line (train.steps=20) keeps its schedule: the warmup is cut to
+  // the run, so the learning rate reaches optimizer.lr at the last step (see warmup_steps' help).
+  c.r.scheduler.warmup_steps = std::min(c.r.scheduler.warmup_steps, c.r.train.steps);
   if (c.r.scheduler.type != SchedulerType::constant && c.r.scheduler.min_lr > c.r.optimizer.lr)
     c.error({"scheduler.min_lr", "optimizer.lr"},
             "min_lr " + format_value(c.r.scheduler.min_lr) + " exceeds optimizer.lr " + format_value(c.r.optimizer.lr));

@@ -148,6 +148,11 @@ class ValueParser {
           command_line ? " (relative to the working directory)" : " (relative to the recipe that names it)";
       if (error || !fs::exists(status)) {
         error_ = "file not found: " + path.string() + relative;
+        // The example recipes train on corpora that Debian packages install (fortunes).
+        if (path.is_absolute() && path.string().rfind("/usr/share/", 0) == 0)
+          error_ +=
+              "; files under /usr/share come from Debian packages: run scripts/setup, which installs the "
+              "ones the shipped recipes use";
         return std::nullopt;
       }
       if (fs::is_directory(status)) {

@@ -45,16 +45,11 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 
 namespace {
 
-void save_gradients(const fs::path& path, const ParameterStore& store) {
-  std::vector<SafeTensor> tensors;
-  const Graph& g = store.graph();
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const Shape& shape = g.value(g.params()[i].value).shape;
-    SafeTensor t{g.params()[i].name, DType::f32, shape.dims, std::vector<std::byte>(size_t(shape.numel()) * 4)};
-    std::memcpy(t.data.data(), store.grad(int(i)), t.data.size());
-    tensors.push_back(std::move(t));
-  }
-  write_safetensors(path, tensors, {{"layout", "engine: linear weights (out, in)"}});
+// Under the names and in the layout of the weights files (GPT-2's Conv1D weights (in, out), Llama's
+// q/k/v split), so a gradient lines up with the weight it belongs to in an exported file.
+void save_gradients(const fs::path& path, const ParameterStore& store, recipe::Arch arch) {
+  write_safetensors(path, hugging_face_tensors(store.graph(), arch, [&](int i) { return store.grad(i); }),
+                    {{"layout", "hugging face, as the weights files"}});
 }
 
 }  // namespace
@@ -110,7 +105,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
     if (step == 0 && !options.first_gradients.empty())
-      hooks.after_backward = [&] { save_gradients(options.first_gradients, session.store); };
+      hooks.after_backward = [&] { save_gradients(options.first_gradients, session.store, r.model.arch); };
     const Session::StepResult result = session.train_step(
         step, [&] { return loader.next(); }, hooks);
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;

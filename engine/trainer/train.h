@@ -29,7 +29,8 @@ struct TrainSummary {
 
 struct TrainOptions {
   // When set, the gradients of the first step (after backward, before clipping) are written here
-  // as safetensors under the parameters' names: for comparing with another implementation.
+  // as safetensors, in the names and layout of the weights files (checkpoint/weights.h): for
+  // comparing with another implementation.
   std::filesystem::path first_gradients;
 };
 

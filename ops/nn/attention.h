@@ -1,20 +1,24 @@
 // causal_attention: multi-head causal self-attention from packed q, k, v, fused forward and backward
 // that never store the T x T attention matrix (each row is recomputed from the saved log-sum-exp).
+// Grouped-query attention (Llama 2/3, Mistral): kv_heads key/value heads, each shared by
+// n_head / kv_heads consecutive query heads; kv_heads == n_head is ordinary multi-head attention.
 //
-//   qkv (B, T, 3C) laid out [q | k | v], heads of size hd = C / n_head
-//   -> out (B, T, C)  and  lse (B, H, T): log-sum-exp of each query's scaled scores
-//   out[b, t, h] = sum_{s <= t} softmax_s(q_t . k_s / sqrt(hd)) v_s
+//   qkv (B, T, (H + 2 KV) hd) laid out [q (H hd) | k (KV hd) | v (KV hd)], heads of size hd
+//   -> out (B, T, H hd)  and  lse (B, H, T): log-sum-exp of each query's scaled scores
+//   out[b, t, h] = sum_{s <= t} softmax_s(q_{t,h} . k_{s,g(h)} / sqrt(hd)) v_{s,g(h)},  g(h) = h / (H / KV)
 //
 // Backward (causal_attention_backward) recomputes the probabilities row by row from lse:
 // dv_s += p_ts do_t,  ds_ts = p_ts (do_t . v_s - do_t . out_t),  dq_t += ds_ts k_s / sqrt(hd),
-// dk_s += ds_ts q_t / sqrt(hd). Work is split over (batch, head), so sums run in a fixed order.
+// dk_s += ds_ts q_t / sqrt(hd). The K/V gradients of a group sum over its query heads. Work is split
+// over (batch, kv head) and a group's query heads run in order, so sums run in a fixed order.
 #pragma once
 
 #include "op_util.h"
 
 namespace engine::ops {
 
-ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name);
+// kv_heads 0 means n_head (no grouping).
+ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads = 0);
 
 extern const OpDef kCausalAttention, kCausalAttentionBackward;
 

@@ -10,7 +10,9 @@ namespace {
 // direction +1 rotates (forward), -1 rotates back (backward). inputs[0] is the source.
 void rotate(const Node& node, const KernelContext& ctx, float direction) {
   const Shape& s = ctx.shape(node.inputs[0]);
-  int64_t batch = s[0], time = s[1], c = s[2] / 3, heads = node.attrs.ints[0], hd = c / heads, half = hd / 2;
+  const int64_t heads = node.attrs.ints[0], kv_heads = node.attrs.ints[1];
+  const int64_t batch = s[0], time = s[1], row = s[2], hd = row / (heads + 2 * kv_heads), half = hd / 2;
+  const int64_t rotated = (heads + kv_heads) * hd;  // q and k heads side by side, then v
   double theta = node.attrs.floats[0];
   const float* in = ctx.f32(node.inputs[0]);
   float* out = ctx.f32(node.outputs[0]);
@@ -20,23 +22,21 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < batch * time; ++bt) {
     int64_t t = bt % time;
-    const float* src = in + bt * 3 * c;
-    float* dst = out + bt * 3 * c;
-    for (int64_t part = 0; part < 2; ++part) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* x = src + part * c + h * hd;
-        float* y = dst + part * c + h * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          double angle = double(t) * inv_freq[size_t(i)];
-          float cs = float(std::cos(angle)), sn = direction * float(std::sin(angle));
-          float a = x[i] * cs - x[i + half] * sn;
-          float b = x[i] * sn + x[i + half] * cs;
-          y[i] = accumulate ? y[i] + a : a;
-          y[i + half] = accumulate ? y[i + half] + b : b;
-        }
+    const float* src = in + bt * row;
+    float* dst = out + bt * row;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      const float* x = src + h * hd;
+      float* y = dst + h * hd;
+      for (int64_t i = 0; i < half; ++i) {
+        double angle = double(t) * inv_freq[size_t(i)];
+        float cs = float(std::cos(angle)), sn = direction * float(std::sin(angle));
+        float a = x[i] * cs - x[i + half] * sn;
+        float b = x[i] * sn + x[i + half] * cs;
+        y[i] = accumulate ? y[i] + a : a;
+        y[i + half] = accumulate ? y[i + half] + b : b;
       }
     }
-    for (int64_t i = 0; i < c; ++i) dst[2 * c + i] = accumulate ? dst[2 * c + i] + src[2 * c + i] : src[2 * c + i];
+    for (int64_t i = rotated; i < row; ++i) dst[i] = accumulate ? dst[i] + src[i] : src[i];
   }
 }
 
@@ -58,13 +58,16 @@ const OpDef kRotaryBackward{"rotary_backward", rotary_backward_cpu, nullptr, [](
                               return 3.0 * double(g.value(n.inputs[0]).shape.numel());
                             }};
 
-ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name) {
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;
-  if (s.rank() != 3 || s[2] % 3 != 0) shape_error(name, "qkv must be (B, T, 3C), got " + s.str());
-  int64_t c = s[2] / 3;
-  if (c % n_head != 0 || (c / n_head) % 2 != 0) shape_error(name, "rotary needs an even head size");
+  if (kv_heads == 0) kv_heads = n_head;
+  const int64_t slots = n_head + 2 * kv_heads;  // head-sized slices in a row of qkv
+  if (n_head < 1 || kv_heads < 1 || s.rank() != 3 || s[2] % slots != 0)
+    shape_error(name, "qkv must be (B, T, (" + std::to_string(n_head) + " + 2 x " + std::to_string(kv_heads) +
+                          ") x head_size), got " + s.str());
+  if ((s[2] / slots) % 2 != 0) shape_error(name, "rotary needs an even head size");
   ValueId y = g.add_activation(name + ".out", s);
-  g.add_node(Node{&kRotary, {qkv}, {y}, Attrs{{n_head}, {theta}}, false, false, name});
+  g.add_node(Node{&kRotary, {qkv}, {y}, Attrs{{n_head, kv_heads}, {theta}}, false, false, name});
   return y;
 }
 

@@ -1,7 +1,10 @@
 // rotary: rotary position embedding applied to the q and k parts of packed qkv (Llama), in the
 // "rotate half" convention of Hugging Face's Llama: within each head, element i pairs with i + hd/2.
+// Hugging Face's q_proj and k_proj weights are already permuted for this convention (its conversion
+// script does it for Meta's interleaved checkpoints), so they load unchanged.
 //
-//   qkv (B, T, 3C) -> (B, T, 3C);  angle(t, i) = t * theta^(-2i / hd),  i < hd / 2
+//   qkv (B, T, (H + 2 KV) hd) laid out [q (H heads) | k (KV heads) | v (KV heads)] -> the same shape
+//   angle(t, i) = t * theta^(-2i / hd),  i < hd / 2
 //   (x_i, x_{i+hd/2}) -> (x_i cos - x_{i+hd/2} sin,  x_i sin + x_{i+hd/2} cos);  v is copied
 //
 // Backward rotates the gradient by the opposite angle (the rotation is orthogonal).
@@ -11,7 +14,8 @@
 
 namespace engine::ops {
 
-ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name);
+// kv_heads 0 means n_head.
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads = 0);
 
 extern const OpDef kRotary, kRotaryBackward;
 

@@ -74,6 +74,14 @@ TEST(ModelGradients, LlamaMatchesFiniteDifferences) {
   check_gradients(loaded.recipe, 2e-2);
 }
 
+TEST(ModelGradients, GroupedQueryLlamaMatchesFiniteDifferences) {
+  auto loaded = tiny(
+      "{arch: llama, vocab_size: 11, context_length: 5, n_layer: 2, n_head: 4, kv_heads: 2, n_embd: 16, "
+      "tie_embeddings: false}",
+      "{source: synthetic_markov, order: 1}");
+  check_gradients(loaded.recipe, 2e-2);
+}
+
 TEST(ModelGradients, MlpMatchesFiniteDifferences) {
   auto loaded = tiny("{arch: mlp, n_layer: 2, input_dim: 5, hidden_dim: 7, num_classes: 3, activation: gelu}",
                      "{source: classification, num_samples: 16}");

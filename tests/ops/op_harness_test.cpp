@@ -191,18 +191,20 @@ Tensor ref_map(const Tensor& x, F f) {
 double gelu_d(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 double silu_d(double x) { return x / (1 + std::exp(-x)); }
 
-Tensor ref_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H) {
-  int64_t hd = C / H;
+// qkv rows are [q (H heads) | k (KV heads) | v (KV heads)]; query head h reads kv head h / (H / KV).
+Tensor ref_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, int64_t KV) {
+  const int64_t hd = C / H, row = C + 2 * KV * hd;
   Tensor out(size_t(B * T * C), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t t = 0; t < T; ++t) {
+        const int64_t k_at = C + (h / (H / KV)) * hd, v_at = k_at + KV * hd;
         std::vector<double> s(size_t(t + 1));
         double mx = -1e300;
         for (int64_t u = 0; u <= t; ++u) {
           double d = 0;
           for (int64_t i = 0; i < hd; ++i)
-            d += qkv[size_t((b * T + t) * 3 * C + h * hd + i)] * qkv[size_t((b * T + u) * 3 * C + C + h * hd + i)];
+            d += qkv[size_t((b * T + t) * row + h * hd + i)] * qkv[size_t((b * T + u) * row + k_at + i)];
           s[size_t(u)] = d / std::sqrt(double(hd));
           mx = std::max(mx, s[size_t(u)]);
         }
@@ -210,24 +212,22 @@ Tensor ref_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t
         for (auto& v : s) z += (v = std::exp(v - mx));
         for (int64_t u = 0; u <= t; ++u)
           for (int64_t i = 0; i < hd; ++i)
-            out[size_t((b * T + t) * C + h * hd + i)] +=
-                s[size_t(u)] / z * qkv[size_t((b * T + u) * 3 * C + 2 * C + h * hd + i)];
+            out[size_t((b * T + t) * C + h * hd + i)] += s[size_t(u)] / z * qkv[size_t((b * T + u) * row + v_at + i)];
       }
   return out;
 }
 
-Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, double theta) {
-  int64_t hd = C / H, half = hd / 2;
+Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, int64_t KV, double theta) {
+  const int64_t hd = C / H, half = hd / 2, row = C + 2 * KV * hd;
   Tensor y = qkv;
   for (int64_t bt = 0; bt < B * T; ++bt)
-    for (int64_t part = 0; part < 2; ++part)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < half; ++i) {
-          double angle = double(bt % T) * std::pow(theta, -2.0 * double(i) / double(hd));
-          size_t a = size_t(bt * 3 * C + part * C + h * hd + i), b = a + size_t(half);
-          y[a] = qkv[a] * std::cos(angle) - qkv[b] * std::sin(angle);
-          y[b] = qkv[a] * std::sin(angle) + qkv[b] * std::cos(angle);
-        }
+    for (int64_t h = 0; h < H + KV; ++h)  // the q heads, then the k heads
+      for (int64_t i = 0; i < half; ++i) {
+        double angle = double(bt % T) * std::pow(theta, -2.0 * double(i) / double(hd));
+        size_t a = size_t(bt * row + h * hd + i), b = a + size_t(half);
+        y[a] = qkv[a] * std::cos(angle) - qkv[b] * std::sin(angle);
+        y[b] = qkv[a] * std::sin(angle) + qkv[b] * std::cos(angle);
+      }
   return y;
 }
 
@@ -235,6 +235,8 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   auto pick = [&](int lo, int hi) { return int64_t(std::uniform_int_distribution<int>(lo, hi)(shape_rng)); };
   const int64_t rows = pick(1, 9), k = pick(1, 13), m = pick(1, 11), c = pick(2, 17);
   const int64_t B = pick(1, 3), T = pick(1, 7), H = pick(1, 3), hd = 2 * pick(1, 3), C = H * hd, V = pick(2, 13);
+  // Grouped-query attention: KV key/value heads, each shared by `group` query heads.
+  const int64_t KV = pick(1, 2), group = pick(2, 3), GH = KV * group, GC = GH * hd;
   std::vector<Case> all;
   all.push_back(
       {"linear+bias",
@@ -332,14 +334,28 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
        {},
        0,
        [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::causal_attention(g, p[0], H, "attn"); },
-       [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], B, T, C, H); }});
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], B, T, C, H, H); }});
+  all.push_back(
+      {"causal_attention (grouped-query)",
+       {Shape{B, T, GC + 2 * KV * hd}},
+       {},
+       0,
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::causal_attention(g, p[0], GH, "attn", KV); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], B, T, GC, GH, KV); }});
   all.push_back(
       {"rotary",
        {Shape{B, T, 3 * C}},
        {},
        0,
        [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], H, 10000.0, "rope"); },
-       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, 10000.0); }});
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, H, 10000.0); }});
+  all.push_back(
+      {"rotary (grouped-query)",
+       {Shape{B, T, GC + 2 * KV * hd}},
+       {},
+       0,
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], GH, 10000.0, "rope", KV); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, GC, GH, KV, 1e4); }});
   all.push_back({"softmax",
                  {Shape{rows, c}},
                  {},

@@ -4,7 +4,12 @@ same AdamW and cosine-with-warmup schedule, trained by this engine and by PyTorc
 python3-torch, fp32, CPU). Compares every parameter gradient after the first backward and the loss
 and learning rate of every step.
 
-  parity.py ENGINE ARCH WORKDIR [PRECISION]     ARCH: gpt | llama; PRECISION: fp32 (default) | bf16
+  parity.py ENGINE ARCH WORKDIR [PRECISION]     ARCH: gpt | llama | llama_gqa; PRECISION: fp32 (default) | bf16
+
+The Llama reference is Hugging Face's LlamaAttention written in plain torch (transformers is not a
+dependency): separate q_proj, k_proj and v_proj under Hugging Face's names, rotate_half rotary, and
+for llama_gqa grouped-query attention (4 query heads sharing 2 key/value heads, repeat_kv). The
+weights are written as a Hugging Face file, so parity also proves such a file loads unchanged.
 
 Exit 0 when within tolerance (fp32 - loss: relative 1e-5 per step; gradients: 1e-4 relative to each
 tensor's largest entry); prints a table of the worst errors either way.
@@ -26,7 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-engine, arch, work = sys.argv[1], sys.argv[2], sys.argv[3]
+engine, variant, work = sys.argv[1], sys.argv[2], sys.argv[3]
+arch = "llama" if variant == "llama_gqa" else variant
 precision = sys.argv[4] if len(sys.argv) > 4 else "fp32"
 LOSS_TOL, GRAD_TOL = (1e-5, 1e-4) if precision == "fp32" else (2e-3, 5e-2)
 os.makedirs(work, exist_ok=True)
@@ -36,6 +42,7 @@ torch.set_num_threads(2)
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH, STEPS = 64, 32, 2, 2, 32, 4, 20
 LR, MIN_LR, WARMUP, BETAS, EPS, DECAY, CLIP = 3e-3, 3e-4, 4, (0.9, 0.95), 1e-8, 0.1, 1.0
 FFN = 4 * WIDTH if arch == "gpt" else (2 * 4 * WIDTH // 3 + 63) // 64 * 64
+HEADS, KV_HEADS = (4, 2) if variant == "llama_gqa" else (HEADS, HEADS)
 HD = WIDTH // HEADS
 
 
@@ -47,20 +54,36 @@ def causal_attention(qkv):
     return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, WIDTH)
 
 
-def rotary(qkv, theta=10000.0):
-    # Hugging Face's rotate_half convention, on the q and k parts of packed qkv.
-    b, t, _ = qkv.shape
+def rotate_half(x):
+    return torch.cat([-x[..., HD // 2:], x[..., : HD // 2]], -1)
+
+
+def llama_attention_params(p, h):
+    """Hugging Face's Llama attention weights: q_proj (WIDTH, WIDTH), k_proj and v_proj
+    (KV_HEADS x HD, WIDTH), o_proj; (out, in) as nn.Linear."""
+    for name, out in [("q_proj", WIDTH), ("k_proj", KV_HEADS * HD), ("v_proj", KV_HEADS * HD), ("o_proj", WIDTH)]:
+        p[h + "self_attn." + name + ".weight"] = torch.randn(out, WIDTH) * 0.1
+
+
+def llama_attention(g, h, x, theta=10000.0):
+    """transformers' LlamaAttention before o_proj: rotary in the rotate_half convention on q and k,
+    then each key/value head repeated for the HEADS // KV_HEADS query heads that share it (repeat_kv)."""
+    b, t, _ = x.shape
+    q = F.linear(x, g(h + "self_attn.q_proj.weight")).view(b, t, HEADS, HD).transpose(1, 2)
+    k = F.linear(x, g(h + "self_attn.k_proj.weight")).view(b, t, KV_HEADS, HD).transpose(1, 2)
+    v = F.linear(x, g(h + "self_attn.v_proj.weight")).view(b, t, KV_HEADS, HD).transpose(1, 2)
     inv = theta ** (-torch.arange(0, HD // 2, dtype=torch.float64) * 2 / HD)
     angle = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
     cos, sin = torch.cat([angle.cos()] * 2, -1).float(), torch.cat([angle.sin()] * 2, -1).float()
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    k, v = (z.repeat_interleave(HEADS // KV_HEADS, dim=1) for z in (k, v))
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(HD)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, WIDTH)
 
-    def rot(x):
-        x = x.view(b, t, HEADS, HD)
-        half = torch.cat([-x[..., HD // 2:], x[..., : HD // 2]], -1)
-        return (x * cos[None, :, None, :] + half * sin[None, :, None, :]).reshape(b, t, WIDTH)
 
-    q, k, v = qkv.split(WIDTH, dim=2)
-    return torch.cat([rot(q), rot(k), v], 2)
+def llama_recipe_keys():
+    return f", tie_embeddings: false, kv_heads: {KV_HEADS}" if arch == "llama" else ""
 
 
 def rms_norm(x, w, eps=1e-5):
@@ -93,8 +116,8 @@ class Model(nn.Module):
                 h = f"model.layers.{l}."
                 p[h + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
                 p[h + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
-                for name, out, inp in [("self_attn.qkv_proj", 3 * WIDTH, WIDTH), ("self_attn.o_proj", WIDTH, WIDTH),
-                                       ("mlp.gate_proj", FFN, WIDTH), ("mlp.up_proj", FFN, WIDTH),
+                llama_attention_params(p, h)
+                for name, out, inp in [("mlp.gate_proj", FFN, WIDTH), ("mlp.up_proj", FFN, WIDTH),
                                        ("mlp.down_proj", WIDTH, FFN)]:
                     p[h + name + ".weight"] = torch.randn(out, inp) * 0.1
             p["model.norm.weight"] = 1 + 0.1 * torch.randn(WIDTH)
@@ -124,7 +147,7 @@ class Model(nn.Module):
             for l in range(LAYERS):
                 h = f"model.layers.{l}."
                 a = rms_norm(x, g(h + "input_layernorm.weight"))
-                a = causal_attention(rotary(F.linear(a, g(h + "self_attn.qkv_proj.weight"))))
+                a = llama_attention(g, h, a)
                 x = x + F.linear(a, g(h + "self_attn.o_proj.weight"))
                 m = rms_norm(x, g(h + "post_attention_layernorm.weight"))
                 m = F.silu(F.linear(m, g(h + "mlp.gate_proj.weight"))) * F.linear(m, g(h + "mlp.up_proj.weight"))
@@ -180,7 +203,7 @@ with open(f"{work}/tokens.bin", "wb") as f:
 with open(f"{work}/recipe.yaml", "w") as f:
     f.write(f"""run: {{name: parity, output_dir: {work}/runs, seed: 1}}
 model: {{arch: {arch}, vocab_size: {VOCAB}, context_length: {CONTEXT}, n_layer: {LAYERS}, n_head: {HEADS},
-        n_embd: {WIDTH}, init_from: init.safetensors{', tie_embeddings: false' if arch == 'llama' else ''}}}
+        n_embd: {WIDTH}, init_from: init.safetensors{llama_recipe_keys()}}}
 data: {{source: tokens, path: tokens.bin, format: raw_uint16, shuffle: false, val_fraction: 0, prefetch: 0}}
 train: {{steps: {STEPS}, micro_batch_size: {BATCH}, gradient_clipping: {CLIP}, log_every: 1}}
 optimizer: {{type: adamw, lr: {LR}, betas: [{BETAS[0]}, {BETAS[1]}], eps: {EPS}, weight_decay: {DECAY}}}
@@ -191,6 +214,13 @@ subprocess.run([engine, "train", f"{work}/recipe.yaml", "--dump-first-gradients"
                check=True, stdout=subprocess.DEVNULL)
 metrics = [json.loads(l) for l in open(f"{work}/runs/parity/metrics.jsonl") if '"loss"' in l]
 engine_grads = read_safetensors(f"{work}/grads.safetensors")
+
+
+def engine_gradient(name):
+    """The engine's gradient of a parameter in the model's (out, in) layout: the dump uses the layout
+    of the weights files, where GPT-2's Conv1D weights are (in, out)."""
+    e = engine_grads[name]
+    return e.t() if arch == "gpt" and name.endswith(CONV1D) else e
 
 
 def schedule(step):  # the engine's cosine with linear warmup, as a LambdaLR factor
@@ -217,7 +247,7 @@ for step in range(STEPS):
     loss.float().backward()
     if step == 0:
         for name, p in zip(model.names, model.params):
-            e, t = engine_grads[name], p.grad
+            e, t = engine_gradient(name), p.grad
             err = ((e - t).abs().max() / t.abs().max().clamp_min(1e-12)).item()
             grad_rows.append((err, name))
             if err > GRAD_TOL:
@@ -235,7 +265,7 @@ for step in range(STEPS):
         failures.append(f"step {step + 1}: lr {m['lr']:.9g} (engine) vs {lr:.9g} (torch LambdaLR)")
 
 grad_rows.sort(reverse=True)
-print(f"{arch} {precision}: {STEPS} steps against PyTorch {torch.__version__}" +
+print(f"{variant} {precision}: {STEPS} steps against PyTorch {torch.__version__}" +
       (" CPU autocast to bf16" if precision == "bf16" else ""))
 print(f"  worst loss relative error: {worst_loss:.3g} (limit {LOSS_TOL:g})")
 print(f"  worst lr relative error:   {worst_lr:.3g}")

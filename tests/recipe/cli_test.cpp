@@ -59,6 +59,42 @@ TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
   EXPECT_TRUE(contains(r.output, "world_size 3 comes from the environment (OMPI_COMM_WORLD_SIZE=3)")) << r.output;
 }
 
+// Until distributed training exists, commands that run steps refuse to run as N independent copies.
+TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
+  const std::string out = (fs::temp_directory_path() / "engine_cli_world").string();
+  const std::string quick = "recipes/quickstart.yaml train.steps=1 scheduler.warmup_steps=0 run.output_dir=" + out;
+  Result r = run("train " + quick + " --world-size 2");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "engine train runs in a single process: world size 2 (from --world-size on the "
+                       "command line)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "engine plan --world-size 2")) << r.output;
+  r = run_shell("OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' train " + quick);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "world size 2 (from the environment (OMPI_COMM_WORLD_SIZE=2))")) << r.output;
+  r = run_shell("PMI_SIZE=4 '" ENGINE_BINARY "' golden check recipes/golden/gpt_markov.yaml");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "engine golden runs in a single process: world size 4")) << r.output;
+  r = run_shell("OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' generate " + out);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "engine generate runs in a single process")) << r.output;
+  // Planning for several ranks, and training with an explicit world size of one, still work.
+  EXPECT_EQ(run("plan recipes/quickstart.yaml --world-size 2").status, 0);
+  r = run("train " + quick + " --world-size 1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  fs::remove_all(out);
+}
+
+// The fortunes example reads a corpus that a Debian package installs: without it, the error says
+// how to get it.
+TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
+  Result r = run("validate recipes/examples/gpt-fortunes.yaml data.path=/usr/share/games/fortunes/not-installed");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "data.path: file not found: /usr/share/games/fortunes/not-installed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "run scripts/setup")) << r.output;
+}
+
 TEST(Cli, AllErrorsAndExitTwo) {
   fs::path path = fs::temp_directory_path() / "engine_cli_bad.yaml";
   std::ofstream(path) << "model:\n  arch: gpt\n  n_lyer: 2\ndata:\n  source: synthetic_markov\ntrain:\n  steps: -1\n"

@@ -106,11 +106,47 @@ TEST(Rules, ModelAndDataMustFit) {
   EXPECT_EQ(errors[0].key, "data.source");
 }
 
-TEST(Rules, WarmupLongerThanTheRunIsAnError) {
-  auto errors =
-      recipe(std::string(kModel) + "train: {steps: 10, micro_batch_size: 1}\nscheduler: {warmup_steps: 11}\n").errors();
+TEST(Rules, WarmupLongerThanTheRunIsClampedToTheRun) {
+  // The quick start shortened from the command line: warmup_steps 30 > train.steps 20.
+  Files files =
+      recipe(std::string(kModel) + "train: {steps: 30, micro_batch_size: 1}\nscheduler: {warmup_steps: 30}\n");
+  files.overrides = {"train.steps=20"};
+  Recipe r = files.load().recipe;
+  EXPECT_EQ(r.train.steps, 20);
+  EXPECT_EQ(r.scheduler.warmup_steps, 20);
+  // A warmup that fits is kept as written.
+  files.overrides = {"train.steps=40"};
+  EXPECT_EQ(files.load().recipe.scheduler.warmup_steps, 30);
+}
+
+TEST(Rules, MinLrAboveLrIsStillAnError) {
+  auto errors = recipe(std::string(kModel) +
+                       "train: {steps: 10, micro_batch_size: 1}\nscheduler: {type: cosine, warmup_steps: 11, "
+                       "min_lr: 1.0}\noptimizer: {lr: 0.1}\n")
+                    .errors();
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0].key, "scheduler.warmup_steps");
+  EXPECT_EQ(errors[0].key, "scheduler.min_lr");
+}
+
+TEST(Rules, KvHeadsMustDivideHeads) {
+  const std::string llama =
+      "model: {arch: llama, vocab_size: 64, context_length: 32, n_layer: 1, n_head: 6, n_embd: 48, kv_heads: 4}\n"
+      "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n";
+  auto errors = recipe(llama).errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "model.kv_heads");
+  EXPECT_NE(errors[0].message.find("kv_heads 4 does not divide n_head 6"), std::string::npos) << errors[0].message;
+  Files fits = recipe(llama);
+  fits.overrides = {"model.kv_heads=2"};
+  EXPECT_EQ(*fits.load().recipe.model.kv_heads, 2);
+  fits.overrides = {"~model.kv_heads"};
+  EXPECT_EQ(*fits.load().recipe.model.kv_heads, 6);  // auto: multi-head attention
+  // GPT-2 has no grouped-query attention.
+  Files gpt = recipe(std::string(kModel) + "train: {steps: 1, micro_batch_size: 1}\n");
+  gpt.overrides = {"model.kv_heads=1"};
+  auto gpt_errors = gpt.errors();
+  ASSERT_EQ(gpt_errors.size(), 1u);
+  EXPECT_EQ(gpt_errors[0].key, "model.kv_heads");
 }
 
 TEST(Rules, NesterovNeedsMomentum) {

@@ -72,7 +72,7 @@ TEST(SchemaFiles, EveryKeyIsDocumented) {
 TEST(SchemaFiles, ConfigOutputLoadsBackUnderAnotherWorldSize) {
   LoadOptions four;
   four.world = WorldSize{4, "test"};
-  LoadedRecipe first = load_recipe(kSource / "recipes/examples/gpt-shakespeare.yaml", four);
+  LoadedRecipe first = load_recipe(kSource / "recipes/examples/gpt-engine-readme.yaml", four);
   fs::path dumped = fs::temp_directory_path() / "engine_config_world.yaml";  // elsewhere: paths must be absolute
   std::ofstream(dumped) << dump_recipe(first, Schema::engine(), false);
   LoadedRecipe second = load_recipe(dumped);

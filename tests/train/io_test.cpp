@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
@@ -12,6 +13,7 @@
 #include "data/permutation.h"
 #include "recipe/load.h"
 #include "trainer/session.h"
+#include "trainer/train.h"
 
 namespace engine {
 namespace {
@@ -219,6 +221,97 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
 
 namespace engine {
 namespace {
+
+recipe::LoadedRecipe tiny_run(const std::string& model, const fs::path& out) {
+  recipe::MemorySourceReader reader;
+  reader.add("r.yaml",
+             "run: {output_dir: '" + out.string() + "', name: w}\nmodel: " + model +
+                 "\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2, log_every: 1}\n");
+  recipe::LoadOptions options;
+  options.reader = &reader;
+  return recipe::load_recipe("r.yaml", options);
+}
+
+const char* kGqaLlama =
+    "{arch: llama, vocab_size: 17, context_length: 8, n_layer: 2, n_head: 4, kv_heads: 2, n_embd: 16, "
+    "tie_embeddings: false}";
+
+TEST(Weights, LlamaFilesUseHuggingFaceSeparateProjections) {
+  auto r = tiny_run(kGqaLlama, scratch("llama")).recipe;
+  Session a(r), b(r);
+  a.store.initialize(1);
+  b.store.initialize(2);
+  fs::path path = scratch("llama.safetensors");
+  save_weights(path, a.store, r.model.arch, {});
+  auto file = read_safetensors(path);
+  // head size 4: q_proj (16, 16); k_proj and v_proj (2 heads x 4, 16) as num_key_value_heads = 2.
+  EXPECT_EQ(file.tensors.at("model.layers.1.self_attn.q_proj.weight").shape, (std::vector<int64_t>{16, 16}));
+  EXPECT_EQ(file.tensors.at("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(file.tensors.at("model.layers.1.self_attn.v_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+  EXPECT_EQ(file.tensors.count("model.layers.1.self_attn.qkv_proj.weight"), 0u);
+  // The fused parameter's rows are q, then k, then v.
+  int qkv = -1;
+  for (size_t i = 0; i < a.model.graph.params().size(); ++i)
+    if (a.model.graph.params()[i].name == "model.layers.1.self_attn.qkv_proj.weight") qkv = int(i);
+  ASSERT_GE(qkv, 0);
+  const auto& k = file.tensors.at("model.layers.1.self_attn.k_proj.weight").data;
+  EXPECT_EQ(std::memcmp(k.data(), a.store.param(qkv) + 16 * 16, k.size()), 0);
+  load_weights(path, b.store, r.model.arch);
+  for (size_t i = 0; i < a.model.graph.params().size(); ++i)
+    EXPECT_EQ(std::memcmp(a.store.param(int(i)), b.store.param(int(i)), size_t(a.store.numel(int(i))) * 4), 0);
+
+  // Older Hugging Face files carry rotary frequency buffers: accepted and ignored.
+  std::vector<SafeTensor> hf;
+  for (auto& [name, tensor] : read_safetensors(path).tensors) hf.push_back(tensor);
+  hf.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::f32, {2}, std::vector<std::byte>(8)});
+  fs::path hf_path = scratch("llama_hf.safetensors");
+  write_safetensors(hf_path, hf, {});
+  b.store.initialize(3);
+  load_weights(hf_path, b.store, r.model.arch);
+  EXPECT_EQ(std::memcmp(a.store.param(qkv), b.store.param(qkv), size_t(a.store.numel(qkv)) * 4), 0);
+
+  // A fused file (the engine's internal layout) is refused, naming the tensors it lacks.
+  std::vector<SafeTensor> fused;
+  for (size_t i = 0; i < a.model.graph.params().size(); ++i) {
+    const Shape& shape = a.model.graph.value(a.model.graph.params()[i].value).shape;
+    SafeTensor t{a.model.graph.params()[i].name, DType::f32, shape.dims,
+                 std::vector<std::byte>(size_t(shape.numel()) * 4)};
+    fused.push_back(std::move(t));
+  }
+  fs::path fused_path = scratch("llama_fused.safetensors");
+  write_safetensors(fused_path, fused, {});
+  try {
+    load_weights(fused_path, b.store, r.model.arch);
+    FAIL() << "loaded";
+  } catch (const UserError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("missing tensor 'model.layers.0.self_attn.k_proj.weight' (8, 16)"), std::string::npos) << what;
+    EXPECT_NE(what.find("separate q_proj, k_proj and v_proj"), std::string::npos) << what;
+  }
+}
+
+// --dump-first-gradients writes the same names, shapes and layout as the weights file, for every
+// architecture: a gradient lines up with its weight (GPT-2's Conv1D (in, out), Llama's q/k/v).
+TEST(Weights, DumpedGradientsHaveTheLayoutOfTheWeightsFile) {
+  const char* gpt = "{arch: gpt, vocab_size: 17, context_length: 8, n_layer: 1, n_head: 2, n_embd: 8}";
+  for (const char* model : {gpt, kGqaLlama}) {
+    fs::path out = scratch("dump");
+    fs::remove_all(out);
+    auto loaded = tiny_run(model, out);
+    std::ostringstream log;
+    train(loaded, log, TrainOptions{out / "grads.safetensors"});
+    auto weights = read_safetensors(out / "w" / "model.safetensors").tensors;
+    auto grads = read_safetensors(out / "grads.safetensors").tensors;
+    ASSERT_EQ(weights.size(), grads.size()) << model;
+    for (const auto& [name, w] : weights) {
+      ASSERT_TRUE(grads.count(name)) << model << ": no gradient for " << name;
+      EXPECT_EQ(grads.at(name).shape, w.shape) << name;
+    }
+    if (model == gpt) EXPECT_EQ(grads.at("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));  // (in, out)
+    if (model == kGqaLlama)
+      EXPECT_EQ(grads.at("model.layers.0.self_attn.v_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+  }
+}
 
 TEST(Safetensors, ShapesWhoseSizeOverflowsAreRefused) {
   EXPECT_NE(

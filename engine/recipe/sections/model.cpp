@@ -36,6 +36,14 @@ void declare_model(Schema& schema) {
       .only_when("arch", transformers)
       .limit(1 << 12)
       .help("Attention heads per block; must divide n_embd.");
+  model.key("kv_heads", &ModelSection::kv_heads)
+      .auto_default("n_head (multi-head attention)")
+      .min(1)
+      .only_when("arch", {"llama"})
+      .limit(1 << 12)
+      .help(
+          "Key/value heads per block (Hugging Face's num_key_value_heads): grouped-query attention, "
+          "each shared by n_head / kv_heads query heads; must divide n_head.");
   model.key("n_embd", &ModelSection::n_embd)
       .def(768)
       .min(1)
@@ -108,8 +116,9 @@ void declare_model(Schema& schema) {
       .must_exist()
       .derived_default("none: random initialisation")
       .help(
-          "Initial weights: a safetensors file with Hugging Face tensor names (GPT-2's Conv1D layout is "
-          "transposed on load), relative to the recipe. Every parameter must be present with its shape.");
+          "Initial weights: a safetensors file with Hugging Face tensor names and layouts (GPT-2's Conv1D "
+          "weights (in, out); Llama's separate q_proj, k_proj and v_proj), relative to the recipe. Every "
+          "parameter must be present with its shape.");
 }
 
 }  // namespace engine::recipe

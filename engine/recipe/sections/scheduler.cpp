@@ -16,7 +16,11 @@ void declare_scheduler(Schema& schema) {
       .min(0)
       .unit("steps")
       .limit(int64_t(1) << 40)
-      .help("Steps of linear warmup from 0 to optimizer.lr.");
+      .help(
+          "Steps of linear warmup to optimizer.lr: step s (counted from 0) of the first warmup_steps runs at "
+          "optimizer.lr x (s + 1) / warmup_steps. More than train.steps (a run shortened from the command "
+          "line) is clamped to train.steps, so the whole run warms up and reaches optimizer.lr at its last "
+          "step.");
   scheduler.key("min_lr", &SchedulerSection::min_lr)
       .def(0.0)
       .min(0)
