@@ -22,9 +22,17 @@ import struct
 import subprocess
 import sys
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas_coretype  # noqa: E402
+
+openblas_coretype.configure()  # before torch loads OpenBLAS
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:
+    sys.exit(f"parity: cannot import PyTorch into {sys.executable} ({e}). Install Debian's python3-torch: "
+             "scripts/setup --deps installs it (or: apt-get install python3-torch)")
 
 engine, arch, work = sys.argv[1], sys.argv[2], sys.argv[3]
 precision = sys.argv[4] if len(sys.argv) > 4 else "fp32"
