@@ -44,6 +44,11 @@ int run(int argc, char** argv) {
   add_recipe_args(train, train_args);
   train->add_option("--dump-first-gradients", train_args.first_gradients,
                     "Write the first step's gradients (before clipping) to this safetensors file");
+  train
+      ->add_option("--dump-gradients-at", train_args.gradients_at,
+                   "Write step STEP's gradients (1-based, as in metrics.jsonl; before clipping) to the "
+                   "safetensors file PATH; repeatable")
+      ->type_name("STEP PATH");
 
   RecipeArgs plan_args;
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");

@@ -14,7 +14,9 @@ using namespace engine::recipe;
 int train(const RecipeArgs& args) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
   std::cout << summary(loaded) << "\n";
-  engine::train(loaded, std::cout, TrainOptions{args.first_gradients});
+  TrainOptions options{args.first_gradients, {}};
+  for (const auto& [step, path] : args.gradients_at) options.gradients_at[step] = path;
+  engine::train(loaded, std::cout, options);
   return kExitOk;
 }
 
