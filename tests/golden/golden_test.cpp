@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../temp_dir.h"
 #include "core/error.h"
 
 namespace engine {
@@ -52,7 +53,8 @@ TEST(Golden, DifferentStepCountIsARegression) {
 }
 
 TEST(Golden, FilesRoundTripAndMalformedOnesAreRefused) {
-  auto dir = std::filesystem::temp_directory_path();
+  const ::engine::testing::TempDir scratch("golden");
+  const auto& dir = scratch.path();
   TolerancePolicy policy;
   policy.exact = false;
   policy.loss = {1e-5, 1e-7};
