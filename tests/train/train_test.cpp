@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "../temp_dir.h"
+#include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "optim/optimizer.h"
 #include "recipe/load.h"
@@ -194,6 +195,34 @@ TEST(Schedule, DecaysTowardMinLrWithoutReachingItOnTheLastStep) {
   auto one =
       quickstart({"train.steps=1", "scheduler.warmup_steps=0", "scheduler.type=cosine", "optimizer.lr=1.0"}).recipe;
   EXPECT_DOUBLE_EQ(learning_rate(one, 0), 1.0) << "a single step must still learn";
+}
+
+// --dump-gradients-at STEP PATH: each listed step's gradients land in their own file (the parity
+// tests compare step 1 and step 4 with PyTorch); a step outside the run is refused up front.
+TEST(GradientDump, WritesTheListedStepsAndRefusesStepsOutsideTheRun) {
+  const testing::TempDir scratch("gradients");
+  auto loaded = quickstart(
+      {"run.output_dir=" + scratch.path().string(), "train.steps=3", "scheduler.warmup_steps=1", "train.eval_every=0"});
+  std::ostringstream log;
+  TrainOptions options;
+  options.first_gradients = scratch / "first.safetensors";
+  options.gradients_at = {{1, scratch / "1.safetensors"}, {3, scratch / "3.safetensors"}};
+  train(loaded, log, options);
+  auto first = read_safetensors(scratch / "first.safetensors"), one = read_safetensors(scratch / "1.safetensors"),
+       three = read_safetensors(scratch / "3.safetensors");
+  ASSERT_FALSE(one.tensors.empty());
+  ASSERT_EQ(one.tensors.size(), three.tensors.size());
+  EXPECT_EQ(one.tensors.at("wte.weight").data, first.tensors.at("wte.weight").data);
+  EXPECT_NE(one.tensors.at("wte.weight").data, three.tensors.at("wte.weight").data) << "step 3's are step 1's";
+  EXPECT_FALSE(fs::exists(scratch / "2.safetensors"));
+
+  options.gradients_at = {{4, scratch / "4.safetensors"}};
+  try {
+    train(loaded, log, options);
+    FAIL() << "a step past train.steps was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("between 1 and train.steps (3)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Divergence, ANonFiniteLossStopsTheRunWithAClearError) {
