@@ -45,6 +45,11 @@ int run(int argc, char** argv) {
   train->add_option("--dump-first-gradients", train_args.first_gradients,
                     "Write the first step's gradients (before clipping) to this safetensors file, in the "
                     "names and layout of the exported weights");
+  train
+      ->add_option("--dump-gradients-at", train_args.gradients_at,
+                   "Write step STEP's gradients (1-based, as in metrics.jsonl; before clipping) to the "
+                   "safetensors file PATH, in the names and layout of the exported weights; repeatable")
+      ->type_name("STEP PATH");
 
   RecipeArgs plan_args;
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");

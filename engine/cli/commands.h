@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "recipe/load.h"
@@ -25,6 +26,8 @@ struct RecipeArgs {
   std::vector<std::string> overrides;
   int64_t world_size = 0;                 // 0: from the environment
   std::filesystem::path first_gradients;  // train: --dump-first-gradients
+  // train: --dump-gradients-at STEP PATH (repeatable)
+  std::vector<std::pair<int64_t, std::string>> gradients_at;
 
   recipe::LoadOptions load_options() const;
 };

@@ -16,7 +16,9 @@ int train(const RecipeArgs& args) {
   require_single_process(options.world, "train");
   LoadedRecipe loaded = load_recipe(args.recipe, options);
   std::cout << summary(loaded) << "\n";
-  engine::train(loaded, std::cout, TrainOptions{args.first_gradients});
+  TrainOptions options{args.first_gradients, {}};
+  for (const auto& [step, path] : args.gradients_at) options.gradients_at[step] = path;
+  engine::train(loaded, std::cout, options);
   return kExitOk;
 }
 

@@ -64,6 +64,10 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
   });
   const recipe::LoadedRecipe& loaded = plugins.recipe();  // as on_recipe left it
   const recipe::Recipe& r = loaded.recipe;
+  for (const auto& [step, file] : options.gradients_at)
+    if (step < 1 || step > r.train.steps)
+      throw UserError("--dump-gradients-at " + std::to_string(step) + " " + file.string() +
+                      ": the step must be between 1 and train.steps (" + std::to_string(r.train.steps) + ")");
   TrainSummary summary;
   summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
   std::error_code error;
@@ -104,8 +108,14 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
     plugins.step_start(step);
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
-    if (step == 0 && !options.first_gradients.empty())
-      hooks.after_backward = [&] { save_gradients(options.first_gradients, session.store, r.model.arch); };
+    std::vector<fs::path> gradient_files;
+    if (step == 0 && !options.first_gradients.empty()) gradient_files.push_back(options.first_gradients);
+    if (auto it = options.gradients_at.find(step + 1); it != options.gradients_at.end())
+      gradient_files.push_back(it->second);
+    if (!gradient_files.empty())
+      hooks.after_backward = [&session, &r, gradient_files] {
+        for (const fs::path& file : gradient_files) save_gradients(file, session.store, r.model.arch);
+      };
     const Session::StepResult result = session.train_step(
         step, [&] { return loader.next(); }, hooks);
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;

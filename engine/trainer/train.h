@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <iosfwd>
+#include <map>
 
 #include "recipe/load.h"
 
@@ -32,6 +33,9 @@ struct TrainOptions {
   // as safetensors, in the names and layout of the weights files (checkpoint/weights.h): for
   // comparing with another implementation.
   std::filesystem::path first_gradients;
+  // The same for later steps: optimizer step (1-based, as metrics.jsonl counts) -> file. A
+  // comparison a few steps in also covers the optimizer state and the schedule.
+  std::map<int64_t, std::filesystem::path> gradients_at;
 };
 
 TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options = {});

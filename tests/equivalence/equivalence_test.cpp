@@ -70,6 +70,27 @@ TEST(Checkpointing, EveryPolicyIsBitIdenticalToNone) {
   }
 }
 
+// The same in bf16, where the recomputed forward must also round to bf16 exactly as the stored
+// activations did: selective checkpointing (and full, for contrast) against none, to the last bit.
+TEST(Checkpointing, SelectiveAndFullAreBitIdenticalToNoneInBf16) {
+  for (const char* arch : {"model.arch=gpt", "model.arch=llama"}) {
+    std::vector<std::string> base{arch, "precision.mode=bf16", "model.n_layer=3", "train.micro_batch_size=4"};
+    if (std::string(arch) == "model.arch=gpt") base.push_back("model.dropout=0.1");
+    testing::Run reference = run(quickstart(base).recipe, 4);
+    for (const char* policy : {"activation_checkpointing.policy=selective", "activation_checkpointing.policy=full"}) {
+      std::vector<std::string> overrides = base;
+      overrides.push_back(policy);
+      auto checkpointed = quickstart(overrides);
+      const std::string what = std::string(arch) + " bf16 " + policy;
+      ASSERT_GT(compile_step(checkpointed.recipe).recompute.cloned_nodes, 0) << what << " recomputes nothing";
+      testing::Run r = run(checkpointed.recipe, 4);
+      EXPECT_EQ(r.losses, reference.losses) << what;
+      EXPECT_EQ(r.first_gradients, reference.first_gradients) << what;
+      EXPECT_EQ(r.weights, reference.weights) << what;
+    }
+  }
+}
+
 TEST(Checkpointing, PoliciesSaveActivationMemoryAndCostRecompute) {
   auto plan_of = [](std::vector<std::string> overrides) {
     overrides.push_back("model.n_layer=4");

@@ -2,6 +2,7 @@
 // skipped as if their batches had never been seen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -102,6 +103,51 @@ TEST(LossScaling, DynamicScaleBacksOffAndRegrowsAroundInjectedOverflows) {
   EXPECT_EQ(injected.loss_scales, expected_scales);
   for (int64_t step = 0; step < 12; ++step)
     EXPECT_EQ(injected.skipped[size_t(step)], poisoned.count(step) == 1) << step;
+}
+
+// A real overflow, not an injected one: the scale starts at 2^40, far past fp16's largest value
+// (65504), so the scaled loss gradient overflows in the backward itself. Every such step is
+// skipped and halves the scale (hysteresis 1) until the gradients fit; the weights stay at their
+// initial values through the skipped steps, and from the first applied step on the run is, to
+// the bit, a run that started at that scale and never saw the skipped steps' batches (so the
+// optimizer state and the schedule were untouched too). The recovered scale sits just below the
+// edge, so an occasional later step overflows again as the gradients grow: it is handled alike.
+TEST(LossScaling, AHugeInitialScaleOverflowsForRealBacksOffAndTrainingContinues) {
+  const std::vector<std::string> common{"precision.mode=fp16", "precision.hysteresis=1",
+                                        "precision.growth_interval=1000", "scheduler.warmup_steps=4",
+                                        "train.micro_batch_size=4"};
+  auto with_power = [&](int power) {
+    auto overrides = common;
+    overrides.push_back("precision.initial_scale_power=" + std::to_string(power));
+    return testing::quickstart(overrides);
+  };
+  auto huge = with_power(40);
+  const int64_t steps = 40;
+  testing::Run r = testing::run(huge.recipe, steps);
+  int64_t k = 0;  // the leading overflowed steps
+  while (k < steps && r.skipped[size_t(k)]) ++k;
+  ASSERT_GT(k, 0) << "a loss scale of 2^40 did not overflow fp16";
+  ASSERT_LT(k, 30) << "the scale never came back into fp16's range";
+  EXPECT_EQ(r.loss_scales[0], std::ldexp(1.0, 40));
+  int64_t later_overflows = 0;
+  for (int64_t s = 1; s < steps; ++s) {
+    EXPECT_EQ(r.loss_scales[size_t(s)], r.loss_scales[size_t(s - 1)] / (r.skipped[size_t(s - 1)] ? 2 : 1)) << s;
+    later_overflows += s > k && r.skipped[size_t(s)];
+  }
+  EXPECT_LE(later_overflows, (steps - k) / 4) << "the backed-off scale keeps overflowing";
+
+  EXPECT_EQ(testing::run(huge.recipe, k).weights, testing::run(huge.recipe, 0).weights)
+      << "a skipped step changed the weights";
+
+  std::set<int64_t> skipped_batches;
+  for (int64_t s = 0; s < k; ++s) skipped_batches.insert(s);
+  auto recovered = with_power(int(40 - k));
+  testing::Run clean = testing::run(recovered.recipe, steps - k, {}, skipped_batches);
+  EXPECT_EQ(std::vector<double>(r.losses.begin() + k, r.losses.end()), clean.losses);
+  EXPECT_EQ(std::vector<bool>(r.skipped.begin() + k, r.skipped.end()), clean.skipped);
+  ASSERT_EQ(clean.weights.size(), r.weights.size());
+  for (size_t p = 0; p < clean.weights.size(); ++p) EXPECT_EQ(r.weights[p], clean.weights[p]) << "parameter " << p;
+  EXPECT_LT(r.losses.back(), r.losses[size_t(k)] - 0.3) << "training did not continue after the overflows";
 }
 
 TEST(LossScaling, OverflowAtTheMinimumScaleAbortsWithAdvice) {

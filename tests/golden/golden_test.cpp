@@ -11,7 +11,7 @@
 
 #include "core/error.h"
 #include "golden/golden_json.h"
-#include "golden_test_util.h"
+#include "../temp_dir.h"
 
 namespace engine {
 namespace {
@@ -105,11 +105,11 @@ TEST(Golden, DifferentStepCountIsARegression) {
 }
 
 TEST(Golden, FilesRoundTripEveryFieldAndNonFiniteClass) {
-  testing::ScratchDirectory dir;
+  const testing::TempDir dir("golden");
   GoldenFile golden = golden_of(trajectory({3.0, 2.0, 1.0}, {kInf, kNaN, -kInf}), 1e-5);
   golden.band.variants = {"ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1: avx2"};
-  write_golden(dir.path / "g.golden.json", golden);
-  GoldenFile back = read_golden(dir.path / "g.golden.json");
+  write_golden(dir / "g.golden.json", golden);
+  GoldenFile back = read_golden(dir / "g.golden.json");
   EXPECT_EQ(back.engine_commit, "abc123");
   EXPECT_TRUE(back.environment.differences(golden.environment).empty());
   EXPECT_EQ(back.band.variants, golden.band.variants);
@@ -122,21 +122,21 @@ TEST(Golden, FilesRoundTripEveryFieldAndNonFiniteClass) {
 }
 
 TEST(Golden, MalformedAndOlderFilesAreRefusedWithAClearMessage) {
-  testing::ScratchDirectory dir;
-  std::ofstream(dir.path / "bad.golden.json") << "{\"steps\": 5}";
-  EXPECT_THROW(read_golden(dir.path / "bad.golden.json"), UserError);
-  EXPECT_THROW(read_golden(dir.path / "missing.golden.json"), UserError);
-  std::ofstream(dir.path / "old.golden.json") << "{\"engine_version\": \"0.1.0\", \"steps\": []}";
+  const testing::TempDir dir("golden");
+  std::ofstream(dir / "bad.golden.json") << "{\"steps\": 5}";
+  EXPECT_THROW(read_golden(dir / "bad.golden.json"), UserError);
+  EXPECT_THROW(read_golden(dir / "missing.golden.json"), UserError);
+  std::ofstream(dir / "old.golden.json") << "{\"engine_version\": \"0.1.0\", \"steps\": []}";
   try {
-    read_golden(dir.path / "old.golden.json");
+    read_golden(dir / "old.golden.json");
     FAIL() << "a format-1 file was read";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("engine golden update"), std::string::npos) << e.what();
   }
   nlohmann::ordered_json j = golden_to_json(golden_of(trajectory({3.0})));
   j["steps"][0]["loss"] = "infinite";
-  std::ofstream(dir.path / "word.golden.json") << j.dump();
-  EXPECT_THROW(read_golden(dir.path / "word.golden.json"), UserError);
+  std::ofstream(dir / "word.golden.json") << j.dump();
+  EXPECT_THROW(read_golden(dir / "word.golden.json"), UserError);
   EXPECT_EQ(golden_path("recipes/golden/gpt.yaml"), std::filesystem::path("recipes/golden/gpt.golden.json"));
 }
 

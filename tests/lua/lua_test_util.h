@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "../temp_dir.h"
 #include "lua/plugin.h"
 
 namespace engine::lua::testing {
@@ -19,7 +20,8 @@ inline std::filesystem::path temp_dir() {
   std::string name = std::string(test->test_suite_name()) + "." + test->name();
   for (char& c : name)
     if (c == '/') c = '_';
-  auto dir = std::filesystem::temp_directory_path() / "engine-lua-test" / name;
+  static const ::engine::testing::TempDir root("lua_test");
+  auto dir = root / name;
   if (prepared != name) {
     std::filesystem::remove_all(dir);
     prepared = name;

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Parity with PyTorch: the same GPT or Llama, the same initial weights, the same batches, the
-same AdamW and cosine-with-warmup schedule, trained by this engine and by PyTorch (Debian's
-python3-torch, fp32, CPU). Compares every parameter gradient after the first backward and the loss
-and learning rate of every step.
+"""Parity with PyTorch: the same GPT, Llama or MLP, the same initial weights, the same batches, the
+same optimizer (AdamW, or SGD plain, with momentum or with Nesterov momentum, all with weight decay)
+and cosine-with-warmup schedule, trained by this engine and by PyTorch (Debian's python3-torch, fp32,
+CPU). Compares every parameter gradient after the first backward and again at step GRAD_STEP (after
+three updates, so the optimizer state and the schedule are in them), and the loss and learning
+rate of every step.
 
-  parity.py ENGINE ARCH WORKDIR [PRECISION]     ARCH: gpt | llama | llama_gqa; PRECISION: fp32 (default) | bf16
+  parity.py ENGINE ARCH WORKDIR [PRECISION] [--optimizer OPT] [--batches DUMP_BATCHES]
+    ARCH: gpt | llama | llama_gqa | mlp; PRECISION: fp32 (default) | bf16
+    OPT: adamw (default) | sgd | momentum | nesterov
+    DUMP_BATCHES: the dump_batches tool (mlp: the classification batches come from the engine)
 
 The Llama reference is Hugging Face's LlamaAttention written in plain torch (transformers is not a
 dependency): separate q_proj, k_proj and v_proj under Hugging Face's names, rotate_half rotary, and
@@ -17,9 +22,14 @@ tensor's largest entry); prints a table of the worst errors either way.
 bf16 compares the engine's precision.mode bf16 with PyTorch's CPU autocast to bf16. The two round
 at different places (autocast runs matmuls in bf16 but keeps layer norms, the residual stream and
 the loss in fp32; the engine stores every activation in bf16), so they agree to bf16 rounding:
-loss within 2e-3 relative per step (measured: 2.4e-4), first gradients within 5e-2 of each tensor's largest entry
-(measured: 2.4e-2).
+loss within 2e-3 relative per step (measured: 3.9e-4), gradients at steps 1 and 4 within 5e-2 of each tensor's
+largest entry (measured: 2.5e-2 at step 1, 2.0e-2 at step 4).
+
+SGD runs use lr 0.1 (cosine to 0.01), momentum 0.9 where it applies and weight decay 0.01 on the
+matrices (as AdamW's 0.1 is), so the 20 steps move the weights visibly. fp32 measured: loss 2.9e-7,
+gradients 8.5e-7 (GPT, Llama, MLP; AdamW and every SGD variant).
 """
+import argparse
 import json
 import math
 import os
@@ -27,20 +37,40 @@ import struct
 import subprocess
 import sys
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas_coretype  # noqa: E402
 
-engine, variant, work = sys.argv[1], sys.argv[2], sys.argv[3]
+openblas_coretype.configure()  # before torch loads OpenBLAS
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:
+    sys.exit(f"parity: cannot import PyTorch into {sys.executable} ({e}). Install Debian's python3-torch: "
+             "scripts/setup --deps installs it (or: apt-get install python3-torch)")
+
+cli = argparse.ArgumentParser()
+cli.add_argument("engine")
+cli.add_argument("variant", choices=["gpt", "llama", "llama_gqa", "mlp"])
+cli.add_argument("work")
+cli.add_argument("precision", nargs="?", default="fp32", choices=["fp32", "bf16"])
+cli.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd", "momentum", "nesterov"])
+cli.add_argument("--batches")
+args = cli.parse_args()
+engine, variant, work, precision, opt = args.engine, args.variant, args.work, args.precision, args.optimizer
 arch = "llama" if variant == "llama_gqa" else variant
-precision = sys.argv[4] if len(sys.argv) > 4 else "fp32"
 LOSS_TOL, GRAD_TOL = (1e-5, 1e-4) if precision == "fp32" else (2e-3, 5e-2)
 os.makedirs(work, exist_ok=True)
 torch.manual_seed(1234)
 torch.set_num_threads(2)
 
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH, STEPS = 64, 32, 2, 2, 32, 4, 20
-LR, MIN_LR, WARMUP, BETAS, EPS, DECAY, CLIP = 3e-3, 3e-4, 4, (0.9, 0.95), 1e-8, 0.1, 1.0
+INPUT, HIDDEN, CLASSES, MLP_BATCH = 16, 32, 8, 16  # mlp
+GRAD_STEP = 4  # the second gradient comparison: after three updates
+WARMUP, BETAS, EPS, CLIP, MOMENTUM = 4, (0.9, 0.95), 1e-8, 1.0, 0.9
+LR, MIN_LR, DECAY = (3e-3, 3e-4, 0.1) if opt == "adamw" else (0.1, 0.01, 0.01)
+if arch == "mlp":
+    BATCH = MLP_BATCH
 FFN = 4 * WIDTH if arch == "gpt" else (2 * 4 * WIDTH // 3 + 63) // 64 * 64
 HEADS, KV_HEADS = (4, 2) if variant == "llama_gqa" else (HEADS, HEADS)
 HD = WIDTH // HEADS
@@ -110,6 +140,14 @@ class Model(nn.Module):
                     p[h + name + ".bias"] = 0.1 * torch.randn(out)
             p["ln_f.weight"] = 1 + 0.1 * torch.randn(WIDTH)
             p["ln_f.bias"] = 0.1 * torch.randn(WIDTH)
+        elif arch == "mlp":
+            width = INPUT
+            for l in range(LAYERS):
+                p[f"layers.{l}.weight"] = torch.randn(HIDDEN, width) * 0.1
+                p[f"layers.{l}.bias"] = 0.1 * torch.randn(HIDDEN)
+                width = HIDDEN
+            p["head.weight"] = torch.randn(CLASSES, width) * 0.1
+            p["head.bias"] = 0.1 * torch.randn(CLASSES)
         else:
             p["model.embed_tokens.weight"] = torch.randn(VOCAB, WIDTH) * 0.1
             for l in range(LAYERS):
@@ -130,6 +168,11 @@ class Model(nn.Module):
 
     def forward(self, idx, targets):
         g = self.get
+        if arch == "mlp":  # idx: the features
+            x = idx
+            for l in range(LAYERS):
+                x = F.gelu(F.linear(x, g(f"layers.{l}.weight"), g(f"layers.{l}.bias")), approximate="tanh")
+            return F.cross_entropy(F.linear(x, g("head.weight"), g("head.bias")), targets)
         if arch == "gpt":
             x = g("wte.weight")[idx] + g("wpe.weight")[: idx.shape[1]]
             for l in range(LAYERS):
@@ -194,32 +237,59 @@ for name in model.names:
     weights[name] = t.t() if arch == "gpt" and name.endswith(CONV1D) else t  # Hugging Face's Conv1D layout
 write_safetensors(f"{work}/init.safetensors", weights)
 
-# The batches: raw uint16 tokens read in file order, window i of (CONTEXT + 1) tokens, stride CONTEXT.
-windows = BATCH * STEPS
-tokens = torch.randint(0, VOCAB, (windows * CONTEXT + 1,))
-with open(f"{work}/tokens.bin", "wb") as f:
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens.tolist()))
-
+if opt == "adamw":
+    optimizer_yaml = f"{{type: adamw, lr: {LR}, betas: [{BETAS[0]}, {BETAS[1]}], eps: {EPS}, weight_decay: {DECAY}}}"
+else:
+    optimizer_yaml = (f"{{type: sgd, lr: {LR}, momentum: {0.0 if opt == 'sgd' else MOMENTUM}, "
+                      f"nesterov: {'true' if opt == 'nesterov' else 'false'}, weight_decay: {DECAY}}}")
+if arch == "mlp":
+    model_yaml = (f"{{arch: mlp, n_layer: {LAYERS}, input_dim: {INPUT}, hidden_dim: {HIDDEN}, num_classes: {CLASSES}, "
+                  f"activation: gelu, init_from: init.safetensors}}")
+    data_yaml = f"{{source: classification, num_samples: {BATCH * STEPS}, noise: 0.5, val_fraction: 0, prefetch: 0}}"
+else:
+    model_yaml = (f"{{arch: {arch}, vocab_size: {VOCAB}, context_length: {CONTEXT}, n_layer: {LAYERS}, "
+                  f"n_head: {HEADS}, n_embd: {WIDTH}, init_from: init.safetensors"
+                  f"{llama_recipe_keys()}}}")
+    data_yaml = "{source: tokens, path: tokens.bin, format: raw_uint16, shuffle: false, val_fraction: 0, prefetch: 0}"
 with open(f"{work}/recipe.yaml", "w") as f:
     f.write(f"""run: {{name: parity, output_dir: {work}/runs, seed: 1}}
-model: {{arch: {arch}, vocab_size: {VOCAB}, context_length: {CONTEXT}, n_layer: {LAYERS}, n_head: {HEADS},
-        n_embd: {WIDTH}, init_from: init.safetensors{llama_recipe_keys()}}}
-data: {{source: tokens, path: tokens.bin, format: raw_uint16, shuffle: false, val_fraction: 0, prefetch: 0}}
+model: {model_yaml}
+data: {data_yaml}
 train: {{steps: {STEPS}, micro_batch_size: {BATCH}, gradient_clipping: {CLIP}, log_every: 1}}
-optimizer: {{type: adamw, lr: {LR}, betas: [{BETAS[0]}, {BETAS[1]}], eps: {EPS}, weight_decay: {DECAY}}}
+optimizer: {optimizer_yaml}
 scheduler: {{type: cosine, warmup_steps: {WARMUP}, min_lr: {MIN_LR}}}
 precision: {{mode: {precision}}}
 """)
-subprocess.run([engine, "train", f"{work}/recipe.yaml", "--dump-first-gradients", f"{work}/grads.safetensors"],
+
+if arch == "mlp":
+    # The classification samples come from the engine's random streams: read them as it trains on them.
+    subprocess.run([args.batches, f"{work}/recipe.yaml", str(STEPS), f"{work}/batches.safetensors"], check=True)
+    dumped = read_safetensors(f"{work}/batches.safetensors")
+    batches = [(dumped["inputs"][s], dumped["targets"][s].long()) for s in range(STEPS)]
+else:
+    # Raw uint16 tokens read in file order, window i of (CONTEXT + 1) tokens, stride CONTEXT.
+    windows = BATCH * STEPS
+    tokens = torch.randint(0, VOCAB, (windows * CONTEXT + 1,))
+    with open(f"{work}/tokens.bin", "wb") as f:
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens.tolist()))
+    batches = []
+    for step in range(STEPS):
+        rows = torch.stack([tokens[(step * BATCH + b) * CONTEXT:(step * BATCH + b) * CONTEXT + CONTEXT + 1]
+                            for b in range(BATCH)]).long()
+        batches.append((rows[:, :-1], rows[:, 1:]))
+
+subprocess.run([engine, "train", f"{work}/recipe.yaml", "--dump-first-gradients", f"{work}/grads.safetensors",
+                "--dump-gradients-at", str(GRAD_STEP), f"{work}/grads_{GRAD_STEP}.safetensors"],
                check=True, stdout=subprocess.DEVNULL)
 metrics = [json.loads(l) for l in open(f"{work}/runs/parity/metrics.jsonl") if '"loss"' in l]
-engine_grads = read_safetensors(f"{work}/grads.safetensors")
+engine_grads = {1: read_safetensors(f"{work}/grads.safetensors"),
+                GRAD_STEP: read_safetensors(f"{work}/grads_{GRAD_STEP}.safetensors")}
 
 
-def engine_gradient(name):
-    """The engine's gradient of a parameter in the model's (out, in) layout: the dump uses the layout
-    of the weights files, where GPT-2's Conv1D weights are (in, out)."""
-    e = engine_grads[name]
+def engine_gradient(step, name):
+    """The engine's gradient of a parameter at a step, in the model's (out, in) layout: the dump uses
+    the layout of the weights files, where GPT-2's Conv1D weights are (in, out)."""
+    e = engine_grads[step][name]
     return e.t() if arch == "gpt" and name.endswith(CONV1D) else e
 
 
@@ -232,26 +302,28 @@ def schedule(step):  # the engine's cosine with linear warmup, as a LambdaLR fac
 
 decay = [p for n, p in zip(model.names, model.params) if p.dim() >= 2]
 no_decay = [p for n, p in zip(model.names, model.params) if p.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": DECAY}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=LR, betas=BETAS, eps=EPS)
+groups = [{"params": decay, "weight_decay": DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+if opt == "adamw":
+    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
+else:
+    optimizer = torch.optim.SGD(groups, lr=LR, momentum=0.0 if opt == "sgd" else MOMENTUM, nesterov=opt == "nesterov")
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 failures, worst_loss, worst_lr, grad_rows = [], 0.0, 0.0, []
 for step in range(STEPS):
-    batch = torch.stack([tokens[(step * BATCH + b) * CONTEXT:(step * BATCH + b) * CONTEXT + CONTEXT + 1]
-                         for b in range(BATCH)]).long()
+    inputs, targets = batches[step]
     optimizer.zero_grad()
     lr = scheduler.get_last_lr()[0]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        loss = model(batch[:, :-1], batch[:, 1:])
+        loss = model(inputs, targets)
     loss.float().backward()
-    if step == 0:
+    if step + 1 in engine_grads:
         for name, p in zip(model.names, model.params):
-            e, t = engine_gradient(name), p.grad
+            e, t = engine_gradient(step + 1, name), p.grad
             err = ((e - t).abs().max() / t.abs().max().clamp_min(1e-12)).item()
-            grad_rows.append((err, name))
+            grad_rows.append((err, f"{name} (step {step + 1})"))
             if err > GRAD_TOL:
-                failures.append(f"gradient of {name}: relative error {err:.3g}")
+                failures.append(f"step {step + 1} gradient of {name}: relative error {err:.3g}")
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     optimizer.step()
     scheduler.step()
@@ -265,11 +337,11 @@ for step in range(STEPS):
         failures.append(f"step {step + 1}: lr {m['lr']:.9g} (engine) vs {lr:.9g} (torch LambdaLR)")
 
 grad_rows.sort(reverse=True)
-print(f"{variant} {precision}: {STEPS} steps against PyTorch {torch.__version__}" +
+print(f"{variant} {precision} {opt}: {STEPS} steps against PyTorch {torch.__version__}" +
       (" CPU autocast to bf16" if precision == "bf16" else ""))
 print(f"  worst loss relative error: {worst_loss:.3g} (limit {LOSS_TOL:g})")
 print(f"  worst lr relative error:   {worst_lr:.3g}")
-print(f"  worst gradient errors (relative to the tensor's largest entry, limit {GRAD_TOL:g}):")
+print(f"  worst gradient errors at steps 1 and {GRAD_STEP} (relative to the tensor's largest entry, limit {GRAD_TOL:g}):")
 for err, name in grad_rows[:4]:
     print(f"    {err:.3g}  {name}")
 for f in failures:

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "../temp_dir.h"
 namespace {
 
 namespace fs = std::filesystem;
@@ -96,7 +97,8 @@ TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
 }
 
 TEST(Cli, AllErrorsAndExitTwo) {
-  fs::path path = fs::temp_directory_path() / "engine_cli_bad.yaml";
+  const ::engine::testing::TempDir scratch("cli");
+  fs::path path = scratch / "bad.yaml";
   std::ofstream(path) << "model:\n  arch: gpt\n  n_lyer: 2\ndata:\n  source: synthetic_markov\ntrain:\n  steps: -1\n"
                          "  micro_batch_size: 4\noptimizer:\n  type: adam\n";
   Result r = run("validate " + path.string());

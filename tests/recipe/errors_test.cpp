@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../temp_dir.h"
 #include "recipe_test_util.h"
 
 namespace engine::recipe::testing {
@@ -155,8 +156,8 @@ TEST(RecipeErrors, InconsistentBatchTriadNamesAllValuesAndTheWorldSizeSource) {
 }
 
 TEST(RecipeErrors, MissingDataFileIsReportedRelativeToTheRecipe) {
-  auto dir = std::filesystem::temp_directory_path() / "engine_errors_test";
-  std::filesystem::create_directories(dir);
+  const ::engine::testing::TempDir scratch("errors");
+  const auto& dir = scratch.path();
   auto path = dir / "r.yaml";
   std::ofstream(path) << "model: {arch: gpt, vocab_size: 256}\ndata:\n  source: text\n  path: missing.txt\n"
                          "train: {steps: 1, micro_batch_size: 1}\n";

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../temp_dir.h"
 #include "recipe_test_util.h"
 
 namespace engine::recipe::testing {
@@ -25,9 +26,8 @@ std::string user_error_of(const fs::path& path) {
 }
 
 fs::path scratch_dir() {
-  fs::path dir = fs::temp_directory_path() / ("engine_hostile_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
+  static const ::engine::testing::TempDir dir("hostile");
+  return dir.path();
 }
 
 struct CorpusCase {

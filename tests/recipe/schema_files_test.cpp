@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../temp_dir.h"
 #include "recipe/export.h"
 #include "recipe_test_util.h"
 
@@ -73,7 +74,8 @@ TEST(SchemaFiles, ConfigOutputLoadsBackUnderAnotherWorldSize) {
   LoadOptions four;
   four.world = WorldSize{4, "test"};
   LoadedRecipe first = load_recipe(kSource / "recipes/examples/gpt-engine-readme.yaml", four);
-  fs::path dumped = fs::temp_directory_path() / "engine_config_world.yaml";  // elsewhere: paths must be absolute
+  const ::engine::testing::TempDir scratch("config_world");
+  fs::path dumped = scratch / "config.yaml";  // elsewhere: paths must be absolute
   std::ofstream(dumped) << dump_recipe(first, Schema::engine(), false);
   LoadedRecipe second = load_recipe(dumped);
   EXPECT_EQ(*second.recipe.train.global_batch_size, 32);  // micro 16 x accumulation 2 x 1 rank
@@ -82,7 +84,8 @@ TEST(SchemaFiles, ConfigOutputLoadsBackUnderAnotherWorldSize) {
 
 TEST(SchemaFiles, ConfigOutputLoadsBackToTheSameRecipe) {
   LoadedRecipe first = load_recipe(kSource / "recipes/quickstart.yaml");
-  fs::path dumped = fs::temp_directory_path() / "engine_config_roundtrip.yaml";
+  const ::engine::testing::TempDir scratch("config_roundtrip");
+  fs::path dumped = scratch / "config.yaml";
   std::ofstream(dumped) << dump_recipe(first, Schema::engine(), false);
   LoadedRecipe second = load_recipe(dumped);
   EXPECT_EQ(dump_recipe(first, Schema::engine(), false), dump_recipe(second, Schema::engine(), false));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../temp_dir.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
 #include "core/error.h"
@@ -21,8 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("engine_io_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const ::engine::testing::TempDir dir("io");
   return dir / name;
 }
 
