@@ -19,6 +19,24 @@ bool is_conv1d(const std::string& name, recipe::Arch arch) {
   return false;
 }
 
+// The first NaN or infinite element of `data` as "NaN at element 5 (3 non-finite of 768)", or "".
+// Bit patterns rather than std::isfinite: the data is raw bytes from the file, read as f32.
+std::string first_non_finite(const std::vector<std::byte>& data) {
+  const auto n = int64_t(data.size() / 4);
+  int64_t count = 0, first = -1;
+  uint32_t first_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data.data() + i * 4, 4);
+    if ((bits & 0x7f800000u) != 0x7f800000u) continue;  // exponent all ones: inf or NaN
+    if (count++ == 0) first = i, first_bits = bits;
+  }
+  if (count == 0) return "";
+  const char* what = (first_bits & 0x007fffffu) ? "NaN" : (first_bits >> 31) ? "-inf" : "inf";
+  return std::string(what) + " at element " + std::to_string(first) + " (" + std::to_string(count) + " non-finite of " +
+         std::to_string(n) + ")";
+}
+
 void transpose(const float* in, float* out, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
@@ -75,7 +93,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   }
   file.tensors = std::move(renamed);
   const Graph& g = store.graph();
-  std::vector<std::string> problems;
+  std::vector<std::string> problems, non_finite;
   for (size_t i = 0; i < g.params().size(); ++i) {
     const Param& p = g.params()[i];
     const Shape& shape = g.value(p.value).shape;
@@ -90,6 +108,11 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     if (t.dtype != DType::f32 || t.shape != expected) {
       problems.push_back("tensor '" + p.name + "' is " + std::string(dtype_name(t.dtype)) + " " + Shape(t.shape).str() +
                          ", expected f32 " + Shape(expected).str());
+      continue;
+    }
+    // A run from NaN or infinite weights diverges at its first step, far from the cause.
+    if (std::string where = first_non_finite(t.data); !where.empty()) {
+      non_finite.push_back("tensor '" + (t.name.empty() ? it->first : t.name) + "': " + where);
       continue;
     }
     float* data = store.param(int(i));
@@ -107,6 +130,12 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     std::string message = path.string() + ": weights do not fit the model:";
     for (size_t i = 0; i < problems.size() && i < 20; ++i) message += "\n  " + problems[i];
     if (problems.size() > 20) message += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+    throw UserError(message);
+  }
+  if (!non_finite.empty()) {
+    std::string message = path.string() + ": initial weights must be finite:";
+    for (size_t i = 0; i < non_finite.size() && i < 20; ++i) message += "\n  " + non_finite[i];
+    if (non_finite.size() > 20) message += "\n  ... and " + std::to_string(non_finite.size() - 20) + " more";
     throw UserError(message);
   }
   store.refresh_copies();

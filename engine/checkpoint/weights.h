@@ -4,7 +4,9 @@
 // attn.c_proj, mlp.c_fc, mlp.c_proj) as Conv1D weights, (in, out); the engine stores every linear
 // weight (out, in), so those are transposed on the way in and out. Everything else keeps its
 // layout. Import checks that every parameter is present with the right shape and dtype (F32), and
-// names any missing, unexpected or mis-shaped tensor. It accepts Hugging Face's GPT-2 files as
+// names any missing, unexpected or mis-shaped tensor; then that every value is finite, naming each
+// tensor that holds a NaN or an infinity (a run from such weights diverges at its first step, far
+// from the cause). It accepts Hugging Face's GPT-2 files as
 // published: a "transformer." prefix, the attention-mask buffers and a tied lm_head.weight.
 #pragma once
 
