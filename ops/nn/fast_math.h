@@ -26,7 +26,7 @@ inline float fast_exp(float x) {
   float c = x > -104.0f ? x : -104.0f;
   c = c < 89.0f ? c : 89.0f;
   const float n = __builtin_floorf(c * 1.44269504088896341f + 0.5f);  // in [-150, 128]
-  float r = c - n * 0.693359375f;  // ln 2 split in two for an exact reduction
+  float r = c - n * 0.693359375f;                                     // ln 2 split in two for an exact reduction
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

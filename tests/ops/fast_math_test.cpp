@@ -32,7 +32,8 @@ double ulp(double v) {
   auto fail = [&] {
     char bits[16];
     std::snprintf(bits, sizeof bits, "%08x", std::bit_cast<uint32_t>(x));
-    return ::testing::AssertionFailure() << "at x = " << x << " (bits " << bits << "): got " << got << ", want " << want;
+    return ::testing::AssertionFailure() << "at x = " << x << " (bits " << bits << "): got " << got << ", want "
+                                         << want;
   };
   if (std::isnan(want)) return std::isnan(got) ? ::testing::AssertionSuccess() : fail();
   if (std::isnan(got)) return fail();
@@ -46,21 +47,21 @@ double ulp(double v) {
 
 std::vector<float> edge_inputs() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> x{nan,     -nan,    std::bit_cast<float>(0x7f800001u),  // a signalling NaN
-                       kInf,    -kInf,   FLT_MAX,
-                       -FLT_MAX, 1e30f,  -1e30f,
-                       1e10f,   -1e10f,  200.0f,
-                       -200.0f, 104.0f,  -104.0f,
-                       -103.9f, -103.3f, -100.0f,
-                       -90.0f,  -87.4f,  -87.3f,
-                       -87.0f,  89.0f,   88.8f,
-                       88.72f,  88.7f,   88.5f,
-                       88.3f,   44.4f,   -44.4f,
-                       9.0f,    -9.0f,   0.0f,
-                       -0.0f,   FLT_MIN, -FLT_MIN,
-                       1e-40f,  -1e-40f, std::numeric_limits<float>::denorm_min(),
-                       1e-30f,  -1e-30f, 1e-10f,
-                       -1e-10f, 1e-4f,   -1e-4f};
+  std::vector<float> x{nan,      -nan,    std::bit_cast<float>(0x7f800001u),  // a signalling NaN
+                       kInf,     -kInf,   FLT_MAX,
+                       -FLT_MAX, 1e30f,   -1e30f,
+                       1e10f,    -1e10f,  200.0f,
+                       -200.0f,  104.0f,  -104.0f,
+                       -103.9f,  -103.3f, -100.0f,
+                       -90.0f,   -87.4f,  -87.3f,
+                       -87.0f,   89.0f,   88.8f,
+                       88.72f,   88.7f,   88.5f,
+                       88.3f,    44.4f,   -44.4f,
+                       9.0f,     -9.0f,   0.0f,
+                       -0.0f,    FLT_MIN, -FLT_MIN,
+                       1e-40f,   -1e-40f, std::numeric_limits<float>::denorm_min(),
+                       1e-30f,   -1e-30f, 1e-10f,
+                       -1e-10f,  1e-4f,   -1e-4f};
   for (float v = -110.0f; v <= 95.0f; v += 0.0137f) x.push_back(v);
   std::mt19937 rng(5);
   for (int i = 0; i < 20000; ++i) x.push_back(std::bit_cast<float>(uint32_t(rng())));
@@ -88,7 +89,9 @@ std::vector<float> tanh_loop(const std::vector<float>& x) {
   return y;
 }
 
-bool same(float a, float b) { return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+bool same(float a, float b) {
+  return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
 
 TEST(FastMath, ExpMatchesStdExpEverywhereIncludingNanInfinitiesAndSubnormals) {
   const std::vector<float> x = edge_inputs();
