@@ -11,8 +11,7 @@
 // Every input is defined, with the values of std::exp / std::tanh at the edges: NaN gives NaN,
 // exp(+inf) = +inf, exp(-inf) = 0, exp overflows to +inf above ln(FLT_MAX) and underflows
 // gradually to 0; tanh(+-inf) = +-1. (A hostile weights file can put NaN anywhere, and converting
-// a NaN or out-of-range float to int is undefined behaviour, so the conversion below only ever
-// sees a clamped, finite value.)
+// a NaN or out-of-range float to int is undefined behaviour, so there is no such conversion.)
 #pragma once
 
 #include <bit>
@@ -21,12 +20,16 @@
 namespace engine::ops {
 
 inline float fast_exp(float x) {
-  // Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float. The
-  // comparisons are written so that NaN lands on a bound as well; it is put back at the end.
-  float c = x > -104.0f ? x : -104.0f;
-  c = c < 89.0f ? c : 89.0f;
-  const float n = __builtin_floorf(c * 1.44269504088896341f + 0.5f);  // in [-150, 128]
-  float r = c - n * 0.693359375f;                                     // ln 2 split in two for an exact reduction
+  // Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float. NaN
+  // fails both comparisons and flows through the arithmetic to a NaN result.
+  float c = x < -104.0f ? -104.0f : x;
+  c = c > 89.0f ? 89.0f : c;
+  const float v = c * 1.44269504088896341f + 0.5f;
+  // n = floor(v), in [-150, 128] (or NaN), from rint: GCC makes floorf a library call (which stops
+  // vectorisation) unless its result is converted to int, and there is no such conversion here.
+  float n = __builtin_rintf(v);
+  n = n > v ? n - 1.0f : n;
+  float r = c - n * 0.693359375f;  // ln 2 split in two for an exact reduction
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -35,15 +38,16 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.0f;
+  // n as an integer without converting a float to int (undefined for NaN): adding 1.5 * 2^23 puts
+  // the integer n in the low mantissa bits. For NaN the bits are meaningless, and unused: e is NaN.
+  const auto k = static_cast<int32_t>(std::bit_cast<uint32_t>(n + 12582912.0f) - 0x4b400000u);
   // 2^n as two normal powers of two, 2^(n/2) 2^(n - n/2): the first product is exact and the
   // second rounds once, so results that leave the normal range become subnormal, 0 or +inf as
   // exp's do (inside it the value is bit for bit e * 2^n).
-  const auto k = static_cast<int32_t>(n);
   const int32_t k1 = k >> 1, k2 = k - k1;
   const auto s1 = std::bit_cast<float>(static_cast<uint32_t>(k1 + 127) << 23);
   const auto s2 = std::bit_cast<float>(static_cast<uint32_t>(k2 + 127) << 23);
-  const float result = e * s1 * s2;
-  return x == x ? result : x;
+  return e * s1 * s2;
 }
 
 inline float fast_tanh(float x) {
