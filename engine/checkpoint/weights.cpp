@@ -42,6 +42,24 @@ std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, re
   return {{name, 0, rows, rows == 0 ? 0 : shape.numel() / rows, false}};
 }
 
+// The first NaN or infinite element of `data` as "NaN at element 5 (3 non-finite of 768)", or "".
+// Bit patterns rather than std::isfinite: the data is raw bytes from the file, read as f32.
+std::string first_non_finite(const std::vector<std::byte>& data) {
+  const auto n = int64_t(data.size() / 4);
+  int64_t count = 0, first = -1;
+  uint32_t first_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, data.data() + i * 4, 4);
+    if ((bits & 0x7f800000u) != 0x7f800000u) continue;  // exponent all ones: inf or NaN
+    if (count++ == 0) first = i, first_bits = bits;
+  }
+  if (count == 0) return "";
+  const char* what = (first_bits & 0x007fffffu) ? "NaN" : (first_bits >> 31) ? "-inf" : "inf";
+  return std::string(what) + " at element " + std::to_string(first) + " (" + std::to_string(count) + " non-finite of " +
+         std::to_string(n) + ")";
+}
+
 // Copies a (rows, cols) block, transposing it when asked.
 void copy_block(const float* in, float* out, int64_t rows, int64_t cols, bool transpose) {
   if (!transpose) {
@@ -96,7 +114,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   }
   const Graph& g = store.graph();
   std::map<std::string, int> expected;  // file tensor name -> parameter
-  std::vector<std::string> problems;
+  std::vector<std::string> problems, non_finite;
   for (size_t i = 0; i < g.params().size(); ++i) {
     const Param& p = g.params()[i];
     const Shape& shape = g.value(p.value).shape;
@@ -113,6 +131,11 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
       if (t.dtype != DType::f32 || t.shape != want) {
         problems.push_back("tensor '" + part.name + "' is " + std::string(dtype_name(t.dtype)) + " " +
                            Shape(t.shape).str() + ", expected f32 " + Shape(want).str());
+        continue;
+      }
+      // A run from NaN or infinite weights diverges at its first step, far from the cause.
+      if (std::string where = first_non_finite(t.data); !where.empty()) {
+        non_finite.push_back("tensor '" + (t.name.empty() ? part.name : t.name) + "': " + where);
         continue;
       }
       const float* in = reinterpret_cast<const float*>(t.data.data());
@@ -134,6 +157,12 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
       message +=
           "\n  note: this file has fused self_attn.qkv_proj weights; weight files use Hugging Face's separate "
           "q_proj, k_proj and v_proj";
+    throw UserError(message);
+  }
+  if (!non_finite.empty()) {
+    std::string message = path.string() + ": initial weights must be finite:";
+    for (size_t i = 0; i < non_finite.size() && i < 20; ++i) message += "\n  " + non_finite[i];
+    if (non_finite.size() > 20) message += "\n  ... and " + std::to_string(non_finite.size() - 20) + " more";
     throw UserError(message);
   }
   store.refresh_copies();

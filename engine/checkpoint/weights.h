@@ -9,7 +9,9 @@
 //   order. No rotary permutation is needed: the engine rotates in Hugging Face's convention.
 // Every file the engine writes under these names (final weights, `engine export`, the gradients of
 // --dump-first-gradients) uses this one layout. Import checks that every tensor is present with the
-// right shape and dtype (F32), and names any missing, unexpected or mis-shaped tensor. It accepts
+// right shape and dtype (F32), and names any missing, unexpected or mis-shaped tensor; then that
+// every value is finite, naming each tensor that holds a NaN or an infinity (a run from such weights
+// diverges at its first step, far from the cause). It accepts
 // Hugging Face's files as published: a "transformer." prefix and the attention-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias) of GPT-2, the rotary buffers of older Llama files
 // (self_attn.rotary_emb.inv_freq), and an lm_head.weight when the head is tied to the embedding.

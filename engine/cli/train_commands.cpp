@@ -12,9 +12,9 @@ namespace engine::cli {
 using namespace engine::recipe;
 
 int train(const RecipeArgs& args) {
-  LoadOptions options = args.load_options();
-  require_single_process(options.world, "train");
-  LoadedRecipe loaded = load_recipe(args.recipe, options);
+  const LoadOptions load_options = args.load_options();
+  require_single_process(load_options.world, "train");
+  LoadedRecipe loaded = load_recipe(args.recipe, load_options);
   std::cout << summary(loaded) << "\n";
   TrainOptions options{args.first_gradients, {}};
   for (const auto& [step, path] : args.gradients_at) options.gradients_at[step] = path;

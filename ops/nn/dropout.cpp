@@ -1,5 +1,7 @@
 #include "nn/dropout.h"
 
+#include <cmath>
+
 #include "core/rng.h"
 
 namespace engine::ops {
@@ -43,8 +45,10 @@ const OpDef kDropout{"dropout", apply_mask, dropout_grad, elementwise_flops};
 const OpDef kDropoutBackward{"dropout_backward", apply_mask, nullptr, elementwise_flops};
 
 ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
+  // NaN fails both comparisons, so it is refused by name rather than left to the kernel, whose
+  // threshold p * 2^32 would then be a NaN converted to an integer (undefined behaviour).
+  if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
   if (p <= 0) return x;
-  if (p >= 1) shape_error(name, "dropout probability must be below 1");
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);
   // The salt tells dropout sites apart: the node's position in the graph.
   g.add_node(Node{&kDropout, {x}, {y}, Attrs{{int64_t(g.nodes().size())}, {p}}, false, false, name});

@@ -2,8 +2,16 @@
 //
 // libm's expf/tanhf are scalar calls that stop the compiler from vectorising a loop; these are
 // plain arithmetic (range reduction to [-ln2/2, ln2/2], a degree-6 polynomial, 2^n built in the
-// exponent bits), accurate to about 2 ulp over the float range, so `#pragma omp simd` loops using
-// them run at full vector width.
+// exponent bits), so `#pragma omp simd` loops using them run at full vector width.
+//
+// Accuracy: fast_exp is within 2 ulp of exp over the float range, subnormal results included.
+// fast_tanh is within 2 ulp where |tanh x| >= 1/2; nearer 0 its error is absolute, about one ulp
+// of 1 (1 - 2/(e^2x + 1) cancels), which is what its users need (GELU adds it to 1).
+//
+// Every input is defined, with the values of std::exp / std::tanh at the edges: NaN gives NaN,
+// exp(+inf) = +inf, exp(-inf) = 0, exp overflows to +inf above ln(FLT_MAX) and underflows
+// gradually to 0; tanh(+-inf) = +-1. (A hostile weights file can put NaN anywhere, and converting
+// a NaN or out-of-range float to int is undefined behaviour, so there is no such conversion.)
 #pragma once
 
 #include <bit>
@@ -12,9 +20,16 @@
 namespace engine::ops {
 
 inline float fast_exp(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;  // ln 2 split in two for an exact reduction
+  // Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float. NaN
+  // fails both comparisons and flows through the arithmetic to a NaN result.
+  float c = x < -104.0f ? -104.0f : x;
+  c = c > 89.0f ? 89.0f : c;
+  const float v = c * 1.44269504088896341f + 0.5f;
+  // n = floor(v), in [-150, 128] (or NaN), from rint: GCC makes floorf a library call (which stops
+  // vectorisation) unless its result is converted to int, and there is no such conversion here.
+  float n = __builtin_rintf(v);
+  n = n > v ? n - 1.0f : n;
+  float r = c - n * 0.693359375f;  // ln 2 split in two for an exact reduction
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -23,13 +38,21 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float e = p * r * r + r + 1.0f;
-  const auto scale = std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
-  return e * scale;
+  // n as an integer without converting a float to int (undefined for NaN): adding 1.5 * 2^23 puts
+  // the integer n in the low mantissa bits. For NaN the bits are meaningless, and unused: e is NaN.
+  const auto k = static_cast<int32_t>(std::bit_cast<uint32_t>(n + 12582912.0f) - 0x4b400000u);
+  // 2^n as two normal powers of two, 2^(n/2) 2^(n - n/2): the first product is exact and the
+  // second rounds once, so results that leave the normal range become subnormal, 0 or +inf as
+  // exp's do (inside it the value is bit for bit e * 2^n).
+  const int32_t k1 = k >> 1, k2 = k - k1;
+  const auto s1 = std::bit_cast<float>(static_cast<uint32_t>(k1 + 127) << 23);
+  const auto s2 = std::bit_cast<float>(static_cast<uint32_t>(k2 + 127) << 23);
+  return e * s1 * s2;
 }
 
 inline float fast_tanh(float x) {
   const float a = x < 0 ? -x : x;
-  const float t = 1.0f - 2.0f / (fast_exp(2.0f * a) + 1.0f);
+  const float t = 1.0f - 2.0f / (fast_exp(2.0f * a) + 1.0f);  // +inf: 1 - 2/inf = 1; NaN stays NaN
   return x < 0 ? -t : t;
 }
 

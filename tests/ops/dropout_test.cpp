@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "graph/autodiff.h"
 #include "nn/dropout.h"
 #include "plan/plan.h"
@@ -59,6 +60,21 @@ TEST(Dropout, MaskIsConsistentScaledAndFreshEachStep) {
   EXPECT_NEAR(double(kept), expected, 5 * sigma);
   EXPECT_EQ(run(0), first) << "same step, same mask";
   EXPECT_NE(run(1), first) << "a new step draws a new mask";
+}
+
+TEST(Dropout, ProbabilitiesOfOneOrMoreAndNanAreRefused) {
+  Graph g;
+  ValueId x = g.add_param("x", Shape{4}, g.add_unit("u"), ParamInit::ones());
+  for (double p : {1.0, 1.5, double(NAN), double(INFINITY)}) {
+    try {
+      ops::dropout(g, x, p, "drop");
+      ADD_FAILURE() << "dropout " << p << " accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("layer drop: dropout probability must be below 1"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(ops::dropout(g, x, 0.0, "drop"), x);
 }
 
 }  // namespace

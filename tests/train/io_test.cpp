@@ -1,6 +1,7 @@
 // Data files and weights files: clear errors for every malformed input, exact round trips.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -214,6 +215,55 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Weights, NonFiniteInitialWeightsAreRefusedNamingTheFileAndTheTensor) {
+  recipe::MemorySourceReader reader;
+  reader.add("r.yaml",
+             "model: {arch: gpt, vocab_size: 17, context_length: 8, n_layer: 1, n_head: 2, n_embd: 8}\n"
+             "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n");
+  recipe::LoadOptions options;
+  options.reader = &reader;
+  auto r = recipe::load_recipe("r.yaml", options).recipe;
+  Session a(r);
+  a.store.initialize(1);
+  fs::path good = scratch("finite.safetensors");
+  save_weights(good, a.store, r.model.arch, {});
+  // One file per poison, each a copy of the good one with one element of one tensor replaced (as
+  // Hugging Face names it, with the "transformer." prefix, for the first).
+  struct Poison {
+    std::string file, tensor;
+    int64_t element;
+    float value;
+    std::string expected;
+  };
+  const std::vector<Poison> poisons{
+      {"nan.safetensors", "transformer.h.0.attn.c_attn.weight", 37, NAN, "NaN at element 37 (1 non-finite of 192)"},
+      {"inf.safetensors", "wpe.weight", 5, INFINITY, "inf at element 5 (1 non-finite of 64)"},
+      {"minus_inf.safetensors", "h.0.ln_1.bias", 0, -INFINITY, "-inf at element 0 (1 non-finite of 8)"}};
+  for (const Poison& poison : poisons) {
+    std::vector<SafeTensor> tensors;
+    for (auto& [name, tensor] : read_safetensors(good).tensors) {
+      if (poison.tensor.ends_with(name)) {
+        tensor.name = poison.tensor;
+        std::memcpy(tensor.data.data() + poison.element * 4, &poison.value, 4);
+      }
+      tensors.push_back(tensor);
+    }
+    fs::path path = scratch(poison.file);
+    write_safetensors(path, tensors, {});
+    Session b(r);
+    try {
+      load_weights(path, b.store, r.model.arch);
+      ADD_FAILURE() << poison.file << " loaded";
+    } catch (const UserError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(path.string() + ": initial weights must be finite"), std::string::npos) << message;
+      EXPECT_NE(message.find("tensor '" + poison.tensor + "': " + poison.expected), std::string::npos) << message;
+    }
+  }
+  Session c(r);
+  EXPECT_NO_THROW(load_weights(good, c.store, r.model.arch));
 }
 
 }  // namespace
