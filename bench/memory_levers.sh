@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 steps=${1:-5}
 engine=${ENGINE:-build/engine}
 python=${PYTHON:-/usr/bin/python3}
+# OpenBLAS misdetects new CPUs; the newest core whose instructions this CPU has (tests/parity).
+coretype=${OPENBLAS_CORETYPE:-$("$python" tests/parity/openblas_coretype.py)}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 shape=(model.n_layer=12 model.n_embd=768 model.n_head=12 train.micro_batch_size=4 data.prefetch=1)
@@ -35,7 +37,7 @@ PY
 
 torch_row() {  # label, mode
   local result
-  result=$(OPENBLAS_CORETYPE=Cooperlake OMP_NUM_THREADS=2 "$python" bench/pytorch_gpt.py 50257 256 12 12 768 4 "$steps" "$2" 2>/dev/null)
+  result=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} OMP_NUM_THREADS=2 "$python" bench/pytorch_gpt.py 50257 256 12 12 768 4 "$steps" "$2" 2>/dev/null)
   local tps rss
   tps=$(sed -n 's/^tokens_per_second=//p' <<< "$result")
   rss=$(sed -n 's/^peak_rss_bytes=//p' <<< "$result")

@@ -45,3 +45,7 @@ def configure(environ=os.environ, cpuinfo="/proc/cpuinfo"):
     if core:
         environ["OPENBLAS_CORETYPE"] = core
     return core
+
+
+if __name__ == "__main__":  # for shell scripts: prints the core to use, or nothing
+    print(coretype(cpu_flags()) or "")
