@@ -20,9 +20,19 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// A run of the recipe in this process's environment, without a band.
+GoldenFile recording_of(const LoadedRecipe& loaded) {
+  return {.engine_version = kVersion,
+          .engine_commit = kGitRevision,
+          .recipe_hash = recipe_hash(loaded),
+          .environment = current_environment(),
+          .band = {},
+          .trajectory = run_trajectory(loaded)};
+}
+
 // The recording, its environment, and (unless disabled) the band from reruns in forced environments.
 GoldenFile record(const fs::path& recipe_path, const LoadedRecipe& loaded, const GoldenArgs& args) {
-  GoldenFile golden{kVersion, kGitRevision, recipe_hash(loaded), current_environment(), {}, run_trajectory(loaded)};
+  GoldenFile golden = recording_of(loaded);
   if (!args.variants) return golden;
   std::vector<VariantRun> runs;
   const fs::path self = fs::read_symlink("/proc/self/exe");
@@ -45,8 +55,7 @@ int golden(const GoldenArgs& args) {
     const auto start = std::chrono::steady_clock::now();
     switch (args.action) {
       case GoldenArgs::Action::trajectory: {
-        GoldenFile run{kVersion, kGitRevision, recipe_hash(loaded), current_environment(), {}, run_trajectory(loaded)};
-        write_golden(args.out, run);
+        write_golden(args.out, recording_of(loaded));
         break;
       }
       case GoldenArgs::Action::record: {
@@ -60,6 +69,11 @@ int golden(const GoldenArgs& args) {
       }
       case GoldenArgs::Action::update: {
         GoldenFile golden = record(recipe_path, loaded, args);
+        if (!fs::exists(path)) {
+          std::printf("%s: recorded in %.1f s (there was no golden file)\n", recipe_path.c_str(), seconds_since(start));
+          write_golden(path, golden);
+          break;
+        }
         try {
           Comparison comparison = compare(read_golden(path), golden.trajectory, golden.environment);
           std::printf("%s: %s (%s) in %.1f s; what moved:\n%s", recipe_path.c_str(),

@@ -158,10 +158,78 @@ std::string widest_band(const Band& band) {
 
 }  // namespace
 
+namespace {
+
+// One pass over the steps: the first divergence, the largest deviation of each metric, and how
+// much of the band the run used.
+struct Scan {
+  int64_t first = -1;  // index of the first step outside the check, -1: none
+  const char* first_metric = "";
+  double band_used = 0;
+  std::string movement;
+};
+
+Scan scan(const GoldenFile& expected, const Trajectory& got, bool bitwise) {
+  const auto& e = expected.trajectory.steps;
+  const auto& g = got.steps;
+  auto within = [&](const Metric& m, size_t i, double want, double have) {
+    if (value_class(want) != value_class(have)) return false;
+    if (!std::isfinite(want)) return true;  // same non-finite class
+    if (bitwise) return std::memcmp(&want, &have, sizeof want) == 0;
+    return relative_deviation(want, have) <= expected.band.steps[i].*m.rtol;
+  };
+  Scan out;
+  std::ostringstream movement;
+  const size_t n = std::min(e.size(), g.size());
+  for (const Metric& m : kMetrics) {
+    double worst = 0, worst_rel = 0;
+    size_t worst_at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double want = e[i].*m.value, have = g[i].*m.value;
+      if (!within(m, i, want, have) && (out.first < 0 || int64_t(i) < out.first)) {
+        out.first = int64_t(i);
+        out.first_metric = m.name;
+      }
+      double diff = std::abs(have - want);
+      if (!bitwise && std::isfinite(want) && std::isfinite(have))
+        out.band_used = std::max(out.band_used, relative_deviation(want, have) / expected.band.steps[i].*m.rtol);
+      if (value_class(want) != value_class(have)) diff = INFINITY;
+      if (!std::isfinite(want) && value_class(want) == value_class(have)) diff = 0;
+      if (diff > worst) {
+        worst = diff;
+        worst_rel = want != 0 ? diff / std::abs(want) : -1;  // -1: no relative change from zero
+        worst_at = i;
+      }
+    }
+    if (worst == 0) continue;
+    movement << "  " << m.name << ": largest change " << format(worst)
+             << (worst_rel >= 0 ? " (relative " + format(worst_rel) + ")" : std::string(" (from 0)")) << " at step "
+             << e[worst_at].step;
+    if (!bitwise) movement << ", band there " << format(expected.band.steps[worst_at].*m.rtol, 3);
+    movement << "\n";
+  }
+  out.movement = movement.str();
+  return out;
+}
+
+// The steps around the first divergence, recorded beside rerun.
+std::string divergence_table(const std::vector<StepMetrics>& e, const std::vector<StepMetrics>& g, size_t first) {
+  std::string table = "    step       loss expected            loss got   grad_norm expected          grad_norm got\n";
+  const size_t n = std::min(e.size(), g.size());
+  for (size_t i = first < 2 ? 0 : first - 2; i < std::min(n, first + 3); ++i) {
+    char line[200];
+    std::snprintf(line, sizeof line, "  %s %4lld  %18.10g  %18.10g  %18.10g  %18.10g\n", i == first ? ">" : " ",
+                  (long long)e[i].step, e[i].loss, g[i].loss, e[i].grad_norm, g[i].grad_norm);
+    table += line;
+  }
+  return table;
+}
+
+}  // namespace
+
 Comparison compare(const GoldenFile& expected, const Trajectory& got, const NumericEnvironment& here) {
   Comparison c;
   const auto& e = expected.trajectory.steps;
-  const auto& g = got.steps;
   const std::vector<std::string> differences = expected.environment.differences(here);
   c.bitwise = differences.empty();
   if (c.bitwise) {
@@ -176,70 +244,28 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got, const Nume
     }
     c.mode += "; checked within the golden's band (" + widest_band(expected.band) + ")";
   }
-  auto within = [&](const Metric& m, size_t i, double want, double have) {
-    if (value_class(want) != value_class(have)) return false;
-    if (!std::isfinite(want)) return true;  // same non-finite class
-    if (c.bitwise) return std::memcmp(&want, &have, sizeof want) == 0;
-    return relative_deviation(want, have) <= expected.band.steps[i].*m.rtol;
-  };
-  std::ostringstream report, movement;
-  if (e.size() != g.size()) {
+  std::string report;
+  if (e.size() != got.steps.size()) {
     c.ok = false;
-    report << "  recorded " << e.size() << " steps, the rerun has " << g.size() << "\n";
+    report +=
+        "  recorded " + std::to_string(e.size()) + " steps, the rerun has " + std::to_string(got.steps.size()) + "\n";
   }
-  // First divergence, and the largest deviation of each metric.
-  int64_t first = -1;
-  const char* first_metric = "";
-  const size_t n = std::min(e.size(), g.size());
-  for (const Metric& m : kMetrics) {
-    double worst = 0, worst_rel = 0;
-    size_t worst_at = 0;
-    for (size_t i = 0; i < n; ++i) {
-      double want = e[i].*m.value, have = g[i].*m.value;
-      if (!within(m, i, want, have) && (first < 0 || int64_t(i) < first)) {
-        first = int64_t(i);
-        first_metric = m.name;
-      }
-      double diff = std::abs(have - want);
-      if (!c.bitwise && std::isfinite(want) && std::isfinite(have))
-        c.band_used = std::max(c.band_used, relative_deviation(want, have) / expected.band.steps[i].*m.rtol);
-      if (value_class(want) != value_class(have)) diff = INFINITY;
-      if (!std::isfinite(want) && value_class(want) == value_class(have)) diff = 0;
-      if (diff > worst) {
-        worst = diff;
-        worst_rel = want != 0 ? diff / std::abs(want) : -1;  // -1: no relative change from zero
-        worst_at = i;
-      }
-    }
-    if (worst > 0) {
-      movement << "  " << m.name << ": largest change " << format(worst)
-               << (worst_rel >= 0 ? " (relative " + format(worst_rel) + ")" : std::string(" (from 0)")) << " at step "
-               << (n ? e[worst_at].step : 0);
-      if (!c.bitwise) movement << ", band there " << format(expected.band.steps[worst_at].*m.rtol, 3);
-      movement << "\n";
-    }
-  }
-  if (first >= 0) {
+  const Scan s = scan(expected, got, c.bitwise);
+  if (s.first >= 0) {
     c.ok = false;
-    report << "  first diverging step: " << e[size_t(first)].step << " (" << first_metric << ")\n";
-    report << "    step       loss expected            loss got   grad_norm expected          grad_norm got\n";
-    for (size_t i = size_t(std::max<int64_t>(0, first - 2)); i < std::min(n, size_t(first) + 3); ++i) {
-      char line[200];
-      std::snprintf(line, sizeof line, "  %s %4lld  %18.10g  %18.10g  %18.10g  %18.10g\n",
-                    int64_t(i) == first ? ">" : " ", (long long)e[i].step, e[i].loss, g[i].loss, e[i].grad_norm,
-                    g[i].grad_norm);
-      report << line;
-    }
-    report << "  largest deviations:\n" << movement.str();
+    report += "  first diverging step: " + std::to_string(e[size_t(s.first)].step) + " (" + s.first_metric + ")\n";
+    report += divergence_table(e, got.steps, size_t(s.first));
+    report += "  largest deviations:\n" + s.movement;
   }
   if (c.bitwise && c.ok && expected.trajectory.weights_digest != got.weights_digest) {
     c.ok = false;
-    report << "  every step matches but the final weights differ (digest " << expected.trajectory.weights_digest
-           << " recorded, " << got.weights_digest << " now)\n";
+    report += "  every step matches but the final weights differ (digest " + expected.trajectory.weights_digest +
+              " recorded, " + got.weights_digest + " now)\n";
   }
+  c.band_used = s.band_used;
   if (!c.bitwise) c.mode += "; largest deviation " + format(100 * c.band_used, 2) + "% of the band";
-  c.report = report.str();
-  c.movement = movement.str().empty() ? "  nothing moved\n" : movement.str();
+  c.report = report;
+  c.movement = s.movement.empty() ? "  nothing moved\n" : s.movement;
   return c;
 }
 

@@ -97,7 +97,8 @@ GoldenFile golden_from_json(const Json& j) {
   golden.recipe_hash = j.at("recipe_hash");
   golden.environment = environment_from_json(j.at("environment"));
   const Json& band = j.at("band");
-  golden.band.rule = {band.at("safety_factor"), band.at("lookahead"), band.at("floor")};
+  golden.band.rule = {
+      .safety_factor = band.at("safety_factor"), .lookahead = band.at("lookahead"), .floor = band.at("floor")};
   golden.band.variants = band.at("variants").get<std::vector<std::string>>();
   golden.trajectory.weights_digest = j.at("weights_digest");
   bool banded = true;

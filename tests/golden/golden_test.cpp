@@ -9,9 +9,9 @@
 #include <fstream>
 #include <limits>
 
+#include "../temp_dir.h"
 #include "core/error.h"
 #include "golden/golden_json.h"
-#include "../temp_dir.h"
 
 namespace engine {
 namespace {

@@ -157,12 +157,12 @@ TEST(RecipePlugins, OnRecipeCannotMovePaths) {
     const char* key;      // named in the error
   };
   const Case cases[] = {
-      {"{run = {output_dir = '/tmp/elsewhere'}}", "run.output_dir"},
-      {"{['run.output_dir'] = '/tmp/elsewhere'}", "run.output_dir"},
+      {"{run = {output_dir = '/srv/elsewhere'}}", "run.output_dir"},
+      {"{['run.output_dir'] = '/srv/elsewhere'}", "run.output_dir"},
       {"{run = {output_dir = {nested = 1}}}", "run.output_dir"},
       {"{run = {name = '../../elsewhere'}}", "run.name"},
       {"{data = {path = '/etc/passwd'}}", "data.path"},
-      {"{model = {init_from = '/tmp/weights.safetensors'}}", "model.init_from"},
+      {"{model = {init_from = '/srv/weights.safetensors'}}", "model.init_from"},
       {"{run = 'x'}", "'run' replaces the whole section, and run.name names a file"},
       {"{base = 'other.yaml'}", "base"},
       {"{plugins = {}}", "plugins"},
@@ -187,7 +187,9 @@ TEST(RecipePlugins, PathKeysAreDeclaredFileSystem) {
   std::vector<std::string> keys;
   for (const auto& section : recipe::Schema::engine().sections())
     for (const auto& key : section.keys) {
-      if (key.kind == recipe::ValueKind::Path) EXPECT_TRUE(key.file_system) << key.path();
+      if (key.kind == recipe::ValueKind::Path) {
+        EXPECT_TRUE(key.file_system) << key.path();
+      }
       if (key.file_system) keys.push_back(key.path());
     }
   EXPECT_EQ(keys, (std::vector<std::string>{"run.name", "run.output_dir", "model.init_from", "data.path"}));
@@ -203,8 +205,8 @@ TEST(RecipePlugins, MovedPathsComparesEveryFileSystemKey) {
   };
   const auto original = load({});
   EXPECT_TRUE(moved_paths(original, load({"train.steps=9"})).empty());
-  EXPECT_EQ(moved_paths(original, load({"run.output_dir=/tmp/x", "run.name=y"})),
-            (std::vector<std::string>{"run.name: 'r' -> 'y'", "run.output_dir: 'runs' -> '/tmp/x'"}));
+  EXPECT_EQ(moved_paths(original, load({"run.output_dir=/srv/x", "run.name=y"})),
+            (std::vector<std::string>{"run.name: 'r' -> 'y'", "run.output_dir: 'runs' -> '/srv/x'"}));
   const auto weights = write_file(path.parent_path() / "w.safetensors", "");
   auto moved = moved_paths(original, load({"model.init_from=" + weights.string()}));
   ASSERT_EQ(moved.size(), 1u);

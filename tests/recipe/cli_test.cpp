@@ -62,7 +62,8 @@ TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
 
 // Until distributed training exists, commands that run steps refuse to run as N independent copies.
 TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
-  const std::string out = (fs::temp_directory_path() / "engine_cli_world").string();
+  const ::engine::testing::TempDir scratch("cli_world");
+  const std::string out = scratch.path().string();
   const std::string quick = "recipes/quickstart.yaml train.steps=1 scheduler.warmup_steps=0 run.output_dir=" + out;
   Result r = run("train " + quick + " --world-size 2");
   EXPECT_EQ(r.status, 2) << r.output;
@@ -84,7 +85,6 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   EXPECT_EQ(run("plan recipes/quickstart.yaml --world-size 2").status, 0);
   r = run("train " + quick + " --world-size 1");
   EXPECT_EQ(r.status, 0) << r.output;
-  fs::remove_all(out);
 }
 
 // The fortunes example reads a corpus that a Debian package installs: without it, the error says
