@@ -94,6 +94,11 @@ TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "data.path: file not found: /usr/share/games/fortunes/not-installed")) << r.output;
   EXPECT_TRUE(contains(r.output, "run scripts/setup")) << r.output;
+  // Other files under /usr/share are not something scripts/setup installs: no such hint.
+  r = run("validate recipes/examples/gpt-fortunes.yaml data.path=/usr/share/dict/not-installed");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "data.path: file not found: /usr/share/dict/not-installed")) << r.output;
+  EXPECT_FALSE(contains(r.output, "scripts/setup")) << r.output;
 }
 
 TEST(Cli, AllErrorsAndExitTwo) {
