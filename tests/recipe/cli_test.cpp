@@ -87,6 +87,18 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   fs::remove_all(out);
 }
 
+// A second --dump-gradients-at for the same step would replace the first file: refused before any
+// training, naming both files.
+TEST(Cli, DumpGradientsAtRefusesARepeatedStep) {
+  const ::engine::testing::TempDir scratch("cli_dump");
+  const std::string a = (scratch / "a.safetensors").string(), b = (scratch / "b.safetensors").string();
+  Result r = run("train recipes/quickstart.yaml train.steps=4 scheduler.warmup_steps=0 run.output_dir=" +
+                 (scratch / "runs").string() + " --dump-gradients-at 4 " + a + " --dump-gradients-at 4 " + b);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--dump-gradients-at 4 is given twice (" + a + " and " + b + ")")) << r.output;
+  EXPECT_FALSE(fs::exists(a) || fs::exists(b) || fs::exists(scratch / "runs")) << r.output;
+}
+
 // The fortunes example reads a corpus that a Debian package installs: without it, the error says
 // how to get it.
 TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
