@@ -46,6 +46,16 @@ TEST(Cli, ValidatePrintsOneLineAndExitsZero) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+// The quick start's warmup (30 steps) is cut to a shorter run: the summary says so.
+TEST(Cli, TheSummaryNotesAWarmupClampedToTheRun) {
+  Result r = run("validate recipes/quickstart.yaml train.steps=20");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "recipes/quickstart.yaml: note: scheduler.warmup_steps 30 clamped to train.steps 20"))
+      << r.output;
+  r = run("validate recipes/quickstart.yaml train.steps=30");
+  EXPECT_FALSE(contains(r.output, "note:")) << r.output;
+}
+
 TEST(Cli, ValidateWithOverrides) {
   Result r = run("validate recipes/quickstart.yaml train.steps=70 train.global_batch_size=64 --world-size 2");
   EXPECT_EQ(r.status, 0) << r.output;
