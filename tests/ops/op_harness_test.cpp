@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "core/convert.h"
+#include "core/error.h"
 #include "elementwise/add.h"
 #include "elementwise/cast.h"
 #include "graph/recompute.h"
@@ -373,6 +375,25 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
 }
 
 namespace {
+
+// The grouped-query builders refuse a head count that the key/value heads do not divide, though
+// the row width (3 + 2 x 2 heads of 2) would fit.
+TEST(OpBuilders, KeyValueHeadsMustDivideTheHeads) {
+  for (bool rotary : {false, true}) {
+    Graph g;
+    ValueId qkv = g.add_input("qkv", Shape{1, 2, 14}, DType::f32);
+    try {
+      if (rotary)
+        ops::rotary(g, qkv, 3, 10000.0, "rope", 2);
+      else
+        ops::causal_attention(g, qkv, 3, "attn", 2);
+      ADD_FAILURE() << (rotary ? "rotary" : "causal_attention") << " accepted 3 heads over 2 key/value heads";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("layer ") + (rotary ? "rope" : "attn") + ": 2 key/value heads do not divide 3 heads");
+    }
+  }
+}
 
 class OpHarness : public ::testing::TestWithParam<int> {};
 
