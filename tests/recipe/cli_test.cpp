@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
