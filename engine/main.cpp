@@ -44,11 +44,13 @@ int run(int argc, char** argv) {
   add_recipe_args(train, train_args);
   train->add_option("--dump-first-gradients", train_args.first_gradients,
                     "Write the first step's gradients (before clipping) to this safetensors file, in the "
-                    "names and layout of the exported weights");
+                    "names and layout of the exported weights; in fp16 they are still multiplied by "
+                    "the step's loss scale");
   train
       ->add_option("--dump-gradients-at", train_args.gradients_at,
                    "Write step STEP's gradients (1-based, as in metrics.jsonl; before clipping) to the "
-                   "safetensors file PATH, in the names and layout of the exported weights; repeatable")
+                   "safetensors file PATH, in the names and layout of the exported weights; in fp16 they are "
+                   "still multiplied by the step's loss scale; repeatable, once per step")
       ->type_name("STEP PATH");
 
   RecipeArgs plan_args;

@@ -17,8 +17,8 @@ bool ends_with(const std::string& name, const std::string& suffix) {
 // parameter's layout; `transposed` files store it (cols, rows).
 struct FilePart {
   std::string name;
-  int64_t first_row, rows, cols;
-  bool transposed;
+  int64_t first_row = 0, rows = 0, cols = 0;
+  bool transposed = false;
   std::vector<int64_t> file_shape() const {
     return transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
   }
@@ -27,19 +27,19 @@ struct FilePart {
 std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, recipe::Arch arch) {
   if (arch == recipe::Arch::gpt) {
     for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
-      if (ends_with(name, suffix)) return {{name, 0, shape[0], shape[1], true}};
+      if (ends_with(name, suffix)) return {{.name = name, .rows = shape[0], .cols = shape[1], .transposed = true}};
   }
   const std::string fused = "self_attn.qkv_proj.weight";
   if (arch == recipe::Arch::llama && ends_with(name, fused)) {
     // Rows [q (n_embd) | k | v]; q's width is the input width, k and v share the rest.
     const std::string prefix = name.substr(0, name.size() - fused.size()) + "self_attn.";
     const int64_t c = shape[1], kv = (shape[0] - c) / 2;
-    return {{prefix + "q_proj.weight", 0, c, c, false},
-            {prefix + "k_proj.weight", c, kv, c, false},
-            {prefix + "v_proj.weight", c + kv, kv, c, false}};
+    return {{.name = prefix + "q_proj.weight", .first_row = 0, .rows = c, .cols = c},
+            {.name = prefix + "k_proj.weight", .first_row = c, .rows = kv, .cols = c},
+            {.name = prefix + "v_proj.weight", .first_row = c + kv, .rows = kv, .cols = c}};
   }
   const int64_t rows = shape.rank() == 0 ? 1 : shape[0];
-  return {{name, 0, rows, rows == 0 ? 0 : shape.numel() / rows, false}};
+  return {{.name = name, .rows = rows, .cols = rows == 0 ? 0 : shape.numel() / rows}};
 }
 
 // The first NaN or infinite element of `data` as "NaN at element 5 (3 non-finite of 768)", or "".
@@ -90,8 +90,10 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
     const Shape& shape = graph.value(p.value).shape;
     const float* values = data(int(i));
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
-      SafeTensor t{part.name, DType::f32, part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims,
-                   std::vector<std::byte>(size_t(part.rows * part.cols) * sizeof(float))};
+      SafeTensor t{.name = part.name,
+                   .dtype = DType::f32,
+                   .shape = part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims,
+                   .data = std::vector<std::byte>(size_t(part.rows * part.cols) * sizeof(float))};
       copy_block(values + part.first_row * part.cols, reinterpret_cast<float*>(t.data.data()), part.rows, part.cols,
                  part.transposed);
       tensors.push_back(std::move(t));

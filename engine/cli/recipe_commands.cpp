@@ -36,10 +36,13 @@ std::string summary(const LoadedRecipe& loaded) {
                           : std::to_string(r.model.n_layer) + " layers, n_embd " + std::to_string(r.model.n_embd) +
                                 ", " + std::to_string(r.model.n_head) + " heads";
   const auto& t = r.train;
-  return loaded.path.string() + ": ok: " + arch + " (" + shape + ") on " + source + ", " + std::to_string(t.steps) +
-         " steps of " + std::to_string(*t.global_batch_size) + " samples (micro-batch " +
-         std::to_string(*t.micro_batch_size) + " x " + std::to_string(*t.gradient_accumulation_steps) +
-         " accumulation x " + std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)");
+  std::string line = loaded.path.string() + ": ok: " + arch + " (" + shape + ") on " + source + ", " +
+                     std::to_string(t.steps) + " steps of " + std::to_string(*t.global_batch_size) +
+                     " samples (micro-batch " + std::to_string(*t.micro_batch_size) + " x " +
+                     std::to_string(*t.gradient_accumulation_steps) + " accumulation x " +
+                     std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)");
+  for (const std::string& note : loaded.notes) line += "\n" + loaded.path.string() + ": note: " + note;
+  return line;
 }
 
 int validate(const RecipeArgs& args) {

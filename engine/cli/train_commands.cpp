@@ -1,7 +1,9 @@
 #include <cmath>
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "graph/precision.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
@@ -14,10 +16,14 @@ using namespace engine::recipe;
 int train(const RecipeArgs& args) {
   const LoadOptions load_options = args.load_options();
   require_single_process(load_options.world, "train");
+  TrainOptions options{args.first_gradients, {}};
+  // One file per step: a second file for the same step would silently replace the first.
+  for (const auto& [step, path] : args.gradients_at)
+    if (auto [it, inserted] = options.gradients_at.emplace(step, path); !inserted)
+      throw UserError("--dump-gradients-at " + std::to_string(step) + " is given twice (" + it->second.string() +
+                      " and " + path + "): list each step once");
   LoadedRecipe loaded = load_recipe(args.recipe, load_options);
   std::cout << summary(loaded) << "\n";
-  TrainOptions options{args.first_gradients, {}};
-  for (const auto& [step, path] : args.gradients_at) options.gradients_at[step] = path;
   engine::train(loaded, std::cout, options);
   return kExitOk;
 }

@@ -43,10 +43,13 @@ struct LoadedRecipe {
   Recipe recipe{};
   std::filesystem::path path;
   WorldSize world;
-  std::map<std::string, Mark> marks;  // "train.steps" -> where it was written; only keys given
-  std::set<std::string> auto_keys;    // keys whose value was `auto` (given or by default), now resolved
-  Mark document;                      // the start of the recipe file
-  std::vector<std::string> overrides; // as given to load_recipe, so the recipe can be loaded again
+  std::map<std::string, Mark> marks;   // "train.steps" -> where it was written; only keys given
+  std::set<std::string> auto_keys;     // keys whose value was `auto` (given or by default), now resolved
+  Mark document;                       // the start of the recipe file
+  std::vector<std::string> overrides;  // as given to load_recipe, so the recipe can be loaded again
+  // Settings the rules changed without it being an error (a warmup cut to the run), one sentence
+  // each, so the commands can say so rather than run with a value the user did not write.
+  std::vector<std::string> notes;
 
   bool given(const std::string& key) const { return marks.count(key) != 0; }
 };

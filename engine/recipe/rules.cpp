@@ -32,6 +32,7 @@ struct RuleContext {
   void error(std::initializer_list<const char*> keys, std::string message, std::vector<std::string> notes = {}) {
     sink.error(where(keys), blame(keys), std::move(message), std::move(notes));
   }
+  void note(std::string text) { loaded.notes.push_back(std::move(text)); }
 };
 
 bool is_transformer(const Recipe& r) { return r.model.arch == Arch::gpt || r.model.arch == Arch::llama; }
@@ -176,7 +177,11 @@ void resolve_batch(RuleContext& c) {
 void check_schedule(RuleContext& c) {
   // A run shortened from the command line (train.steps=20) keeps its schedule: the warmup is cut to
   // the run, so the learning rate reaches optimizer.lr at the last step (see warmup_steps' help).
-  c.r.scheduler.warmup_steps = std::min(c.r.scheduler.warmup_steps, c.r.train.steps);
+  if (c.r.scheduler.warmup_steps > c.r.train.steps) {
+    c.note("scheduler.warmup_steps " + str(c.r.scheduler.warmup_steps) + " clamped to train.steps " +
+           str(c.r.train.steps) + ": the learning rate reaches optimizer.lr at the last step");
+    c.r.scheduler.warmup_steps = c.r.train.steps;
+  }
   if (c.r.scheduler.type != SchedulerType::constant && c.r.scheduler.min_lr > c.r.optimizer.lr)
     c.error({"scheduler.min_lr", "optimizer.lr"},
             "min_lr " + format_value(c.r.scheduler.min_lr) + " exceeds optimizer.lr " + format_value(c.r.optimizer.lr));

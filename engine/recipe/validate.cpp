@@ -15,6 +15,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The one system directory scripts/setup fills (the fortunes package): the corpus of
+// recipes/examples/gpt-fortunes.yaml.
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes/";
+
 bool is_plain(const YamlNode& node) { return node.kind == YamlNode::Kind::Scalar && !node.quoted; }
 
 bool looks_like_int(const std::string& s) {
@@ -148,11 +152,11 @@ class ValueParser {
           command_line ? " (relative to the working directory)" : " (relative to the recipe that names it)";
       if (error || !fs::exists(status)) {
         error_ = "file not found: " + path.string() + relative;
-        // The example recipes train on corpora that Debian packages install (fortunes).
-        if (path.is_absolute() && path.string().rfind("/usr/share/", 0) == 0)
-          error_ +=
-              "; files under /usr/share come from Debian packages: run scripts/setup, which installs the "
-              "ones the shipped recipes use";
+        // The example recipes train on corpora that Debian packages install (fortunes); only those
+        // are worth a hint, since scripts/setup installs nothing else under /usr/share.
+        if (path.is_absolute() && path.string().rfind(kFortunesDir, 0) == 0)
+          error_ += std::string("; ") + kFortunesDir +
+                    " comes from the Debian package fortunes: run scripts/setup, which installs it";
         return std::nullopt;
       }
       if (fs::is_directory(status)) {

@@ -13,6 +13,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
@@ -50,6 +51,19 @@ namespace {
 void save_gradients(const fs::path& path, const ParameterStore& store, recipe::Arch arch) {
   write_safetensors(path, hugging_face_tensors(store.graph(), arch, [&](int i) { return store.grad(i); }),
                     {{"layout", "hugging face, as the weights files"}});
+}
+
+// The after_backward hook that writes step `step`'s (0-based) gradients to every file the options
+// ask for at that step, or none when no file is due.
+std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& options, const Session& session,
+                                         recipe::Arch arch) {
+  std::vector<fs::path> files;
+  if (step == 0 && !options.first_gradients.empty()) files.push_back(options.first_gradients);
+  if (auto it = options.gradients_at.find(step + 1); it != options.gradients_at.end()) files.push_back(it->second);
+  if (files.empty()) return {};
+  return [&session, arch, files] {
+    for (const fs::path& file : files) save_gradients(file, session.store, arch);
+  };
 }
 
 }  // namespace
@@ -108,14 +122,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
     plugins.step_start(step);
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
-    std::vector<fs::path> gradient_files;
-    if (step == 0 && !options.first_gradients.empty()) gradient_files.push_back(options.first_gradients);
-    if (auto it = options.gradients_at.find(step + 1); it != options.gradients_at.end())
-      gradient_files.push_back(it->second);
-    if (!gradient_files.empty())
-      hooks.after_backward = [&session, &r, gradient_files] {
-        for (const fs::path& file : gradient_files) save_gradients(file, session.store, r.model.arch);
-      };
+    hooks.after_backward = gradient_dump_hook(step, options, session, r.model.arch);
     const Session::StepResult result = session.train_step(
         step, [&] { return loader.next(); }, hooks);
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;

@@ -31,7 +31,9 @@ struct TrainSummary {
 struct TrainOptions {
   // When set, the gradients of the first step (after backward, before clipping) are written here
   // as safetensors, in the names and layout of the weights files (checkpoint/weights.h): for
-  // comparing with another implementation.
+  // comparing with another implementation. They are dumped as the backward left them, before the
+  // overflow check and unscaling: in fp16 each is multiplied by the step's loss scale
+  // (metrics.jsonl's loss_scale on logged steps); divide by it before comparing.
   std::filesystem::path first_gradients;
   // The same for later steps: optimizer step (1-based, as metrics.jsonl counts) -> file. A
   // comparison a few steps in also covers the optimizer state and the schedule.

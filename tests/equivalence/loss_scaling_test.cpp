@@ -2,7 +2,6 @@
 // skipped as if their batches had never been seen.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 

@@ -1,24 +1,15 @@
-// The op harness: every op's forward kernel against a plain double-precision reference, and its
-// backward (through autodiff, as training runs it) against central finite differences of that
-// reference, on random shapes including odd sizes.
-//
-// Each case builds a one-op graph whose float inputs are parameters (so their gradients land in
-// the gradient buffers) and ends in a weighted sum L = sum(R * out) with fixed random weights R,
-// whose gradient rule seeds dout = R.
+// The op harness's cases (every op with its double-precision reference) and its fp32 suite: see
+// op_harness.h. The same cases in bf16 and fp16 storage are in op_harness_16bit_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
-#include <iostream>
-#include <map>
 #include <random>
+#include <string>
 
 #include "core/convert.h"
-#include "core/rng.h"
+#include "core/error.h"
 #include "elementwise/add.h"
 #include "elementwise/cast.h"
-#include "graph/autodiff.h"
-#include "graph/precision.h"
 #include "graph/recompute.h"
 #include "linalg/linear.h"
 #include "linalg/matmul.h"
@@ -29,189 +20,13 @@
 #include "nn/layernorm.h"
 #include "nn/rotary.h"
 #include "nn/softmax.h"
-#include "plan/plan.h"
+#include "op_harness.h"
 #include "reduce/sum.h"
 #include "runtime/executor.h"
 #include "shape/transpose.h"
 
-namespace engine {
+namespace engine::op_harness {
 namespace {
-
-using Tensor = std::vector<double>;
-
-// L = sum(R * y): the harness's loss. inputs y, R (an input value); output L (1).
-void weighted_sum_cpu(const Node& node, const KernelContext& ctx) {
-  const float* y = ctx.f32(node.inputs[0]);
-  const float* r = ctx.f32(node.inputs[1]);
-  double sum = 0;
-  for (int64_t i = 0; i < ctx.shape(node.inputs[0]).numel(); ++i) sum += double(y[i]) * r[i];
-  *ctx.f32(node.outputs[0]) = float(sum);
-}
-void weighted_sum_grad(GradBuilder& gb, const Node& node) {
-  auto t = gb.target(node.inputs[0]);
-  gb.emit(kAccumulate, {node.inputs[1]}, {t.value}, t, {}, node.name);
-}
-// Its loss stays fp32 in 16-bit precision, as the models' per-row losses do; it has no 16-bit
-// path, so the executor hands it widened copies.
-const OpDef kWeightedSum{"weighted_sum", weighted_sum_cpu, weighted_sum_grad, nullptr, nullptr, 0b1};
-
-struct Case {
-  std::string name;
-  std::vector<Shape> float_inputs;  // become parameters
-  Shape tokens;                     // optional i32 input
-  int64_t token_range = 0;
-  // Builds the op from the parameter values (and the token input); returns its output.
-  std::function<ValueId(Graph&, const std::vector<ValueId>&, ValueId tokens)> build;
-  // The same op in double precision.
-  std::function<Tensor(const std::vector<Tensor>&, const std::vector<int32_t>&)> reference;
-  double forward_tolerance = 1e-4;
-  // fp32 kernels against finite differences of the double reference (h = 1e-5 in double: the
-  // truncation error h^2/6 times the third derivative and the cancellation 1e-16 |L| / h are both
-  // below 1e-9 here, so what is measured is the kernel's own fp32 error). A gradient here is a sum
-  // of at most ~20 products of O(1) values, each step rounding at 2^-24 = 6e-8: at most about
-  // 20 * 2^-24 = 1.2e-6 of (1 + |g|). Measured worst over the 8 seeds: 3.3e-7 (linear, matmul),
-  // 2.3e-7 (norms), 2.1e-7 (attention). 2e-6 keeps that bound with a little room.
-  double backward_tolerance = 2e-6;
-  bool weighted = true;           // false for the loss op, whose gradient ignores R (R = 1)
-  bool straight_through = false;  // the gradient is the op applied to dy (rounding), not finite differences
-  bool differentiable = true;     // false for ops without a gradient rule (host_copy): forward only
-};
-
-// The unit roundoff of a storage type: half the gap between 1 and the next value.
-double unit_roundoff(DType t) { return t == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
-
-double round_to(DType t, double v) {
-  if (t == DType::f32) return double(float(v));
-  return t == DType::bf16 ? bf16_to_float(float_to_bf16(float(v))) : f16_to_float(float_to_f16(float(v)));
-}
-
-// How the engine computes `graph`'s nodes of `op` in their stored types, as `engine plan` prints it.
-std::string compute_path(const Graph& graph, const OpDef& op) {
-  for (const Node& node : graph.nodes())
-    if (node.op == &op) return needs_conversion(graph, node) ? "fp32 on widened copies" : node.op->native_16bit;
-  return "-";
-}
-
-// Runs case `c` with its values stored in `storage`. In bf16 or fp16 the graph goes through the
-// precision pass before autodiff, as the engine's step does: parameters are read from their 16-bit
-// copies, activations and their gradients are 16-bit, parameter gradients accumulate in fp32, and
-// each node runs its kernel's 16-bit path or (without one) fp32 on widened copies. The reference
-// is computed in double from the same 16-bit-rounded inputs.
-void run_case(const Case& c, uint64_t seed, DType storage = DType::f32, bool rounded_gradient = false,
-              bool print_path = false) {
-  SCOPED_TRACE(c.name + " stored in " + std::string(dtype_name(storage)));
-  Graph g;
-  int unit = g.add_unit("op");
-  std::vector<ValueId> params;
-  for (size_t i = 0; i < c.float_inputs.size(); ++i)
-    params.push_back(g.add_param("in" + std::to_string(i), c.float_inputs[i], unit, ParamInit::normal(1.0)));
-  ValueId tokens = c.tokens.rank() ? g.add_input("tokens", c.tokens, DType::i32) : kNoValue;
-  ValueId out = c.build(g, params, tokens);
-  ValueId weights = g.add_input("R", g.value(out).shape, DType::f32);
-  ValueId loss = g.add_activation("L", Shape{1});
-  g.add_node(Node{&kWeightedSum, {out, weights}, {loss}, {}, false, false, "L"});
-  g.set_loss(loss);
-  g.mark_forward_end();
-  apply_precision(g, storage, DType::f32);
-  autodiff(g);
-  if (print_path)
-    for (const OpDef* op : {&ops::kLinear, &ops::kLinearBackwardInput, &ops::kLinearBackwardWeight})
-      std::cout << "  " << dtype_name(storage) << " " << op->name << ": " << compute_path(g, *op) << '\n';
-
-  ParameterStore store(g);
-  store.initialize(seed);
-  Executor exec(g, store, seed);
-  exec.add_plan("step", plan_step(g, all_nodes(g), {out}));
-
-  RandomStream rng(seed, RandomPurpose::test);
-  std::vector<int32_t> token_values(c.tokens.rank() ? static_cast<size_t>(c.tokens.numel()) : 0);
-  for (auto& t : token_values) t = int32_t(rng.below(uint64_t(c.token_range)));
-  if (tokens != kNoValue) std::memcpy(exec.input(tokens), token_values.data(), token_values.size() * 4);
-  const int64_t n_out = g.value(out).shape.numel();
-  Tensor r(static_cast<size_t>(n_out));
-  // R is representable in the storage type, so its cast at the start of a 16-bit step is exact.
-  for (auto& v : r) v = c.weighted ? round_to(storage, rng.normal()) : 1.0;
-  auto* r_buffer = static_cast<float*>(exec.input(weights));
-  for (int64_t i = 0; i < n_out; ++i) r_buffer[i] = float(r[size_t(i)]);
-
-  // The values the kernels read: the fp32 masters, or their 16-bit copies.
-  std::vector<Tensor> inputs;
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor x(static_cast<size_t>(store.numel(int(i))));
-    for (int64_t k = 0; k < store.numel(int(i)); ++k)
-      x[size_t(k)] = load_float(store.param_storage(int(i)), storage, k);
-    inputs.push_back(std::move(x));
-  }
-  store.zero_grads();
-  exec.run("step", 0, 0);
-  store.widen_gradients();
-
-  // Unit roundoff u of the storage type (2^-8 bf16, 2^-11 fp16). The reference reads the same
-  // rounded inputs, so what is left is the kernels' own error: every output is rounded to the type
-  // once (|error| <= u |y|) on top of fp32 arithmetic (about 1e-6 relative, far below u), and a
-  // gradient meets at most one more rounding on the way back (dy is exact: R is representable;
-  // cross-entropy rounds its logits' gradient in place: `rounded_gradient`). So |error| <= u |y|
-  // plus fp32 noise (measured worst: 0.8u forward, 0.3u for cross-entropy's gradient), and the
-  // bound 2u (1 + |y|) leaves a factor of two. The other ops' parameter gradients are computed in
-  // fp32 from the rounded values and accumulate in fp32: they keep the fp32 bound.
-  const bool sixteen = storage != DType::f32;
-  const double forward_tolerance = sixteen ? 2 * unit_roundoff(storage) : c.forward_tolerance;
-  const double backward_tolerance = sixteen && rounded_gradient ? 2 * unit_roundoff(storage) : c.backward_tolerance;
-
-  // Forward against the double reference.
-  Tensor expected = c.reference(inputs, token_values);
-  ASSERT_EQ(int64_t(expected.size()), n_out);
-  const void* got = exec.value_f32("step", out);
-  const DType out_type = g.value(out).dtype;
-  double worst_forward = 0;
-  for (int64_t i = 0; i < n_out; ++i) {
-    const double e = expected[size_t(i)];
-    const float v = load_float(got, out_type, i);
-    if (forward_tolerance == 0) {
-      ASSERT_EQ(v, float(e)) << "output " << i;
-    } else {
-      ASSERT_NEAR(v, e, forward_tolerance * (1 + std::abs(e))) << "output " << i;
-      worst_forward = std::max(worst_forward, std::abs(v - e) / (1 + std::abs(e)));
-    }
-  }
-
-  if (!c.differentiable) return;
-  if (c.straight_through) {
-    // The gradient passes through the casts, so it is dy stored in the 16-bit type on the way: the
-    // reference applied to R.
-    Tensor expected_grad = c.reference({r}, token_values);
-    for (size_t p = 0; p < params.size(); ++p)
-      for (int64_t k = 0; k < store.numel(int(p)); ++k)
-        ASSERT_EQ(store.grad(int(p))[k], float(expected_grad[size_t(k)])) << "straight-through gradient at " << k;
-    return;
-  }
-  // Backward against central differences of the reference loss.
-  auto reference_loss = [&](const std::vector<Tensor>& x) {
-    Tensor y = c.reference(x, token_values);
-    double sum = 0;
-    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * r[i];
-    return sum;
-  };
-  double worst_backward = 0;
-  for (size_t p = 0; p < params.size(); ++p) {
-    const float* grad = store.grad(int(p));
-    int64_t n = store.numel(int(p));
-    for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 17)) {
-      std::vector<Tensor> x = inputs;
-      const double h = 1e-5;
-      x[p][size_t(k)] = inputs[p][size_t(k)] + h;
-      double up = reference_loss(x);
-      x[p][size_t(k)] = inputs[p][size_t(k)] - h;
-      double down = reference_loss(x);
-      double numeric = (up - down) / (2 * h);
-      EXPECT_NEAR(grad[k], numeric, backward_tolerance * (1 + std::abs(numeric))) << "d input " << p << "[" << k << "]";
-      worst_backward = std::max(worst_backward, std::abs(grad[k] - numeric) / (1 + std::abs(numeric)));
-    }
-  }
-  if (std::getenv("OP_HARNESS_REPORT"))
-    std::cout << "  " << c.name << " [" << dtype_name(storage) << "]: worst forward " << worst_forward << ", backward "
-              << worst_backward << "\n";
-}
 
 // ---- double-precision references ----
 
@@ -292,6 +107,8 @@ Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H,
       }
   return y;
 }
+
+}  // namespace
 
 std::vector<Case> cases(std::mt19937& shape_rng) {
   auto pick = [&](int lo, int hi) { return int64_t(std::uniform_int_distribution<int>(lo, hi)(shape_rng)); };
@@ -557,6 +374,27 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   return all;
 }
 
+namespace {
+
+// The grouped-query builders refuse a head count that the key/value heads do not divide, though
+// the row width (3 + 2 x 2 heads of 2) would fit.
+TEST(OpBuilders, KeyValueHeadsMustDivideTheHeads) {
+  for (bool rotary : {false, true}) {
+    Graph g;
+    ValueId qkv = g.add_input("qkv", Shape{1, 2, 14}, DType::f32);
+    try {
+      if (rotary)
+        ops::rotary(g, qkv, 3, 10000.0, "rope", 2);
+      else
+        ops::causal_attention(g, qkv, 3, "attn", 2);
+      ADD_FAILURE() << (rotary ? "rotary" : "causal_attention") << " accepted 3 heads over 2 key/value heads";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("layer ") + (rotary ? "rope" : "attn") + ": 2 key/value heads do not divide 3 heads");
+    }
+  }
+}
+
 class OpHarness : public ::testing::TestWithParam<int> {};
 
 TEST_P(OpHarness, ForwardMatchesDoubleReferenceAndBackwardMatchesFiniteDifferences) {
@@ -567,46 +405,5 @@ TEST_P(OpHarness, ForwardMatchesDoubleReferenceAndBackwardMatchesFiniteDifferenc
 // Each seed draws new random shapes (odd sizes included) for every op.
 INSTANTIATE_TEST_SUITE_P(RandomShapes, OpHarness, ::testing::Range(1, 9));
 
-// The ops with a 16-bit path: elementwise chunks (activations, add, swiglu), the norms, the
-// embedding, cross-entropy, the linear layer (oneDNN's 16-bit matmul where this CPU has one) and
-// reshape (a copy in the stored type).
-// The value says whether the parameters' gradient is rounded to the storage type on its way.
-const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
-                                              {"linear (3-D input, no bias)", false},
-                                              {"layernorm", false},
-                                              {"layernorm without shift", false},
-                                              {"rmsnorm", false},
-                                              {"gelu", false},
-                                              {"relu", false},
-                                              {"silu", false},
-                                              {"swiglu", false},
-                                              {"add", false},
-                                              {"embedding with positions", false},
-                                              {"softmax_cross_entropy", true},
-                                              {"reshape", false}};
-
-class OpHarness16 : public ::testing::TestWithParam<std::tuple<int, DType>> {};
-
-TEST_P(OpHarness16, SixteenBitStorageMatchesDoubleReferenceOfTheRoundedInputs) {
-  const auto [seed, storage] = GetParam();
-  std::mt19937 shape_rng{static_cast<uint32_t>(seed)};
-  size_t ran = 0;
-  for (const Case& c : cases(shape_rng)) {
-    auto it = kSixteenBit.find(c.name);
-    if (it == kSixteenBit.end()) continue;
-    ++ran;
-    // The first seed names the path each node took (the linear one depends on this oneDNN and CPU).
-    run_case(c, uint64_t(seed) + 11, storage, it->second, seed == 1 && c.name.starts_with("linear+"));
-  }
-  EXPECT_EQ(ran, kSixteenBit.size()) << "a 16-bit case lost its op";
-}
-
-INSTANTIATE_TEST_SUITE_P(RandomShapes, OpHarness16,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values(DType::bf16, DType::f16)),
-                         [](const auto& test) {
-                           return std::string(dtype_name(std::get<1>(test.param))) + "_seed" +
-                                  std::to_string(std::get<0>(test.param));
-                         });
-
 }  // namespace
-}  // namespace engine
+}  // namespace engine::op_harness

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -44,6 +45,16 @@ TEST(Cli, ValidatePrintsOneLineAndExitsZero) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "recipes/quickstart.yaml: ok: gpt")) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+// The quick start's warmup (30 steps) is cut to a shorter run: the summary says so.
+TEST(Cli, TheSummaryNotesAWarmupClampedToTheRun) {
+  Result r = run("validate recipes/quickstart.yaml train.steps=20");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "recipes/quickstart.yaml: note: scheduler.warmup_steps 30 clamped to train.steps 20"))
+      << r.output;
+  r = run("validate recipes/quickstart.yaml train.steps=30");
+  EXPECT_FALSE(contains(r.output, "note:")) << r.output;
 }
 
 TEST(Cli, ValidateWithOverrides) {
@@ -87,6 +98,18 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// A second --dump-gradients-at for the same step would replace the first file: refused before any
+// training, naming both files.
+TEST(Cli, DumpGradientsAtRefusesARepeatedStep) {
+  const ::engine::testing::TempDir scratch("cli_dump");
+  const std::string a = (scratch / "a.safetensors").string(), b = (scratch / "b.safetensors").string();
+  Result r = run("train recipes/quickstart.yaml train.steps=4 scheduler.warmup_steps=0 run.output_dir=" +
+                 (scratch / "runs").string() + " --dump-gradients-at 4 " + a + " --dump-gradients-at 4 " + b);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--dump-gradients-at 4 is given twice (" + a + " and " + b + ")")) << r.output;
+  EXPECT_FALSE(fs::exists(a) || fs::exists(b) || fs::exists(scratch / "runs")) << r.output;
+}
+
 // The fortunes example reads a corpus that a Debian package installs: without it, the error says
 // how to get it.
 TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
@@ -94,6 +117,11 @@ TEST(Cli, AMissingSystemCorpusTellsTheUserToRunSetup) {
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "data.path: file not found: /usr/share/games/fortunes/not-installed")) << r.output;
   EXPECT_TRUE(contains(r.output, "run scripts/setup")) << r.output;
+  // Other files under /usr/share are not something scripts/setup installs: no such hint.
+  r = run("validate recipes/examples/gpt-fortunes.yaml data.path=/usr/share/dict/not-installed");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "data.path: file not found: /usr/share/dict/not-installed")) << r.output;
+  EXPECT_FALSE(contains(r.output, "scripts/setup")) << r.output;
 }
 
 TEST(Cli, AllErrorsAndExitTwo) {

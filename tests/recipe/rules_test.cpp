@@ -114,9 +114,14 @@ TEST(Rules, WarmupLongerThanTheRunIsClampedToTheRun) {
   Recipe r = files.load().recipe;
   EXPECT_EQ(r.train.steps, 20);
   EXPECT_EQ(r.scheduler.warmup_steps, 20);
-  // A warmup that fits is kept as written.
+  // The change is said, not silent.
+  EXPECT_EQ(files.load().notes,
+            std::vector<std::string>{"scheduler.warmup_steps 30 clamped to train.steps 20: the learning rate "
+                                     "reaches optimizer.lr at the last step"});
+  // A warmup that fits is kept as written, without a note.
   files.overrides = {"train.steps=40"};
   EXPECT_EQ(files.load().recipe.scheduler.warmup_steps, 30);
+  EXPECT_TRUE(files.load().notes.empty());
 }
 
 TEST(Rules, MinLrAboveLrIsStillAnError) {

@@ -1,0 +1,194 @@
+// The op harness's runner: builds a case's one-op graph, runs its step and checks the forward
+// against the double reference and the backward against finite differences (op_harness.h).
+#include "op_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "core/convert.h"
+#include "core/rng.h"
+#include "graph/autodiff.h"
+#include "graph/precision.h"
+#include "linalg/linear.h"
+#include "plan/plan.h"
+#include "runtime/executor.h"
+
+namespace engine::op_harness {
+namespace {
+
+// L = sum(R * y): the harness's loss. inputs y, R (an input value); output L (1).
+void weighted_sum_cpu(const Node& node, const KernelContext& ctx) {
+  const float* y = ctx.f32(node.inputs[0]);
+  const float* r = ctx.f32(node.inputs[1]);
+  double sum = 0;
+  for (int64_t i = 0; i < ctx.shape(node.inputs[0]).numel(); ++i) sum += double(y[i]) * r[i];
+  *ctx.f32(node.outputs[0]) = float(sum);
+}
+void weighted_sum_grad(GradBuilder& gb, const Node& node) {
+  auto t = gb.target(node.inputs[0]);
+  gb.emit(kAccumulate, {node.inputs[1]}, {t.value}, t, {}, node.name);
+}
+// Its loss stays fp32 in 16-bit precision, as the models' per-row losses do; it has no 16-bit
+// path, so the executor hands it widened copies.
+const OpDef kWeightedSum{"weighted_sum", weighted_sum_cpu, weighted_sum_grad, nullptr, nullptr, 0b1};
+
+// The unit roundoff of a storage type: half the gap between 1 and the next value.
+double unit_roundoff(DType t) { return t == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
+
+double round_to(DType t, double v) {
+  if (t == DType::f32) return double(float(v));
+  return t == DType::bf16 ? bf16_to_float(float_to_bf16(float(v))) : f16_to_float(float_to_f16(float(v)));
+}
+
+// How the engine computes `graph`'s nodes of `op` in their stored types, as `engine plan` prints it.
+std::string compute_path(const Graph& graph, const OpDef& op) {
+  for (const Node& node : graph.nodes())
+    if (node.op == &op) return needs_conversion(graph, node) ? "fp32 on widened copies" : node.op->native_16bit;
+  return "-";
+}
+
+// The forward output against the double reference, stopping at the first mismatch (reported);
+// the worst relative error goes to `worst`.
+bool check_forward(const Tensor& expected, const void* got, DType out_type, double tolerance, double& worst) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double e = expected[i];
+    const float v = load_float(got, out_type, int64_t(i));
+    if (tolerance == 0 && v != float(e)) {
+      EXPECT_EQ(v, float(e)) << "output " << i;
+      return false;
+    }
+    if (tolerance != 0 && !(std::abs(v - e) <= tolerance * (1 + std::abs(e)))) {
+      EXPECT_NEAR(v, e, tolerance * (1 + std::abs(e))) << "output " << i;
+      return false;
+    }
+    worst = std::max(worst, std::abs(v - e) / (1 + std::abs(e)));
+  }
+  return true;
+}
+
+// The parameter gradients against central differences of the reference loss sum(R * reference),
+// at about 17 elements of each parameter; the worst relative error goes to `worst`.
+void check_finite_differences(const Case& c, const std::vector<Tensor>& inputs, const std::vector<int32_t>& tokens,
+                              const Tensor& r, const ParameterStore& store, double tolerance, double& worst) {
+  auto reference_loss = [&](const std::vector<Tensor>& x) {
+    Tensor y = c.reference(x, tokens);
+    double sum = 0;
+    for (size_t i = 0; i < y.size(); ++i) sum += y[i] * r[i];
+    return sum;
+  };
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    const float* grad = store.grad(int(p));
+    int64_t n = store.numel(int(p));
+    for (int64_t k = 0; k < n; k += std::max<int64_t>(1, n / 17)) {
+      std::vector<Tensor> x = inputs;
+      const double h = 1e-5;
+      x[p][size_t(k)] = inputs[p][size_t(k)] + h;
+      double up = reference_loss(x);
+      x[p][size_t(k)] = inputs[p][size_t(k)] - h;
+      double down = reference_loss(x);
+      double numeric = (up - down) / (2 * h);
+      EXPECT_NEAR(grad[k], numeric, tolerance * (1 + std::abs(numeric))) << "d input " << p << "[" << k << "]";
+      worst = std::max(worst, std::abs(grad[k] - numeric) / (1 + std::abs(numeric)));
+    }
+  }
+}
+
+}  // namespace
+
+// Runs case `c` with its values stored in `storage`. In bf16 or fp16 the graph goes through the
+// precision pass before autodiff, as the engine's step does: parameters are read from their 16-bit
+// copies, activations and their gradients are 16-bit, parameter gradients accumulate in fp32, and
+// each node runs its kernel's 16-bit path or (without one) fp32 on widened copies. The reference
+// is computed in double from the same 16-bit-rounded inputs.
+void run_case(const Case& c, uint64_t seed, const RunOptions& options) {
+  const DType storage = options.storage;
+  SCOPED_TRACE(c.name + " stored in " + std::string(dtype_name(storage)));
+  Graph g;
+  int unit = g.add_unit("op");
+  std::vector<ValueId> params;
+  for (size_t i = 0; i < c.float_inputs.size(); ++i)
+    params.push_back(g.add_param("in" + std::to_string(i), c.float_inputs[i], unit, ParamInit::normal(1.0)));
+  ValueId tokens = c.tokens.rank() ? g.add_input("tokens", c.tokens, DType::i32) : kNoValue;
+  ValueId out = c.build(g, params, tokens);
+  ValueId weights = g.add_input("R", g.value(out).shape, DType::f32);
+  ValueId loss = g.add_activation("L", Shape{1});
+  g.add_node(Node{&kWeightedSum, {out, weights}, {loss}, {}, false, false, "L"});
+  g.set_loss(loss);
+  g.mark_forward_end();
+  apply_precision(g, storage, DType::f32);
+  autodiff(g);
+  if (options.print_path)
+    for (const OpDef* op : {&ops::kLinear, &ops::kLinearBackwardInput, &ops::kLinearBackwardWeight})
+      std::cout << "  " << dtype_name(storage) << " " << op->name << ": " << compute_path(g, *op) << '\n';
+
+  ParameterStore store(g);
+  store.initialize(seed);
+  Executor exec(g, store, seed);
+  exec.add_plan("step", plan_step(g, all_nodes(g), {out}));
+
+  RandomStream rng(seed, RandomPurpose::test);
+  std::vector<int32_t> token_values(c.tokens.rank() ? static_cast<size_t>(c.tokens.numel()) : 0);
+  for (auto& t : token_values) t = int32_t(rng.below(uint64_t(c.token_range)));
+  if (tokens != kNoValue) std::memcpy(exec.input(tokens), token_values.data(), token_values.size() * 4);
+  const int64_t n_out = g.value(out).shape.numel();
+  Tensor r(static_cast<size_t>(n_out));
+  // R is representable in the storage type, so its cast at the start of a 16-bit step is exact.
+  for (auto& v : r) v = c.weighted ? round_to(storage, rng.normal()) : 1.0;
+  auto* r_buffer = static_cast<float*>(exec.input(weights));
+  for (int64_t i = 0; i < n_out; ++i) r_buffer[i] = float(r[size_t(i)]);
+
+  // The values the kernels read: the fp32 masters, or their 16-bit copies.
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor x(static_cast<size_t>(store.numel(int(i))));
+    for (int64_t k = 0; k < store.numel(int(i)); ++k)
+      x[size_t(k)] = load_float(store.param_storage(int(i)), storage, k);
+    inputs.push_back(std::move(x));
+  }
+  store.zero_grads();
+  exec.run("step", 0, 0);
+  store.widen_gradients();
+
+  // Unit roundoff u of the storage type (2^-8 bf16, 2^-11 fp16). The reference reads the same
+  // rounded inputs, so what is left is the kernels' own error: every output is rounded to the type
+  // once (|error| <= u |y|) on top of fp32 arithmetic (about 1e-6 relative, far below u), and a
+  // gradient meets at most one more rounding on the way back (dy is exact: R is representable;
+  // cross-entropy rounds its logits' gradient in place: `rounded_gradient`). So |error| <= u |y|
+  // plus fp32 noise (measured worst: 0.8u forward, 0.3u for cross-entropy's gradient), and the
+  // bound 2u (1 + |y|) leaves a factor of two. The other ops' parameter gradients are computed in
+  // fp32 from the rounded values and accumulate in fp32: they keep the fp32 bound.
+  const bool sixteen = storage != DType::f32;
+  const double forward_tolerance = sixteen ? 2 * unit_roundoff(storage) : c.forward_tolerance;
+  const double backward_tolerance =
+      sixteen && options.rounded_gradient ? 2 * unit_roundoff(storage) : c.backward_tolerance;
+
+  // Forward against the double reference.
+  Tensor expected = c.reference(inputs, token_values);
+  ASSERT_EQ(int64_t(expected.size()), n_out);
+  double worst_forward = 0;
+  if (!check_forward(expected, exec.value_f32("step", out), g.value(out).dtype, forward_tolerance, worst_forward))
+    return;
+  if (!c.differentiable) return;
+  if (c.straight_through) {
+    // The gradient passes through the casts, so it is dy stored in the 16-bit type on the way: the
+    // reference applied to R.
+    Tensor expected_grad = c.reference({r}, token_values);
+    for (size_t p = 0; p < params.size(); ++p)
+      for (int64_t k = 0; k < store.numel(int(p)); ++k)
+        ASSERT_EQ(store.grad(int(p))[k], float(expected_grad[size_t(k)])) << "straight-through gradient at " << k;
+    return;
+  }
+  // Backward against central differences of the reference loss.
+  double worst_backward = 0;
+  check_finite_differences(c, inputs, token_values, r, store, backward_tolerance, worst_backward);
+  if (std::getenv("OP_HARNESS_REPORT"))
+    std::cout << "  " << c.name << " [" << dtype_name(storage) << "]: worst forward " << worst_forward << ", backward "
+              << worst_backward << "\n";
+}
+
+}  // namespace engine::op_harness

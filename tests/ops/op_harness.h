@@ -1,0 +1,57 @@
+// The op harness: every op's forward kernel against a plain double-precision reference, and its
+// backward (through autodiff, as training runs it) against central finite differences of that
+// reference, on random shapes including odd sizes.
+//
+// Each case builds a one-op graph whose float inputs are parameters (so their gradients land in
+// the gradient buffers) and ends in a weighted sum L = sum(R * out) with fixed random weights R,
+// whose gradient rule seeds dout = R. The cases and the fp32 suite are in op_harness_test.cpp, the
+// same cases in bf16 and fp16 storage in op_harness_16bit_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace engine::op_harness {
+
+using Tensor = std::vector<double>;
+
+struct Case {
+  std::string name;
+  std::vector<Shape> float_inputs;  // become parameters
+  Shape tokens;                     // optional i32 input
+  int64_t token_range = 0;
+  // Builds the op from the parameter values (and the token input); returns its output.
+  std::function<ValueId(Graph&, const std::vector<ValueId>&, ValueId tokens)> build;
+  // The same op in double precision.
+  std::function<Tensor(const std::vector<Tensor>&, const std::vector<int32_t>&)> reference;
+  double forward_tolerance = 1e-4;
+  // fp32 kernels against finite differences of the double reference (h = 1e-5 in double: the
+  // truncation error h^2/6 times the third derivative and the cancellation 1e-16 |L| / h are both
+  // below 1e-9 here, so what is measured is the kernel's own fp32 error). A gradient here is a sum
+  // of at most ~20 products of O(1) values, each step rounding at 2^-24 = 6e-8: at most about
+  // 20 * 2^-24 = 1.2e-6 of (1 + |g|). Measured worst over the 8 seeds: 3.3e-7 (linear, matmul),
+  // 2.3e-7 (norms), 2.1e-7 (attention). 2e-6 keeps that bound with a little room.
+  double backward_tolerance = 2e-6;
+  bool weighted = true;           // false for the loss op, whose gradient ignores R (R = 1)
+  bool straight_through = false;  // the gradient is the op applied to dy (rounding), not finite differences
+  bool differentiable = true;     // false for ops without a gradient rule (host_copy): forward only
+};
+
+struct RunOptions {
+  DType storage = DType::f32;     // where the graph's values are stored (bf16, fp16: through the precision pass)
+  bool rounded_gradient = false;  // 16-bit: the parameters' gradient is rounded to the storage type on its way
+  bool print_path = false;        // print how the linear ops compute in this storage type
+};
+
+// Runs case `c`: its forward against the reference, then its backward against finite differences.
+void run_case(const Case& c, uint64_t seed, const RunOptions& options = {});
+
+// Every op's case, on shapes drawn from `shape_rng`.
+std::vector<Case> cases(std::mt19937& shape_rng);
+
+}  // namespace engine::op_harness
