@@ -314,7 +314,7 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   }
   {
     // Offload and prefetch (cpu_checkpointing): a value copied to host memory and back, unchanged.
-    Case host{"host_copy there and back",
+    Case host_copy{"host_copy there and back",
               {Shape{rows, c}},
               {},
               0,
@@ -329,7 +329,7 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
               [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
     host.forward_tolerance = 0;
     host.differentiable = false;
-    all.push_back(host);
+    all.push_back(host_copy);
   }
   for (DType t : {DType::bf16, DType::f16}) {
     // f32 -> 16-bit -> f32: the forward rounds to nearest even; the gradient passes straight through.

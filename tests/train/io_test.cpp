@@ -349,7 +349,9 @@ TEST(Weights, DumpedGradientsHaveTheLayoutOfTheWeightsFile) {
     fs::remove_all(out);
     auto loaded = tiny_run(model, out);
     std::ostringstream log;
-    train(loaded, log, TrainOptions{out / "grads.safetensors"});
+    TrainOptions options;
+    options.first_gradients = out / "grads.safetensors";
+    train(loaded, log, options);
     auto weights = read_safetensors(out / "w" / "model.safetensors").tensors;
     auto grads = read_safetensors(out / "grads.safetensors").tensors;
     ASSERT_EQ(weights.size(), grads.size()) << model;
@@ -357,7 +359,9 @@ TEST(Weights, DumpedGradientsHaveTheLayoutOfTheWeightsFile) {
       ASSERT_TRUE(grads.count(name)) << model << ": no gradient for " << name;
       EXPECT_EQ(grads.at(name).shape, w.shape) << name;
     }
-    if (model == gpt) EXPECT_EQ(grads.at("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));  // (in, out)
+    if (model == gpt) {
+      EXPECT_EQ(grads.at("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));  // (in, out)
+    }
     if (model == kGqaLlama)
       EXPECT_EQ(grads.at("model.layers.0.self_attn.v_proj.weight").shape, (std::vector<int64_t>{8, 16}));
   }
