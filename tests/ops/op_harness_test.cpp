@@ -327,7 +327,7 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                 return back;
               },
               [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
-    host.forward_tolerance = 0;
+    host_copy.forward_tolerance = 0;
     host.differentiable = false;
     all.push_back(host_copy);
   }
