@@ -328,7 +328,7 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
               },
               [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
     host_copy.forward_tolerance = 0;
-    host.differentiable = false;
+    host_copy.differentiable = false;
     all.push_back(host_copy);
   }
   for (DType t : {DType::bf16, DType::f16}) {
