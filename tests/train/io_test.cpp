@@ -362,8 +362,9 @@ TEST(Weights, DumpedGradientsHaveTheLayoutOfTheWeightsFile) {
     if (model == gpt) {
       EXPECT_EQ(grads.at("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{8, 24}));  // (in, out)
     }
-    if (model == kGqaLlama)
+    if (model == kGqaLlama) {
       EXPECT_EQ(grads.at("model.layers.0.self_attn.v_proj.weight").shape, (std::vector<int64_t>{8, 16}));
+    }
   }
 }
 
