@@ -44,9 +44,9 @@ struct GenerateArgs {
 struct GoldenArgs {
   enum class Action { record, check, update, trajectory } action = Action::check;
   std::vector<std::filesystem::path> recipes;
-  double safety_factor = 5;       // record, update: the band's factor over the measured spread
-  bool variants = true;           // record, update: derive the band (false: bitwise only)
-  std::filesystem::path out;      // trajectory: where to write it
+  double safety_factor = 5;   // record, update: the band's factor over the measured spread
+  bool variants = true;       // record, update: derive the band (false: bitwise only)
+  std::filesystem::path out;  // trajectory: where to write it
 };
 
 int validate(const RecipeArgs& args);

@@ -36,15 +36,15 @@ struct ModelSection {
   std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
   // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
   std::optional<int64_t> kv_heads;
-  double dropout;                  // gpt
-  bool bias;                       // gpt
-  double norm_eps;                 // gpt, llama
-  double rope_theta;               // llama
-  bool tie_embeddings;             // gpt, llama
-  int64_t input_dim;               // mlp
-  int64_t hidden_dim;              // mlp
-  int64_t num_classes;             // mlp
-  Activation activation;           // mlp
+  double dropout;         // gpt
+  bool bias;              // gpt
+  double norm_eps;        // gpt, llama
+  double rope_theta;      // llama
+  bool tie_embeddings;    // gpt, llama
+  int64_t input_dim;      // mlp
+  int64_t hidden_dim;     // mlp
+  int64_t num_classes;    // mlp
+  Activation activation;  // mlp
   double init_std;
   std::filesystem::path init_from;  // empty: random initialisation
 };
@@ -106,16 +106,16 @@ enum class GradientDType { fp32, bf16, fp16 };
 
 struct PrecisionSection {
   PrecisionMode mode;
-  GradientDType accumulation_dtype;    // parameter gradients across micro-batches
-  GradientDType communication_dtype;   // gradient reduction across ranks
-  LossScaling loss_scaling;            // fp16
-  double static_scale;                 // fp16, fixed
-  int64_t initial_scale_power;         // fp16, dynamic: the first scale is 2^k
-  int64_t growth_interval;             // fp16, dynamic: clean steps before the scale grows
-  double scale_factor;                 // fp16, dynamic: growth and backoff factor
-  int64_t hysteresis;                  // fp16, dynamic: overflows tolerated before a backoff
-  double min_scale;                    // fp16, dynamic
-  MinScaleAction on_min_scale;         // fp16, dynamic
+  GradientDType accumulation_dtype;   // parameter gradients across micro-batches
+  GradientDType communication_dtype;  // gradient reduction across ranks
+  LossScaling loss_scaling;           // fp16
+  double static_scale;                // fp16, fixed
+  int64_t initial_scale_power;        // fp16, dynamic: the first scale is 2^k
+  int64_t growth_interval;            // fp16, dynamic: clean steps before the scale grows
+  double scale_factor;                // fp16, dynamic: growth and backoff factor
+  int64_t hysteresis;                 // fp16, dynamic: overflows tolerated before a backoff
+  double min_scale;                   // fp16, dynamic
+  MinScaleAction on_min_scale;        // fp16, dynamic
 };
 
 enum class CheckpointPolicy { none, full, every_k, selective };
@@ -130,8 +130,8 @@ struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
 struct PluginEntry {
-  std::filesystem::path path;           // resolved relative to the recipe that names it
-  std::string name;                     // the path as written, for messages
+  std::filesystem::path path;            // resolved relative to the recipe that names it
+  std::string name;                      // the path as written, for messages
   std::shared_ptr<const YamlNode> node;  // the entry as written ({path, args} or a path), with marks
 };
 

@@ -315,18 +315,18 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   {
     // Offload and prefetch (cpu_checkpointing): a value copied to host memory and back, unchanged.
     Case host_copy{"host_copy there and back",
-              {Shape{rows, c}},
-              {},
-              0,
-              [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
-                ValueId host = g.add_activation("x@host", Shape{rows, c});
-                g.mutable_value(host).placement = Placement::host;
-                ValueId back = g.add_activation("x@prefetched", Shape{rows, c});
-                g.add_node(Node{&kHostCopy, {p[0]}, {host}, {}, false, false, "offload"});
-                g.add_node(Node{&kHostCopy, {host}, {back}, {}, false, false, "prefetch"});
-                return back;
-              },
-              [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
+                   {Shape{rows, c}},
+                   {},
+                   0,
+                   [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                     ValueId host = g.add_activation("x@host", Shape{rows, c});
+                     g.mutable_value(host).placement = Placement::host;
+                     ValueId back = g.add_activation("x@prefetched", Shape{rows, c});
+                     g.add_node(Node{&kHostCopy, {p[0]}, {host}, {}, false, false, "offload"});
+                     g.add_node(Node{&kHostCopy, {host}, {back}, {}, false, false, "prefetch"});
+                     return back;
+                   },
+                   [](const std::vector<Tensor>& x, const auto&) { return x[0]; }};
     host_copy.forward_tolerance = 0;
     host_copy.differentiable = false;
     all.push_back(host_copy);
