@@ -72,7 +72,13 @@ TEST_P(GoldenPower, OneUlpGradientNoisePassesTheBandButNotTheBitwiseCheck) {
 // widened with the divergence between kernels (a 10% error there uses about 97% of it), and 25% shows.
 TEST_P(GoldenPower, AWrongLearningRateInOneStepFails) {
   Golden g = load(GetParam());
-  for (auto [wrong_step, factor] : {std::pair{int64_t(2), 1.1}, std::pair{int64_t(12), 1.25}}) {
+  struct WrongStep {
+    int64_t step;
+    double factor;
+  };
+  for (const WrongStep wrong : {WrongStep{2, 1.1}, WrongStep{12, 1.25}}) {
+    const int64_t wrong_step = wrong.step;
+    const double factor = wrong.factor;
     TrajectoryProbes probes;
     probes.before_update = [&](int64_t step, double& lr) {
       if (step == wrong_step) lr *= factor;
