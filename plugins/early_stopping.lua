@@ -33,5 +33,5 @@ function on_eval(state, metrics)
                                         saved.bad))
     end
   end
-  engine.metric("early_stopping/best", saved.best)
+  engine.metric("best", saved.best)
 end

@@ -32,7 +32,7 @@ local function skip(state, reason)
   saved.skipped = saved.skipped + 1
   saved.consecutive = saved.consecutive + 1
   engine.skip_step(reason)
-  engine.metric("loss_spike_guard/skipped", saved.skipped)
+  engine.metric("skipped", saved.skipped)
   if saved.consecutive >= args.max_consecutive then
     engine.request_stop(string.format("%d loss spikes in a row (last at step %d)", saved.consecutive, state.step))
   end
@@ -51,7 +51,7 @@ function on_step_end(state, metrics)
     if z > args.threshold then
       skip(state, string.format("loss %.4f is %.1f standard deviations above the mean %.4f of the last %d steps",
                                 loss, z, mean, #losses))
-      engine.metric("loss_spike_guard/z", z)
+      engine.metric("z", z)
       return
     end
   end

@@ -42,7 +42,7 @@ function on_eval(state, metrics)
     saved.bad = 0
     saved.reductions = saved.reductions + 1
     engine.set_lr(saved.lr)
-    engine.metric("reduce_on_plateau/lr", saved.lr)
+    engine.metric("lr", saved.lr)
     engine.log(string.format("val_loss %.4f has not improved on %.4f: learning rate now %.3g", loss, saved.best,
                              saved.lr))
   end

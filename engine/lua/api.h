@@ -79,9 +79,10 @@ struct AnomalyEvent {
   bool before_update = false;  // the update of this step is not applied yet: skip_step() is allowed
 };
 
-// The key under which a plugin's engine.metric(name, value) is recorded: "plugin/<plugin>/<name>",
-// <plugin> as the recipe wrote its path, so that no plugin metric can pass for one of the engine's
-// own (`loss`, `step`, ...) in metrics.jsonl.
+// The key under which a plugin's engine.metric(name, value) is recorded: "plugin/<file>/<name>",
+// <file> the plugin file's name without ".lua" (plugins/early_stopping.lua -> early_stopping), so
+// that no plugin metric can pass for one of the engine's own (`loss`, `step`, ...) in metrics.jsonl
+// and a dashboard's keys do not depend on where the recipe sits.
 std::string plugin_metric_key(const std::string& plugin, const std::string& name);
 
 // Everything the hooks of one dispatch asked for. Each request names its plugin for the log.

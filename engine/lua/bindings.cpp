@@ -3,6 +3,7 @@
 #include <lua.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 
 #include "lua/sandbox.h"
@@ -102,7 +103,7 @@ void set_integer(lua_State* L, const char* key, int64_t value) {
 }  // namespace
 
 std::string plugin_metric_key(const std::string& plugin, const std::string& name) {
-  return "plugin/" + plugin + "/" + name;
+  return "plugin/" + std::filesystem::path(plugin).stem().string() + "/" + name;
 }
 
 void install_engine_api(lua_State* L) {

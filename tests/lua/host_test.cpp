@@ -107,7 +107,7 @@ TEST(LuaHost, ActionsComeBackAsRequested) {
   EXPECT_EQ(a.log[0], "plugins/test.lua: loss is\t1.5");
   EXPECT_EQ(a.log[1], "plugins/test.lua: printed");
   ASSERT_EQ(a.metrics.size(), 1u);
-  EXPECT_EQ(a.metrics[0], (std::pair<std::string, double>("plugin/plugins/test.lua/twice_loss", 3.0)));
+  EXPECT_EQ(a.metrics[0], (std::pair<std::string, double>("plugin/test/twice_loss", 3.0)));
   EXPECT_EQ(a.skip, "plugins/test.lua: spike");
   EXPECT_EQ(a.set_lr, std::optional<double>(0.5));
   EXPECT_TRUE(a.checkpoint);

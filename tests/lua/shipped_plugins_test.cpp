@@ -103,8 +103,8 @@ TEST(LogEvery, RecordsMetricsEveryNSteps) {
   s.tokens = 64;
   auto actions = plugin->on_step_end(s, {{"loss", 2.0}, {"lr", 0.1}});
   ASSERT_EQ(actions.metrics.size(), 4u);
-  EXPECT_EQ(actions.metrics[0], (std::pair<std::string, double>("plugin/plugins/log_every.lua/loss_ema", 3.0)));
-  EXPECT_EQ(actions.metrics[1], (std::pair<std::string, double>("plugin/plugins/log_every.lua/tokens_seen", 64.0)));
+  EXPECT_EQ(actions.metrics[0], (std::pair<std::string, double>("plugin/log_every/loss_ema", 3.0)));
+  EXPECT_EQ(actions.metrics[1], (std::pair<std::string, double>("plugin/log_every/tokens_seen", 64.0)));
 }
 
 TEST(ReduceOnPlateau, TurnsEvaluationOnAndReducesTheRate) {
@@ -228,10 +228,10 @@ TEST(PluginsInTraining, PluginMetricsCannotPassForTheEngines) {
       if (line.contains(key)) EXPECT_NE(line[key], 12345) << text;
     if (text.find("\"loss\"") != std::string::npos) ++lines_with_loss_text;
     if (line.contains("loss")) ++engine_losses;
-    if (line.contains("plugin/p.lua/loss")) {
+    if (line.contains("plugin/p/loss")) {
       ++plugin_lines;
-      EXPECT_EQ(line["plugin/p.lua/loss"], 12345) << text;
-      EXPECT_EQ(line["plugin/p.lua/step"], 999) << text;
+      EXPECT_EQ(line["plugin/p/loss"], 12345) << text;
+      EXPECT_EQ(line["plugin/p/step"], 999) << text;
     }
   }
   EXPECT_EQ(engine_losses, 4);  // log_every: 1
