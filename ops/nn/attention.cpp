@@ -1,6 +1,7 @@
 #include "nn/attention.h"
 
 #include "nn/fast_math.h"
+#include "nn/qkv_layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -160,14 +161,9 @@ const OpDef kCausalAttentionBackward{
 
 ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;
-  if (kv_heads == 0) kv_heads = n_head;
-  if (n_head < 1 || kv_heads < 1 || n_head % kv_heads != 0)
-    shape_error(name, std::to_string(kv_heads) + " key/value heads do not divide " + std::to_string(n_head) + " heads");
-  const int64_t slots = n_head + 2 * kv_heads;  // head-sized slices in a row of qkv
-  if (s.rank() != 3 || s[2] % slots != 0)
-    shape_error(name, "qkv must be (B, T, (" + std::to_string(n_head) + " + 2 x " + std::to_string(kv_heads) +
-                          ") x head_size), got " + s.str());
-  int64_t c = s[2] / slots * n_head;
+  const QkvLayout layout = qkv_layout(s, n_head, kv_heads, name);
+  kv_heads = layout.kv_heads;
+  const int64_t c = layout.head_size * n_head;
   ValueId out = g.add_activation(name + ".out", Shape{s[0], s[1], c});
   ValueId lse = g.add_activation(name + ".lse", Shape{s[0], n_head, s[1]});
   g.add_node(Node{&kCausalAttention, {qkv}, {out, lse}, Attrs{{n_head, kv_heads}, {}}, false, false, name});

@@ -1,5 +1,7 @@
 #include "nn/rotary.h"
 
+#include "nn/qkv_layout.h"
+
 #include <cmath>
 #include <vector>
 
@@ -60,15 +62,9 @@ const OpDef kRotaryBackward{"rotary_backward", rotary_backward_cpu, nullptr, [](
 
 ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;
-  if (kv_heads == 0) kv_heads = n_head;
-  // The layout causal_attention reads: the query heads in kv_heads groups, one per key/value head.
-  if (n_head < 1 || kv_heads < 1 || n_head % kv_heads != 0)
-    shape_error(name, std::to_string(kv_heads) + " key/value heads do not divide " + std::to_string(n_head) + " heads");
-  const int64_t slots = n_head + 2 * kv_heads;  // head-sized slices in a row of qkv
-  if (s.rank() != 3 || s[2] % slots != 0)
-    shape_error(name, "qkv must be (B, T, (" + std::to_string(n_head) + " + 2 x " + std::to_string(kv_heads) +
-                          ") x head_size), got " + s.str());
-  if ((s[2] / slots) % 2 != 0) shape_error(name, "rotary needs an even head size");
+  const QkvLayout layout = qkv_layout(s, n_head, kv_heads, name);  // the layout causal_attention reads
+  kv_heads = layout.kv_heads;
+  if (layout.head_size % 2 != 0) shape_error(name, "rotary needs an even head size");
   ValueId y = g.add_activation(name + ".out", s);
   g.add_node(Node{&kRotary, {qkv}, {y}, Attrs{{n_head, kv_heads}, {theta}}, false, false, name});
   return y;
