@@ -19,8 +19,10 @@ struct FilePart {
   std::string name;
   int64_t first_row = 0, rows = 0, cols = 0;
   bool transposed = false;
-  std::vector<int64_t> file_shape() const {
-    return transposed ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
+  // The tensor's shape in the file; a part of a parameter that is not a matrix keeps its shape.
+  std::vector<int64_t> file_shape(const Shape& parameter) const {
+    if (transposed) return {cols, rows};
+    return parameter.rank() == 2 ? std::vector<int64_t>{rows, cols} : parameter.dims;
   }
 };
 
@@ -70,6 +72,13 @@ void copy_block(const float* in, float* out, int64_t rows, int64_t cols, bool tr
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
+// `header`, then the first 20 of `items` one per line, and how many more there are.
+std::string listing(std::string header, const std::vector<std::string>& items) {
+  for (size_t i = 0; i < items.size() && i < 20; ++i) header += "\n  " + items[i];
+  if (items.size() > 20) header += "\n  ... and " + std::to_string(items.size() - 20) + " more";
+  return header;
+}
+
 // Hugging Face checkpoints carry some tensors that are not parameters: GPT-2's causal-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias), older Llama files' rotary frequencies
 // (model.layers.N.self_attn.rotary_emb.inv_freq) and, for tied models, a copy of the embedding as
@@ -92,7 +101,7 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
       SafeTensor t{.name = part.name,
                    .dtype = DType::f32,
-                   .shape = part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims,
+                   .shape = part.file_shape(shape),
                    .data = std::vector<std::byte>(size_t(part.rows * part.cols) * sizeof(float))};
       copy_block(values + part.first_row * part.cols, reinterpret_cast<float*>(t.data.data()), part.rows, part.cols,
                  part.transposed);
@@ -123,7 +132,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     float* data = store.param(int(i));
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
       expected[part.name] = int(i);
-      const std::vector<int64_t> want = part.transposed || shape.rank() == 2 ? part.file_shape() : shape.dims;
+      const std::vector<int64_t> want = part.file_shape(shape);
       auto it = renamed.find(part.name);
       if (it == renamed.end()) {
         problems.push_back("missing tensor '" + part.name + "' " + Shape(want).str());
@@ -152,9 +161,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     if (!expected.count(name) && !is_known_buffer(name, expected))
       problems.push_back("unexpected tensor '" + name + "'");
   if (!problems.empty()) {
-    std::string message = path.string() + ": weights do not fit the model:";
-    for (size_t i = 0; i < problems.size() && i < 20; ++i) message += "\n  " + problems[i];
-    if (problems.size() > 20) message += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+    std::string message = listing(path.string() + ": weights do not fit the model:", problems);
     if (arch == recipe::Arch::llama && renamed.count("model.layers.0.self_attn.qkv_proj.weight"))
       message +=
           "\n  note: this file has fused self_attn.qkv_proj weights; weight files use Hugging Face's separate "
@@ -162,10 +169,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     throw UserError(message);
   }
   if (!non_finite.empty()) {
-    std::string message = path.string() + ": initial weights must be finite:";
-    for (size_t i = 0; i < non_finite.size() && i < 20; ++i) message += "\n  " + non_finite[i];
-    if (non_finite.size() > 20) message += "\n  ... and " + std::to_string(non_finite.size() - 20) + " more";
-    throw UserError(message);
+    throw UserError(listing(path.string() + ": initial weights must be finite:", non_finite));
   }
   store.refresh_copies();
 }
