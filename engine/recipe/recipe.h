@@ -126,6 +126,17 @@ struct ActivationCheckpointingSection {
   bool cpu_checkpointing;  // full, every_k: kept block inputs move to host memory
 };
 
+enum class WrapPolicy { block, size, model };
+
+struct DistributedSection {
+  int64_t zero_stage;      // 0: data parallel, 1: + optimizer state sharded, 2: + gradients, 3: + parameters
+  WrapPolicy wrap_policy;  // what one wrap unit (the gather and checkpoint granularity) holds
+  int64_t wrap_size;       // size: parameters per unit, at most (a single larger layer is a unit alone)
+  int64_t bucket_size;     // gradient elements whose reductions may be in flight at once
+  int64_t prefetch;        // stage 3: units gathered ahead of the one in use
+  double timeout;          // seconds a collective may take before the run stops
+};
+
 struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
@@ -145,6 +156,7 @@ struct Recipe {
   std::vector<PluginEntry> plugins;  // in recipe order: hooks run in this order
   PrecisionSection precision;
   ActivationCheckpointingSection activation_checkpointing;
+  DistributedSection distributed;
 };
 
 }  // namespace engine::recipe

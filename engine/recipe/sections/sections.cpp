@@ -12,9 +12,9 @@ void declare_all_sections(Schema& schema) {
   declare_plugins(schema);
   declare_precision(schema);
   declare_activation_checkpointing(schema);
+  declare_distributed(schema);
 
   // Planned sections: refused with a clear message until their feature is built.
-  schema.reserve("zero", "ZeRO sharding of optimizer state, gradients and parameters");
   schema.reserve("offload", "CPU and NVMe offload");
   schema.reserve("checkpoint", "checkpoint saving and resuming");
   schema.reserve("logging", "logging and telemetry settings");

@@ -1,0 +1,61 @@
+#include "recipe/sections/sections.h"
+
+namespace engine::recipe {
+
+void declare_distributed(Schema& schema) {
+  auto section = schema.section(
+      "distributed", &Recipe::distributed,
+      "Training on several processes (ranks), started by mpirun or srun: data parallelism and ZeRO. Every "
+      "rank reads a disjoint slice of each global batch; results are bit-identical at every stage and equal "
+      "to one process accumulating the same micro-batches.");
+  section.key("zero_stage", &DistributedSection::zero_stage)
+      .def(0)
+      .min(0)
+      .limit(3)
+      .help(
+          "0: every rank holds the whole model and its optimizer state, gradients are reduced across ranks; "
+          "1: + optimizer state (and fp32 master weights) sharded, each rank updates its shard and the "
+          "parameters are all-gathered after the step; 2: + gradients sharded (reduce-scattered during the "
+          "backward pass); 3: + parameters sharded, each wrap unit gathered just before use and released "
+          "after.");
+  section.key("wrap_policy", &DistributedSection::wrap_policy)
+      .choices({{"block", WrapPolicy::block}, {"size", WrapPolicy::size}, {"model", WrapPolicy::model}})
+      .def(WrapPolicy::block)
+      .help(
+          "How parameters are grouped into wrap units, the granularity of ZeRO-3's gathers, of gradient "
+          "reductions and of activation checkpointing segments: block is one unit per transformer block (or "
+          "MLP layer) plus the embeddings and the head; size groups consecutive layers up to wrap_size "
+          "parameters; model is one unit for the whole model.");
+  section.key("wrap_size", &DistributedSection::wrap_size)
+      .def(int64_t(100'000'000))
+      .min(1)
+      .unit("parameters")
+      .limit(int64_t(1) << 40)
+      .only_when("wrap_policy", {"size"})
+      .help("size: a unit holds consecutive layers up to this many parameters (a larger layer is a unit alone).");
+  section.key("bucket_size", &DistributedSection::bucket_size)
+      .def(int64_t(1) << 24)
+      .min(1)
+      .unit("gradient elements")
+      .limit(int64_t(1) << 40)
+      .help(
+          "A wrap unit's gradient is reduced as soon as the backward pass is done with it; reductions of up "
+          "to this many elements stay in flight, overlapping the rest of the backward pass, before it waits "
+          "for the oldest (at least one unit is always in flight).");
+  section.key("prefetch", &DistributedSection::prefetch)
+      .def(1)
+      .min(0)
+      .limit(64)
+      .unit("units")
+      .help("zero_stage 3: wrap units whose gather starts ahead of the one being computed.");
+  section.key("timeout", &DistributedSection::timeout)
+      .def(300.0)
+      .min(0.1)
+      .limit(86400.0)
+      .unit("seconds")
+      .help(
+          "A collective that does not complete in this time (a rank died or hangs) stops every rank with a "
+          "message naming the operation and the ranks that did not reach it.");
+}
+
+}  // namespace engine::recipe
