@@ -113,7 +113,12 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
 
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata) {
-  write_safetensors(path, hugging_face_tensors(store.graph(), arch, [&](int i) { return store.param(i); }), metadata);
+  save_weights(path, store.graph(), arch, metadata, [&](int i) { return store.param(i); });
+}
+
+void save_weights(const std::filesystem::path& path, const Graph& graph, recipe::Arch arch,
+                  const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param) {
+  write_safetensors(path, hugging_face_tensors(graph, arch, param), metadata);
 }
 
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
@@ -126,10 +131,12 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   const Graph& g = store.graph();
   std::map<std::string, int> expected;  // file tensor name -> parameter
   std::vector<std::string> problems, non_finite;
+  std::vector<std::vector<float>> values(g.params().size());  // whole parameters, set once all are read
   for (size_t i = 0; i < g.params().size(); ++i) {
     const Param& p = g.params()[i];
     const Shape& shape = g.value(p.value).shape;
-    float* data = store.param(int(i));
+    std::vector<float>& data = values[i];
+    data.resize(size_t(shape.numel()));
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
       expected[part.name] = int(i);
       const std::vector<int64_t> want = part.file_shape(shape);
@@ -150,7 +157,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
         continue;
       }
       const float* in = reinterpret_cast<const float*>(t.data.data());
-      float* out = data + part.first_row * part.cols;
+      float* out = data.data() + part.first_row * part.cols;
       if (part.transposed)
         copy_block(in, out, part.cols, part.rows, true);  // the file's (cols, rows) back to (rows, cols)
       else
@@ -171,7 +178,7 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   if (!non_finite.empty()) {
     throw UserError(listing(path.string() + ": initial weights must be finite:", non_finite));
   }
-  store.refresh_copies();
+  for (size_t i = 0; i < values.size(); ++i) store.set_param(int(i), values[i].data());
 }
 
 }  // namespace engine

@@ -35,6 +35,10 @@ namespace engine {
 
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata);
+// The same from any source of whole parameters (`param(i)`: parameter i's fp32 values), such as
+// the masters gathered from every rank's shard.
+void save_weights(const std::filesystem::path& path, const Graph& graph, recipe::Arch arch,
+                  const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param);
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
 
 // The file tensors, in Hugging Face's names and layouts, of one value per parameter: `data(i)` is

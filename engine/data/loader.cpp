@@ -2,8 +2,14 @@
 
 namespace engine {
 
-BatchLoader::BatchLoader(const Dataset& dataset, int64_t batch, int64_t sequence, int64_t prefetch, int64_t first_index)
-    : dataset_(dataset), batch_(batch), sequence_(sequence), prefetch_(prefetch), next_index_(first_index) {
+BatchLoader::BatchLoader(const Dataset& dataset, int64_t batch, int64_t sequence, int64_t prefetch, int64_t first_index,
+                         int64_t stride)
+    : dataset_(dataset),
+      batch_(batch),
+      sequence_(sequence),
+      prefetch_(prefetch),
+      next_index_(first_index),
+      stride_(stride) {
   if (prefetch_ > 0) worker_ = std::thread([this] { produce(); });
 }
 
@@ -26,7 +32,8 @@ void BatchLoader::produce() {
     }
     Batch batch(batch_, sequence_, dataset_.features());
     try {
-      dataset_.fill(Split::train, index++, batch);
+      dataset_.fill(Split::train, index, batch);
+      index += stride_;
     } catch (...) {
       std::lock_guard lock(mutex_);
       error_ = std::current_exception();
@@ -42,7 +49,8 @@ void BatchLoader::produce() {
 Batch BatchLoader::next() {
   if (prefetch_ == 0) {
     Batch batch(batch_, sequence_, dataset_.features());
-    dataset_.fill(Split::train, next_index_++, batch);
+    dataset_.fill(Split::train, next_index_, batch);
+    next_index_ += stride_;
     return batch;
   }
   std::unique_lock lock(mutex_);

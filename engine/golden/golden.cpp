@@ -99,7 +99,8 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
   plugins.train_end(int64_t(trajectory.steps.size()), trajectory.steps.empty() ? 0 : trajectory.steps.back().loss, -1,
                     plugins.stop_reason().has_value());
   uint64_t digest = 0xcbf29ce484222325ull;
-  for (Buffer& unit : session.store.param_units()) digest = fnv1a(unit.data(), size_t(unit.bytes()), digest);
+  for (size_t u = 0; u < session.model.graph.units().size(); ++u)
+    digest = fnv1a(session.store.master(u), size_t(session.store.range_size(u)) * 4, digest);
   trajectory.weights_digest = hex(digest);
   return trajectory;
 }

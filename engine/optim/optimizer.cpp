@@ -1,22 +1,58 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+
+#include "core/error.h"
 
 namespace engine {
 
 namespace {
 
-bool decays(const ParameterStore& store, int index, const recipe::OptimizerSection& config) {
-  return config.decay_norms_and_biases || store.graph().params()[size_t(index)].decay;
+// A run of elements of one unit's optimizer range with one weight-decay setting.
+struct Segment {
+  size_t unit;
+  int64_t begin, end;  // elements from the start of the unit's optimizer range
+  bool decay;
+};
+
+// The optimizer range of every unit cut where weight decay changes: parameters that decay, and
+// everything else (parameters that do not, the padding between and after them).
+std::vector<Segment> segments(const ParameterStore& store, const recipe::OptimizerSection& config) {
+  std::vector<Segment> out;
+  const Graph& g = store.graph();
+  for (size_t u = 0; u < g.units().size(); ++u) {
+    const int64_t first = store.range_begin(u), last = first + store.range_size(u);
+    int64_t at = first;
+    auto add = [&](int64_t end, bool decay) {
+      if (end <= at) return;
+      if (!out.empty() && out.back().unit == u && out.back().decay == decay)
+        out.back().end = end - first;
+      else
+        out.push_back({u, at - first, end - first, decay});
+      at = end;
+    };
+    for (size_t i = 0; i < g.params().size(); ++i) {
+      const Param& p = g.params()[i];
+      if (size_t(p.unit) != u) continue;
+      const int64_t begin = std::clamp(p.offset, first, last);
+      const int64_t end = std::clamp(p.offset + store.numel(int(i)), first, last);
+      add(begin, false);
+      add(end, config.decay_norms_and_biases || p.decay);
+    }
+    add(last, false);
+  }
+  return out;
 }
 
 class AdamW : public Optimizer {
  public:
-  AdamW(const recipe::OptimizerSection& config, ParameterStore& store) : config_(config), store_(store) {
-    for (const Unit& unit : store.graph().units()) {
-      m_.emplace_back(unit.numel * 4);
-      v_.emplace_back(unit.numel * 4);
+  AdamW(const recipe::OptimizerSection& config, ParameterStore& store)
+      : config_(config), store_(store), segments_(segments(store, config)) {
+    for (size_t u = 0; u < store.graph().units().size(); ++u) {
+      m_.emplace_back(store.range_size(u) * 4);
+      v_.emplace_back(store.range_size(u) * 4);
     }
   }
 
@@ -25,17 +61,15 @@ class AdamW : public Optimizer {
     const double beta1 = config_.betas[0], beta2 = config_.betas[1];
     const double correction1 = 1.0 - std::pow(beta1, double(t_));
     const double correction2 = 1.0 - std::pow(beta2, double(t_));
-    const auto& params = store_.graph().params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Param& p = params[i];
-      float* w = store_.param(int(i));
-      const float* g = store_.grad(int(i));
-      float* m = m_[size_t(p.unit)].f32() + p.offset;
-      float* v = v_[size_t(p.unit)].f32() + p.offset;
-      const float decay = decays(store_, int(i), config_) ? float(lr * config_.weight_decay) : 0.0f;
-      const float b1 = float(beta1), b2 = float(beta2), eps = float(config_.eps);
-      const float step_size = float(lr / correction1), denom_scale = float(1.0 / std::sqrt(correction2));
-      const int64_t n = store_.numel(int(i));
+    const float b1 = float(beta1), b2 = float(beta2), eps = float(config_.eps);
+    const float step_size = float(lr / correction1), denom_scale = float(1.0 / std::sqrt(correction2));
+    for (const Segment& s : segments_) {
+      float* w = store_.master(s.unit) + s.begin;
+      const float* g = store_.opt_grad(s.unit) + s.begin;
+      float* m = m_[s.unit].f32() + s.begin;
+      float* v = v_[s.unit].f32() + s.begin;
+      const float decay = s.decay ? float(lr * config_.weight_decay) : 0.0f;
+      const int64_t n = s.end - s.begin;
 #pragma omp parallel for simd schedule(static)
       for (int64_t k = 0; k < n; ++k) {
         m[k] = b1 * m[k] + (1.0f - b1) * g[k];
@@ -55,29 +89,29 @@ class AdamW : public Optimizer {
  private:
   const recipe::OptimizerSection& config_;
   ParameterStore& store_;
+  std::vector<Segment> segments_;
   std::vector<Buffer> m_, v_;
   int64_t t_ = 0;
 };
 
 class Sgd : public Optimizer {
  public:
-  Sgd(const recipe::OptimizerSection& config, ParameterStore& store) : config_(config), store_(store) {
+  Sgd(const recipe::OptimizerSection& config, ParameterStore& store)
+      : config_(config), store_(store), segments_(segments(store, config)) {
     if (config.momentum > 0)
-      for (const Unit& unit : store.graph().units()) momentum_.emplace_back(unit.numel * 4);
+      for (size_t u = 0; u < store.graph().units().size(); ++u) momentum_.emplace_back(store.range_size(u) * 4);
   }
 
   void step(double lr) override {
     ++t_;
-    const auto& params = store_.graph().params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Param& p = params[i];
-      float* w = store_.param(int(i));
-      const float* g = store_.grad(int(i));
-      float* buf = momentum_.empty() ? nullptr : momentum_[size_t(p.unit)].f32() + p.offset;
-      const float decay = decays(store_, int(i), config_) ? float(config_.weight_decay) : 0.0f;
+    for (const Segment& s : segments_) {
+      float* w = store_.master(s.unit) + s.begin;
+      const float* g = store_.opt_grad(s.unit) + s.begin;
+      float* buf = momentum_.empty() ? nullptr : momentum_[s.unit].f32() + s.begin;
+      const float decay = s.decay ? float(config_.weight_decay) : 0.0f;
       const float mu = float(config_.momentum), rate = float(lr);
       const bool nesterov = config_.nesterov, first = t_ == 1;
-      const int64_t n = store_.numel(int(i));
+      const int64_t n = s.end - s.begin;
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < n; ++k) {
         float d = g[k] + decay * w[k];
@@ -99,6 +133,7 @@ class Sgd : public Optimizer {
  private:
   const recipe::OptimizerSection& config_;
   ParameterStore& store_;
+  std::vector<Segment> segments_;
   std::vector<Buffer> momentum_;
   int64_t t_ = 0;
 };
@@ -124,21 +159,38 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
   return s.min_lr + (peak - s.min_lr) * factor;
 }
 
-double gradient_norm(const ParameterStore& store) {
-  double sum = 0;
-  for (const Buffer& unit : const_cast<ParameterStore&>(store).grad_units()) {
-    const float* g = unit.f32();
-    const int64_t n = unit.bytes() / 4;
-    for (int64_t k = 0; k < n; ++k) sum += double(g[k]) * g[k];
+std::vector<double> gradient_norm_partials(const ParameterStore& store) {
+  const ShardLayout& layout = store.layout();
+  std::vector<double> partials;
+  partials.reserve(size_t(layout.total_shard() / kShardBlock));
+  for (size_t u = 0; u < layout.units(); ++u) {
+    // This rank's shard of the unit, wherever the optimizer range starts.
+    const float* g = store.opt_grad(u) + (layout.begin(u) - store.range_begin(u));
+    for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) {
+      double sum = 0;
+      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(g[k]) * g[k];
+      partials.push_back(sum);
+    }
   }
+  return partials;
+}
+
+double sum_norm_partials(const std::vector<double>& partials) {
+  double sum = 0;
+  for (double p : partials) sum += p;
   return std::sqrt(sum);
+}
+
+double gradient_norm(const ParameterStore& store) {
+  ENGINE_CHECK(store.layout().world() == 1, "gradient_norm is the one-rank case of gradient_norm_partials");
+  return sum_norm_partials(gradient_norm_partials(store));
 }
 
 void scale_gradients(ParameterStore& store, double factor) {
   const auto scale = float(factor);
-  for (Buffer& unit : store.grad_units()) {
-    float* g = unit.f32();
-    const int64_t n = unit.bytes() / 4;
+  for (size_t u = 0; u < store.graph().units().size(); ++u) {
+    float* g = store.opt_grad(u);
+    const int64_t n = store.range_size(u);
 #pragma omp parallel for simd schedule(static)
     for (int64_t k = 0; k < n; ++k) g[k] *= scale;
   }

@@ -36,8 +36,14 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step);
 double clip_gradients(ParameterStore& store, double max_norm);
 
 // The pieces of clip_gradients, for callers that also unscale (fp16 loss scaling):
-double gradient_norm(const ParameterStore& store);                // global L2 norm, in double
+double gradient_norm(const ParameterStore& store);                // global L2 norm, in double (one rank)
 double clip_factor(double norm, double max_norm);                 // 1 when no clipping applies
 void scale_gradients(ParameterStore& store, double factor);       // every gradient *= factor
+
+// The norm at any world size and stage: one sum of squares (in double) per kShardBlock elements of
+// this rank's shard (shard_layout.h), in unit and block order; the ranks' partials, gathered in
+// rank order, make the same list at every world size, and sum_norm_partials adds it in that order.
+std::vector<double> gradient_norm_partials(const ParameterStore& store);
+double sum_norm_partials(const std::vector<double>& partials);
 
 }  // namespace engine

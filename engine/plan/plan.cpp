@@ -23,7 +23,8 @@ std::vector<size_t> all_nodes(const Graph& graph) {
   return nodes;
 }
 
-Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<ValueId>& keep) {
+Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<ValueId>& keep,
+               const std::vector<LiveRange>& buffers) {
   const auto& values = graph.values();
   std::vector<int> first(values.size(), -1), last(values.size(), -1);
   for (size_t step = 0; step < nodes.size(); ++step) {
@@ -40,6 +41,10 @@ Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<
 
   for (ValueId id : keep)
     if (first[size_t(id)] >= 0) last[size_t(id)] = int(nodes.size());
+  for (const LiveRange& range : buffers) {
+    first[size_t(range.value)] = range.first;
+    last[size_t(range.value)] = range.last;
+  }
 
   // Greedy by size: the largest values are placed first, each at the lowest offset that does not
   // overlap a placed value whose live interval intersects its own.

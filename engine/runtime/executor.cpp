@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/convert.h"
 #include "core/error.h"
@@ -19,6 +20,8 @@ Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed
     if (v.placement == Placement::input || v.placement == Placement::host)
       inputs_.emplace(ValueId(i), Buffer(value_bytes(v)));
   }
+  unit_params_.resize(graph.units().size());
+  for (size_t i = 0; i < graph.params().size(); ++i) unit_params_[size_t(graph.params()[i].unit)].push_back(int(i));
 }
 
 void Executor::add_plan(const std::string& name, Plan plan) {
@@ -64,8 +67,43 @@ void Executor::run_converted(const Node& node, KernelContext& ctx) {
   }
 }
 
-void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, float loss_scale) {
+void Executor::run_actions(const Plan& plan, size_t position, KernelContext& ctx,
+                           StepCommunication* communication) {
+  for (const StepAction& action : plan.actions[position]) {
+    std::byte* buffer = action.buffer == kNoValue ? nullptr : arena_.data() + plan.offsets[size_t(action.buffer)];
+    auto bind = [&](bool gradients) {
+      for (int index : unit_params_[size_t(action.unit)]) {
+        const Param& p = graph_.params()[size_t(index)];
+        const ValueId id = gradients ? p.grad : p.value;
+        ctx.pointers[size_t(id)] = buffer + p.offset * int64_t(dtype_size(graph_.value(id).dtype));
+      }
+    };
+    switch (action.kind) {
+      case StepAction::Kind::grads_into:
+        std::memset(buffer, 0, size_t(value_bytes(graph_.value(action.buffer))));
+        bind(true);
+        break;
+      case StepAction::Kind::use_params:
+        communication->run(action, buffer);
+        bind(false);
+        break;
+      default:
+        communication->run(action, buffer);
+    }
+  }
+}
+
+void Executor::run_node(const Node& node, KernelContext& ctx) {
+  if (needs_conversion(graph_, node))
+    run_converted(node, ctx);
+  else
+    node.op->cpu(node, ctx);
+}
+
+void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, float loss_scale,
+                   StepCommunication* communication) {
   const Plan& plan = plans_.at(name);
+  ENGINE_CHECK(plan.actions.empty() || communication, "plan " + name + " communicates but has no communicator");
   KernelContext ctx;
   ctx.graph = &graph_;
   ctx.seed = seed_;
@@ -94,25 +132,19 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
         break;
     }
   }
-  if (!profile_) {
-    for (size_t index : plan.nodes) {
-      const Node& node = graph_.nodes()[index];
-      if (needs_conversion(graph_, node))
-        run_converted(node, ctx);
-      else
-        node.op->cpu(node, ctx);
+  const bool acts = !plan.actions.empty();
+  for (size_t position = 0; position < plan.nodes.size(); ++position) {
+    if (acts) run_actions(plan, position, ctx, communication);
+    const Node& node = graph_.nodes()[plan.nodes[position]];
+    if (!profile_) {
+      run_node(node, ctx);
+      continue;
     }
-    return;
-  }
-  for (size_t index : plan.nodes) {
-    const Node& node = graph_.nodes()[index];
     auto start = std::chrono::steady_clock::now();
-    if (needs_conversion(graph_, node))
-      run_converted(node, ctx);
-    else
-      node.op->cpu(node, ctx);
+    run_node(node, ctx);
     op_seconds_[node.op->name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  if (acts) run_actions(plan, plan.nodes.size(), ctx, communication);
 }
 
 Executor::~Executor() {

@@ -25,6 +25,15 @@
 
 namespace engine {
 
+// The communication a plan places between nodes (dist/zero_step.h implements it). The executor
+// itself zeroes and binds buffers; for a use_params action it binds after run() returns.
+class StepCommunication {
+ public:
+  virtual ~StepCommunication() = default;
+  // `buffer`: the action's arena buffer, or null when it names the parameter store's own.
+  virtual void run(const StepAction& action, std::byte* buffer) = 0;
+};
+
 class Executor {
  public:
   Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed);
@@ -35,7 +44,10 @@ class Executor {
   const Plan& plan(const std::string& name) const { return plans_.at(name); }
   void* input(ValueId id) { return inputs_.at(id).data(); }
   float* value_f32(const std::string& plan, ValueId id);  // an activation as placed by a plan
-  void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f);
+  // `communication` runs the plan's actions; it may be null for a plan without any.
+  void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f,
+           StepCommunication* communication = nullptr);
+  std::byte* arena_buffer(const std::string& plan, ValueId id) { return arena_.data() + plans_.at(plan).offsets[size_t(id)]; }
   int64_t scratch_bytes() const { return scratch_.bytes(); }
 
  private:
@@ -53,6 +65,9 @@ class Executor {
   };
   std::vector<Converted> converted_;  // run_converted's list of the node being run
   void run_converted(const Node& node, KernelContext& ctx);
+  void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication);
+  void run_node(const Node& node, KernelContext& ctx);
+  std::vector<std::vector<int>> unit_params_;  // per wrap unit, its parameters' indices
   bool profile_ = false;
   std::map<std::string, double> op_seconds_;
 };

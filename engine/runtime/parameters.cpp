@@ -3,43 +3,134 @@
 #include <algorithm>
 
 #include "core/convert.h"
+#include "core/error.h"
 #include "core/rng.h"
 
 namespace engine {
 
-ParameterStore::ParameterStore(const Graph& graph) : graph_(graph) {
-  if (!graph.params().empty()) {
-    param_dtype_ = graph.value(graph.params()[0].value).dtype;
-    grad_dtype_ = graph.value(graph.params()[0].grad).dtype;
+namespace {
+
+// One rank and one micro-batch below stage 2: nothing to sum, the optimizer reads what the backward
+// wrote (the single-process path, as fast as it ever was).
+bool gradient_alias(const ShardingSpec& spec) { return spec.world == 1 && spec.accumulation == 1 && spec.stage < 2; }
+
+DType param_dtype_of(const Graph& g) { return g.params().empty() ? DType::f32 : g.value(g.params()[0].value).dtype; }
+DType grad_dtype_of(const Graph& g) { return g.params().empty() ? DType::f32 : g.value(g.params()[0].grad).dtype; }
+
+}  // namespace
+
+ParameterStore::UnitSizes ParameterStore::unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param,
+                                                     DType grad, size_t u) {
+  const int64_t csize = int64_t(dtype_size(param)), gsize = int64_t(dtype_size(grad));
+  const int64_t padded = layout.padded(u), shard = layout.shard(u), range = spec.stage == 0 ? padded : shard;
+  UnitSizes s;
+  if (spec.stage < 3) s.compute = padded * csize;
+  if (spec.stage == 3 || param != DType::f32) s.master = range * 4;  // else a view into compute
+  if (spec.stage == 3 && param != DType::f32) s.shard16 = shard * csize;
+  if (spec.stage < 2) s.micro_grad = padded * gsize;
+  if (!gradient_alias(spec)) s.grad_shard = shard * gsize;
+  if (grad != DType::f32) s.opt_grad = range * 4;  // else a view into the reduced gradient
+  return s;
+}
+
+ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const ShardingSpec& spec) {
+  const ShardLayout layout(graph.units(), spec.world, 0);
+  Bytes bytes;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    UnitSizes s = unit_sizes(layout, spec, param_dtype_of(graph), grad_dtype_of(graph), u);
+    bytes.parameters += s.compute + s.master + s.shard16;
+    bytes.gradients += s.micro_grad + s.grad_shard + s.opt_grad;
   }
-  for (const Unit& unit : graph.units()) {
-    params_.emplace_back(unit.numel * 4);
-    grads_.emplace_back(unit.numel * 4);
-    if (param_dtype_ != DType::f32) params16_.emplace_back(unit.numel * 2);
-    if (grad_dtype_ != DType::f32) grads16_.emplace_back(unit.numel * 2);
+  return bytes;
+}
+
+ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec)
+    : graph_(graph),
+      spec_(spec),
+      layout_(graph.units(), spec.world, spec.rank),
+      param_dtype_(param_dtype_of(graph)),
+      grad_dtype_(grad_dtype_of(graph)),
+      grad_alias_(gradient_alias(spec)) {
+  units_.resize(graph.units().size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitSizes sizes = unit_sizes(layout_, spec, param_dtype_, grad_dtype_, u);
+    UnitBuffers& b = units_[u];
+    b.compute = Buffer(sizes.compute);
+    b.master = Buffer(sizes.master);
+    b.shard16 = Buffer(sizes.shard16);
+    b.micro_grad = Buffer(sizes.micro_grad);
+    b.grad_shard = Buffer(sizes.grad_shard);
+    b.opt_grad = Buffer(sizes.opt_grad);
+    b.master_ptr = sizes.master ? b.master.f32() : b.compute.f32() + range_begin(u);
+    b.grad_shard_ptr = grad_alias_ ? b.micro_grad.data() : b.grad_shard.data();
+    b.opt_grad_ptr = sizes.opt_grad ? b.opt_grad.f32() : reinterpret_cast<float*>(reduced_grad(u));
   }
+}
+
+std::byte* ParameterStore::reduced_grad(size_t unit) const {
+  return spec_.stage == 0 && spec_.world > 1 ? units_[unit].micro_grad.data() : units_[unit].grad_shard_ptr;
+}
+
+const std::byte* ParameterStore::gather_source(size_t unit) const {
+  const UnitBuffers& b = units_[unit];
+  return param_dtype_ == DType::f32 ? reinterpret_cast<const std::byte*>(b.master_ptr) : b.shard16.data();
 }
 
 void* ParameterStore::param_storage(int index) const {
-  if (params16_.empty()) return param(index);
+  if (spec_.stage == 3) return nullptr;
   const Param& p = graph_.params()[size_t(index)];
-  return params16_[size_t(p.unit)].data() + p.offset * 2;
+  return units_[size_t(p.unit)].compute.data() + p.offset * int64_t(dtype_size(param_dtype_));
 }
 
 void* ParameterStore::grad_storage(int index) const {
-  if (grads16_.empty()) return grad(index);
+  if (spec_.stage >= 2) return nullptr;
   const Param& p = graph_.params()[size_t(index)];
-  return grads16_[size_t(p.unit)].data() + p.offset * 2;
+  return units_[size_t(p.unit)].micro_grad.data() + p.offset * int64_t(dtype_size(grad_dtype_));
+}
+
+float* ParameterStore::param(int index) const {
+  ENGINE_CHECK(masters_whole(), "the whole fp32 masters exist only at ZeRO stage 0 or on one rank");
+  const Param& p = graph_.params()[size_t(index)];
+  return units_[size_t(p.unit)].master_ptr + p.offset;
+}
+
+float* ParameterStore::grad(int index) const {
+  ENGINE_CHECK(masters_whole(), "the whole gradient exists only at ZeRO stage 0 or on one rank");
+  const Param& p = graph_.params()[size_t(index)];
+  return units_[size_t(p.unit)].opt_grad_ptr + p.offset;
+}
+
+void ParameterStore::set_param(int index, const float* values) {
+  const Param& p = graph_.params()[size_t(index)];
+  const auto u = size_t(p.unit);
+  UnitBuffers& b = units_[u];
+  const int64_t n = numel(index);
+  if (spec_.stage < 3) {
+    if (param_dtype_ == DType::f32)
+      std::copy_n(values, n, b.compute.f32() + p.offset);
+    else
+      narrow(values, b.compute.data() + p.offset * 2, param_dtype_, n);
+  }
+  const int64_t begin = std::max(p.offset, range_begin(u));
+  const int64_t end = std::min(p.offset + n, range_begin(u) + range_size(u));
+  if (begin >= end) return;
+  std::copy(values + (begin - p.offset), values + (end - p.offset), b.master_ptr + (begin - range_begin(u)));
+  if (spec_.stage == 3 && param_dtype_ != DType::f32)
+    narrow(values + (begin - p.offset), b.shard16.data() + (begin - range_begin(u)) * 2, param_dtype_, end - begin);
 }
 
 void ParameterStore::refresh_copies() {
-  for (size_t u = 0; u < params16_.size(); ++u)
-    narrow(params_[u].f32(), params16_[u].data(), param_dtype_, params_[u].bytes() / 4);
+  if (param_dtype_ == DType::f32) return;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitBuffers& b = units_[u];
+    std::byte* target = spec_.stage == 3 ? b.shard16.data() : b.compute.data() + range_begin(u) * 2;
+    narrow(b.master_ptr, target, param_dtype_, range_size(u));
+  }
 }
 
 void ParameterStore::widen_gradients() {
-  for (size_t u = 0; u < grads16_.size(); ++u)
-    widen(grads16_[u].data(), grad_dtype_, grads_[u].f32(), grads_[u].bytes() / 4);
+  if (grad_dtype_ == DType::f32) return;
+  for (size_t u = 0; u < units_.size(); ++u) widen(reduced_grad(u), grad_dtype_, units_[u].opt_grad_ptr, range_size(u));
 }
 
 void ParameterStore::retype(DType from, DType to) {
@@ -48,47 +139,29 @@ void ParameterStore::retype(DType from, DType to) {
   refresh_copies();
 }
 
-int64_t ParameterStore::copy_bytes() const {
-  int64_t bytes = 0;
-  for (const Buffer& b : params16_) bytes += b.bytes();
-  for (const Buffer& b : grads16_) bytes += b.bytes();
-  return bytes;
-}
-
-float* ParameterStore::param(int index) const {
-  const Param& p = graph_.params()[size_t(index)];
-  return params_[size_t(p.unit)].f32() + p.offset;
-}
-
-float* ParameterStore::grad(int index) const {
-  const Param& p = graph_.params()[size_t(index)];
-  return grads_[size_t(p.unit)].f32() + p.offset;
-}
-
 void ParameterStore::initialize(uint64_t seed) {
   RandomStream stream(seed, RandomPurpose::init);
+  std::vector<float> values;
   for (size_t i = 0; i < graph_.params().size(); ++i) {
     const Param& p = graph_.params()[i];
-    float* data = param(int(i));
-    int64_t n = numel(int(i));
+    values.resize(size_t(numel(int(i))));
     switch (p.init.kind) {
       case ParamInit::Kind::zeros:
-        std::fill_n(data, n, 0.0f);
+        std::fill(values.begin(), values.end(), 0.0f);
         break;
       case ParamInit::Kind::ones:
-        std::fill_n(data, n, 1.0f);
+        std::fill(values.begin(), values.end(), 1.0f);
         break;
       case ParamInit::Kind::normal:
-        for (int64_t k = 0; k < n; ++k) data[k] = float(p.init.std) * stream.normal();
+        for (float& v : values) v = float(p.init.std) * stream.normal();
         break;
     }
+    set_param(int(i), values.data());
   }
-  refresh_copies();
 }
 
-void ParameterStore::zero_grads() {
-  for (Buffer& b : grads_) b.zero();
-  for (Buffer& b : grads16_) b.zero();
+void ParameterStore::zero_micro_grads() {
+  for (UnitBuffers& b : units_) b.micro_grad.zero();
 }
 
 }  // namespace engine

@@ -1,59 +1,115 @@
-// ParameterStore: the model's parameters and gradients, one flat fp32 buffer per wrap unit each,
-// laid out as the graph's Param offsets say. Units are what ZeRO-3 will gather and offload will move.
+// ParameterStore: the model's parameters, gradients and their fp32 masters, one flat buffer per wrap
+// unit each, laid out as the graph's Param offsets say and padded as the ShardLayout says. Units are
+// what ZeRO gathers and releases together and what offload moves together.
 //
-//   ParameterStore store(graph);
-//   store.initialize(graph, seed);      // GPT-2 style: normal(std) weights, zero biases, unit norms
-//   float* w = store.param(index);      // Param `index` of graph.params()
+//   ParameterStore store(graph, ShardingSpec{.world = 2, .rank = 1, .stage = 1});
+//   store.initialize(seed);        // GPT-2 style: normal(std) weights, zero biases, unit norms
+//   float* w = store.param(index); // the full fp32 master of Param `index` (stage 0 or one rank)
 //
-// In 16-bit precision the graph's parameter values are bf16/f16: the store then also holds a
-// 16-bit copy of every unit, which the kernels read and refresh_copies() rounds from the fp32
-// masters after each update. Gradient values of a 16-bit type (precision.accumulation_dtype)
-// accumulate in 16-bit buffers that widen_gradients() turns into the fp32 ones the optimizer reads.
+// Per unit (P: padded elements, S = P / world: this rank's shard at offset begin(u)):
+//   compute     (P) what the kernels read, in the compute dtype; stages 0-2. At stage 3 every use
+//               gathers the unit into the activation arena instead (the ZeRO plan binds it).
+//   master      fp32 masters over the optimizer range: all P at stage 0, the shard S at stages 1-3.
+//               In fp32 at stages 0-2 it is a view into `compute`.
+//   micro_grad  (P) one micro-batch's gradient as the backward writes it, in the gradient dtype;
+//               stages 0-1 (at stages 2-3 the backward writes into arena buffers).
+//   grad_shard  (S) the sum over micro-batches and ranks of this rank's shard, in the gradient
+//               dtype (a view of micro_grad when there is nothing to sum: one rank, one micro-batch).
+//   opt_grad    fp32 gradient over the optimizer range, what clipping and the optimizer read.
+// In 16-bit precision, refresh_copies() rounds the masters into the 16-bit compute values (or, at
+// stage 3, into a 16-bit shard that the gathers read) after each update.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "dist/shard_layout.h"
 #include "graph/graph.h"
 #include "runtime/buffer.h"
 
 namespace engine {
 
+struct ShardingSpec {
+  int world = 1;
+  int rank = 0;
+  int stage = 0;             // ZeRO stage 0-3
+  int64_t accumulation = 1;  // micro-batches per optimizer step on each rank
+};
+
 class ParameterStore {
  public:
-  explicit ParameterStore(const Graph& graph);
+  explicit ParameterStore(const Graph& graph, ShardingSpec spec = {});
+
+  // What a store for `graph` at `spec` allocates on one rank (what `engine plan` prints).
+  struct Bytes {
+    int64_t parameters = 0, gradients = 0;
+  };
+  static Bytes planned_bytes(const Graph& graph, const ShardingSpec& spec);
 
   // Fills every parameter from its ParamInit, drawing normals in parameter order from the seed's
-  // init stream: the same seed gives the same model.
+  // init stream: the same seed gives the same model at every world size and stage.
   void initialize(uint64_t seed);
-  void zero_grads();
+  // Sets Param `index` from its full fp32 values (every rank passes the same values).
+  void set_param(int index, const float* values);
+  void zero_micro_grads();  // stages 0-1: before each micro-batch's backward
 
+  // Whole-model views, for one rank or stage 0 (ENGINE_CHECK otherwise):
   float* param(int index) const;  // the fp32 master
   float* grad(int index) const;   // the fp32 gradient the optimizer reads
-  // What the graph's parameter and gradient values point at: the 16-bit copies when they are 16-bit.
+  bool masters_whole() const { return spec_.world == 1 || spec_.stage == 0; }
+
+  // What the graph's parameter and gradient values point at (null where the ZeRO plan binds them).
   void* param_storage(int index) const;
   void* grad_storage(int index) const;
   DType param_dtype() const { return param_dtype_; }
   DType grad_dtype() const { return grad_dtype_; }
-  // Rounds the fp32 masters into the 16-bit copies (after initialisation, loading and each update).
+
+  // Per unit, over the optimizer range [range_begin(u), range_begin(u) + range_size(u)):
+  int64_t range_begin(size_t unit) const { return spec_.stage == 0 ? 0 : layout_.begin(unit); }
+  int64_t range_size(size_t unit) const { return spec_.stage == 0 ? layout_.padded(unit) : layout_.shard(unit); }
+  float* master(size_t unit) const { return units_[unit].master_ptr; }
+  float* opt_grad(size_t unit) const { return units_[unit].opt_grad_ptr; }
+  // The whole unit in the compute dtype (stages 0-2), the gather source of stage 3 (its shard).
+  std::byte* compute(size_t unit) const { return units_[unit].compute.data(); }
+  const std::byte* gather_source(size_t unit) const;
+  std::byte* micro_grad(size_t unit) const { return units_[unit].micro_grad.data(); }
+  std::byte* grad_shard(size_t unit) const { return units_[unit].grad_shard_ptr; }
+  // The reduced gradient over the optimizer range in the gradient dtype: grad_shard, or at stage 0
+  // micro_grad once the shards are gathered into it.
+  std::byte* reduced_grad(size_t unit) const;
+  bool grad_shard_is_micro_grad() const { return grad_alias_; }
+
+  // Rounds the fp32 masters into the 16-bit compute values or shard (after initialisation,
+  // loading and each update; at stages 1-2 the caller then all-gathers `compute`).
   void refresh_copies();
-  // Widens 16-bit accumulated gradients into the fp32 ones (before clipping and the update).
+  // Widens reduced_grad into opt_grad when the gradient dtype is 16-bit.
   void widen_gradients();
   // Follows a change of the graph's 16-bit type (fp16 -> bf16 fallback): same sizes, new rounding.
   void retype(DType from, DType to);
-  // Bytes of the 16-bit parameter copies and gradient buffers (0 in fp32).
-  int64_t copy_bytes() const;
+
+  const ShardLayout& layout() const { return layout_; }
+  const ShardingSpec& sharding() const { return spec_; }
   int64_t numel(int index) const { return graph_.value(graph_.params()[size_t(index)].value).shape.numel(); }
   const Graph& graph() const { return graph_; }
-  std::vector<Buffer>& param_units() { return params_; }
-  std::vector<Buffer>& grad_units() { return grads_; }
 
  private:
+  // Bytes of each per-unit buffer (0: not allocated, or a view into another one).
+  struct UnitSizes {
+    int64_t compute = 0, master = 0, shard16 = 0, micro_grad = 0, grad_shard = 0, opt_grad = 0;
+  };
+  static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param, DType grad, size_t u);
+  struct UnitBuffers {
+    Buffer compute, master, shard16, micro_grad, grad_shard, opt_grad;
+    float* master_ptr = nullptr;
+    float* opt_grad_ptr = nullptr;
+    std::byte* grad_shard_ptr = nullptr;
+  };
   const Graph& graph_;
-  std::vector<Buffer> params_;
-  std::vector<Buffer> grads_;
+  ShardingSpec spec_;
+  ShardLayout layout_;
   DType param_dtype_ = DType::f32, grad_dtype_ = DType::f32;
-  std::vector<Buffer> params16_, grads16_;  // empty in fp32
+  bool grad_alias_ = false;
+  std::vector<UnitBuffers> units_;
 };
 
 }  // namespace engine

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "graph/autodiff.h"
+#include "dist/zero_plan.h"
 #include "graph/precision.h"
 #include "trainer/telemetry.h"
 
@@ -33,11 +34,12 @@ DType compute_dtype(const recipe::Recipe& r) {
 
 namespace {
 
-ModelGraph build_differentiated(const recipe::Recipe& r, RecomputeReport& recompute) {
+ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
-  // The gradient of the mean loss over every row of the optimizer step (all micro-batches).
-  ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation));
+  // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
+  // ranks).
+  ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world));
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
   recompute = apply_recompute(model.graph, r.activation_checkpointing);
@@ -49,26 +51,64 @@ int64_t optimizer_state_bytes(const recipe::OptimizerSection& o, int64_t paramet
   return o.momentum > 0 ? parameter_bytes : 0;                             // momentum buffer
 }
 
+// Bytes one rank sends in a collective over `bytes` of data split in `world` parts: reduce-scatter
+// and all-gather both send every part but its own.
+int64_t sent(int64_t bytes, int world) { return bytes / world * (world - 1); }
+
+TrafficPlan plan_traffic(const Graph& g, const ShardLayout& layout, const ShardingSpec& spec, const Plan& train) {
+  TrafficPlan t;
+  const int world = layout.world();
+  if (world == 1) return t;
+  const int64_t psize = int64_t(dtype_size(g.value(g.params()[0].value).dtype));
+  const int64_t gsize = int64_t(dtype_size(g.value(g.params()[0].grad).dtype));
+  for (const auto& list : train.actions)
+    for (const StepAction& a : list) {
+      if (a.kind == StepAction::Kind::reduce) t.gradients += sent(layout.padded(size_t(a.unit)) * gsize, world);
+      if (a.kind == StepAction::Kind::gather) t.parameters += sent(layout.padded(size_t(a.unit)) * psize, world);
+    }
+  t.gradients *= spec.accumulation;
+  t.parameters *= spec.accumulation;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    if (spec.stage == 0) t.gradients += sent(layout.padded(u) * gsize, world);
+    if (spec.stage == 1 || spec.stage == 2) t.parameters += sent(layout.padded(u) * psize, world);
+  }
+  return t;
+}
+
+// Whether gradients go through reduce-scatters (else the optimizer reads what the backward wrote).
+bool gradients_reduced(const ShardingSpec& spec) { return spec.world > 1 || spec.accumulation > 1 || spec.stage >= 2; }
+
 }  // namespace
 
-CompiledStep compile_step(const recipe::Recipe& r) {
+CompiledStep compile_step(const recipe::Recipe& r, int world) {
   CompiledStep c;
-  c.model = build_differentiated(r, c.recompute);
-  const Graph& g = c.model.graph;
-  c.train = plan_step(g, all_nodes(g), {c.model.losses});
-  c.eval = plan_step(g, forward_nodes(g), {c.model.losses});
+  c.model = build_differentiated(r, world, c.recompute);
+  Graph& g = c.model.graph;
+  c.sharding = ShardingSpec{world, 0, int(r.distributed.zero_stage), *r.train.gradient_accumulation_steps};
+  const ShardLayout layout(g.units(), world, 0);
+  const ZeroPlanSpec zero{int(r.distributed.zero_stage), gradients_reduced(c.sharding), r.distributed.bucket_size,
+                          r.distributed.prefetch};
+  c.train = plan_zero_step(g, layout, all_nodes(g), {c.model.losses}, zero, true);
+  c.eval = plan_zero_step(g, layout, forward_nodes(g), {c.model.losses}, zero, false);
   c.eval.training = false;
+  c.traffic = plan_traffic(g, layout, c.sharding, c.train);
   MemoryPlan& m = c.memory;
-  m.parameters = g.param_count() * 4;
-  m.gradients = m.parameters;
-  m.optimizer_state = optimizer_state_bytes(r.optimizer, m.parameters);
+  const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding);
+  m.parameters = store.parameters;
+  m.gradients = store.gradients;
+  int64_t optimizer_range = 0;  // elements this rank updates
+  for (size_t u = 0; u < layout.units(); ++u) optimizer_range += c.sharding.stage == 0 ? layout.padded(u) : layout.shard(u);
+  m.optimizer_state = optimizer_state_bytes(r.optimizer, optimizer_range * 4);
   m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
+  if (!c.train.actions.empty() || !c.eval.actions.empty()) {
+    const int64_t without = std::max(plan_step(g, c.train.nodes, {c.model.losses}).arena_bytes,
+                                     plan_step(g, c.eval.nodes, {c.model.losses}).arena_bytes);
+    m.zero_buffers = std::max<int64_t>(0, m.activations - without);
+  }
   for (const Value& v : g.values()) {
     if (v.placement == Placement::input) m.inputs += value_bytes(v);
     if (v.placement == Placement::host) m.host += value_bytes(v);
   }
-  if (compute_dtype(r) != DType::f32) m.copies += g.param_count() * 2;
-  if (r.precision.accumulation_dtype != recipe::GradientDType::fp32) m.copies += g.param_count() * 2;
   m.scratch = std::max(c.train.scratch_bytes, c.eval.scratch_bytes);
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
@@ -77,15 +117,17 @@ CompiledStep compile_step(const recipe::Recipe& r) {
   return c;
 }
 
-void check_memory_available(const MemoryPlan& memory) {
+void check_memory_available(const MemoryPlan& memory, int local_ranks) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t kilobytes = 0;
   std::string unit;
   while (meminfo >> key >> kilobytes >> unit) {
     if (key != "MemAvailable:") continue;
-    if (memory.total() > kilobytes * 1024)
-      throw UserError("the plan needs " + format_bytes(memory.total()) + " (parameters " +
+    if (memory.total() * local_ranks > kilobytes * 1024)
+      throw UserError("the plan needs " + format_bytes(memory.total() * local_ranks) +
+                      (local_ranks > 1 ? " for " + std::to_string(local_ranks) + " ranks on this machine" : "") +
+                      " (per rank: parameters " +
                       format_bytes(memory.parameters) + ", activations " + format_bytes(memory.activations) +
                       ") but only " + format_bytes(kilobytes * 1024) +
                       " is available; see `engine plan` and reduce the model or the micro-batch");
@@ -95,13 +137,29 @@ void check_memory_available(const MemoryPlan& memory) {
 
 Session::Session(const recipe::Recipe& r) : Session(r, compile_step(r)) {}
 
-Session::Session(const recipe::Recipe& r, CompiledStep compiled)
+namespace {
+
+ShardingSpec rank_sharding(ShardingSpec spec, const dist::Communicator& comm) {
+  ENGINE_CHECK(spec.world == comm.size(), "the step was compiled for world size " + std::to_string(spec.world) +
+                                              ", the communicator has " + std::to_string(comm.size()) + " ranks");
+  spec.rank = comm.rank();
+  return spec;
+}
+
+}  // namespace
+
+Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communicator* communicator)
     : recipe(r),
+      own_comm(communicator ? nullptr : dist::make_local_communicator()),
+      comm(communicator ? *communicator : *own_comm),
+      rank(comm.rank()),
+      world(comm.size()),
       data(make_dataset(r)),
       model(std::move(compiled.model)),
-      store(model.graph),
+      store(model.graph, rank_sharding(compiled.sharding, comm)),
       optimizer(make_optimizer(r.optimizer, store)),
       executor(model.graph, store, uint64_t(r.run.seed)),
+      zero(store, comm),
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps),
       scaler(r.precision),
@@ -127,19 +185,22 @@ double Session::mean_loss(const std::string& plan) {
 }
 
 double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale) {
+  if (store.sharding().stage < 2) store.zero_micro_grads();
   load_batch(batch);
-  executor.run("train", uint64_t(step), uint64_t(micro), float(loss_scale));
+  zero.begin_micro_batch(micro);
+  // Dropout draws from the global micro-batch index, so every world size draws the same masks.
+  executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
   return mean_loss("train");
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
-  store.widen_gradients();
+  zero.finish_gradients();
   if (hooks.after_backward) hooks.after_backward();
   StepResult result;
   result.loss = loss;
   result.loss_scale = scale;
   result.lr = learning_rate(recipe, updates);
-  const double scaled_norm = gradient_norm(store);
+  const double scaled_norm = zero.gradient_norm();
   if (!std::isfinite(scaled_norm) && scaler.enabled()) {
     result.grad_norm = scaled_norm;
     result.overflow = result.skipped = true;
@@ -162,7 +223,7 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
   }
   if (factor != 1.0) scale_gradients(store, factor);
   optimizer->step(result.lr);
-  store.refresh_copies();
+  zero.finish_update();
   scaler.update(false);
   ++updates;
   return result;
@@ -176,14 +237,25 @@ void Session::fall_back_to_bf16() {
 }
 
 double Session::evaluate(int64_t batches) {
-  double total = 0;
+  // Rank r evaluates batches r, r + world, ...; every rank runs as many (stage 3 gathers in each),
+  // and the losses are summed in batch order, as one rank would.
+  const int64_t rounds = (batches + world - 1) / world;
+  std::vector<double> mine;
   Batch batch(micro_batch, model.sequence, data->features());
-  for (int64_t i = 0; i < batches; ++i) {
-    data->fill(Split::validation, i, batch);
+  for (int64_t k = 0; k < rounds; ++k) {
+    data->fill(Split::validation, std::min(k * world + rank, batches - 1), batch);
     load_batch(batch);
-    executor.run("eval", 0, 0);
-    total += mean_loss("eval");
+    executor.run("eval", 0, 0, 1.0f, &zero);
+    mine.push_back(mean_loss("eval"));
   }
+  std::vector<double> all(mine.size() * size_t(world));
+  if (world == 1)
+    all = mine;
+  else
+    comm.all_gather(mine.data(), all.data(), int64_t(mine.size() * sizeof(double)), "all-gather of validation losses")
+        .wait();
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) total += all[size_t((i % world) * rounds + i / world)];
   return total / double(batches);
 }
 

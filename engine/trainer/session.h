@@ -2,7 +2,7 @@
 // builds the model graph, differentiates it, plans memory for training and evaluation, and
 // allocates parameters, gradients, optimizer state and the activation arena, once.
 //
-//   Session session(loaded.recipe, loaded.world);
+//   Session session(loaded.recipe, compile_step(loaded.recipe, comm->size()), comm.get());
 //   session.store.initialize(seed);
 //   StepResult r = session.train_step(step, [&] { return loader.next(); });
 //   MemoryPlan memory = session.memory();
@@ -10,12 +10,19 @@
 // The step is where precision meets the optimizer: micro-batches accumulate gradients (scaled by
 // the fp16 loss scale), an overflowing step is skipped, gradients are unscaled and clipped, and
 // only then does the update run and the 16-bit parameter copies refresh.
+//
+// Across ranks (distributed section): rank r runs micro-batches r, r + world, r + 2 world, ... of
+// each global batch; every collective goes through ZeroStep (dist/zero_step.h). Each micro-batch's
+// gradient is computed alone and added to the step's sum in global micro-batch order, at every
+// world size and stage, so world 2 at any stage gives the bits of world 1 accumulating 2.
 #pragma once
 
 #include <functional>
 #include <memory>
 
 #include "data/dataset.h"
+#include "dist/communicator.h"
+#include "dist/zero_step.h"
 #include "graph/recompute.h"
 #include "models/model.h"
 #include "optim/loss_scaler.h"
@@ -26,14 +33,23 @@
 
 namespace engine {
 
+// One rank's memory, from the plan.
 struct MemoryPlan {
-  int64_t parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, inputs = 0;
-  int64_t copies = 0;   // 16-bit parameter copies and 16-bit gradient buffers
-  int64_t scratch = 0;  // f32 copies for kernels that compute 16-bit values in fp32
-  int64_t host = 0;     // activations held in host memory (cpu_checkpointing)
-  int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + inputs + copies + scratch + host;
-  }
+  int64_t parameters = 0;  // fp32 masters and the compute-dtype values this rank holds
+  int64_t gradients = 0;   // micro-batch gradients, the reduced shard, its fp32 form
+  int64_t optimizer_state = 0, inputs = 0;
+  int64_t activations = 0;   // the arena's peak, gathered and gradient buffers included
+  int64_t zero_buffers = 0;  // what stage 3's gathered and stage 2-3's gradient buffers add to it
+  int64_t scratch = 0;       // f32 copies for kernels that compute 16-bit values in fp32
+  int64_t host = 0;          // activations held in host memory (cpu_checkpointing)
+  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs + scratch + host; }
+  int64_t model_states() const { return parameters + gradients + optimizer_state; }
+};
+
+// Bytes each rank sends per optimizer step, from the plan's collectives.
+struct TrafficPlan {
+  int64_t gradients = 0, parameters = 0;  // reduce-scatters (+ stage 0's gather); gathers
+  int64_t total() const { return gradients + parameters; }
 };
 
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
@@ -44,19 +60,23 @@ struct CompiledStep {
   MemoryPlan memory;
   double flops_per_micro_batch = 0;  // forward + backward (+ recompute), counted from the graph's nodes
   RecomputeReport recompute;
+  ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
+  TrafficPlan traffic;
 };
-CompiledStep compile_step(const recipe::Recipe& recipe);
+CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1);
 
 // The type the step computes in: f32, or the 16-bit type of precision.mode.
 DType compute_dtype(const recipe::Recipe& recipe);
 
-// Throws UserError when the plan needs more memory than the machine has available.
-void check_memory_available(const MemoryPlan& memory);
+// Throws UserError when `local_ranks` ranks of this plan need more memory than the machine has available.
+void check_memory_available(const MemoryPlan& memory, int local_ranks = 1);
 
 class Session {
  public:
+  // One process (a local communicator), or rank comm->rank() of comm->size() with `compiled` made
+  // for that world size.
   explicit Session(const recipe::Recipe& recipe);
-  Session(const recipe::Recipe& recipe, CompiledStep compiled);
+  Session(const recipe::Recipe& recipe, CompiledStep compiled, dist::Communicator* comm = nullptr);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
@@ -82,23 +102,26 @@ class Session {
   // through here.
   template <class NextBatch>
   StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
-    store.zero_grads();
     const double scale = scaler.scale();
-    double loss = 0;
+    std::vector<double> losses;
     for (int64_t micro = 0; micro < accumulation; ++micro)
-      loss += train_micro_batch(next_batch(), step, micro, scale) / double(accumulation);
-    return finish_step(loss, scale, hooks);
+      losses.push_back(train_micro_batch(next_batch(), step, micro, scale));
+    return finish_step(zero.mean_loss(losses), scale, hooks);
   }
-  // Mean loss over `batches` validation batches (forward only).
+  // Mean loss over `batches` validation batches (forward only), split across the ranks.
   double evaluate(int64_t batches);
   MemoryPlan memory() const { return memory_; }
 
   const recipe::Recipe& recipe;
+  std::unique_ptr<dist::Communicator> own_comm;  // the local one, when none was given
+  dist::Communicator& comm;
+  int rank, world;
   std::unique_ptr<Dataset> data;
   ModelGraph model;
   ParameterStore store;
   std::unique_ptr<Optimizer> optimizer;
   Executor executor;
+  ZeroStep zero;
   int64_t micro_batch, accumulation;
   LossScaler scaler;
   int64_t updates = 0;  // applied optimizer updates (skipped steps do not count)

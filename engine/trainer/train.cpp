@@ -55,8 +55,13 @@ void save_gradients(const fs::path& path, const ParameterStore& store, recipe::A
 
 // The after_backward hook that writes step `step`'s (0-based) gradients to every file the options
 // ask for at that step, or none when no file is due.
+std::function<const float*(int)> whole_param(const WholeParameters& whole) {
+  return [&whole](int i) { return whole.param(i); };
+}
+
 std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& options, const Session& session,
                                          recipe::Arch arch) {
+  if (session.rank != 0) return {};
   std::vector<fs::path> files;
   if (step == 0 && !options.first_gradients.empty()) files.push_back(options.first_gradients);
   if (auto it = options.gradients_at.find(step + 1); it != options.gradients_at.end()) files.push_back(it->second);
@@ -68,7 +73,12 @@ std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& optio
 
 }  // namespace
 
-TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, const TrainOptions& options) {
+TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, const TrainOptions& options) {
+  std::unique_ptr<dist::Communicator> local;
+  dist::Communicator& comm = options.comm ? *options.comm : *(local = dist::make_local_communicator());
+  const bool lead = comm.rank() == 0;
+  std::ostream silent(nullptr);  // what the other ranks print to
+  std::ostream& out = lead ? console : silent;
   ProgressLine* progress_line = nullptr;  // plugin notes go above the live line once it exists
   PluginDriver plugins(original, [&](const std::string& text) {
     if (progress_line)
@@ -84,33 +94,53 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
                       ": the step must be between 1 and train.steps (" + std::to_string(r.train.steps) + ")");
   TrainSummary summary;
   summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
-  std::error_code error;
-  fs::create_directories(summary.run_dir, error);
-  if (error) throw UserError(summary.run_dir.string() + ": cannot create the run directory: " + error.message());
-  write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
+  if (lead) {
+    std::error_code error;
+    fs::create_directories(summary.run_dir, error);
+    if (error) throw UserError(summary.run_dir.string() + ": cannot create the run directory: " + error.message());
+    write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
+  }
 
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
-  CompiledStep compiled = compile_step(r);
-  check_memory_available(compiled.memory);
-  Session session(r, std::move(compiled));
+  CompiledStep compiled = compile_step(r, comm.size());
+  check_memory_available(compiled.memory, comm.local_size());
+  const TrafficPlan traffic = compiled.traffic;
+  Session session(r, std::move(compiled), &comm);
+  if ((!options.first_gradients.empty() || !options.gradients_at.empty()) && !session.store.masters_whole())
+    throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
+                    std::to_string(r.distributed.zero_stage) + " shards it over " + std::to_string(comm.size()) +
+                    " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) {
     load_weights(r.model.init_from, session.store, r.model.arch);
     out << "weights loaded from " << r.model.init_from.string() << "\n";
   }
-  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
+  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence * comm.size();
   out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
       << " wrap units; data: " << session.data->describe() << "\n";
   if (auto floor = session.data->loss_floor()) out << "loss floor (exact entropy of the data): " << *floor << " nats\n";
   MemoryPlan memory = session.memory();
-  out << "memory plan: " << format_bytes(memory.total()) << " (activations " << format_bytes(memory.activations)
-      << ")\n";
+  if (comm.size() > 1)
+    out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage " << r.distributed.zero_stage
+        << "; each rank sends " << format_bytes(traffic.total()) << " per step\n";
+  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total())
+      << " (activations " << format_bytes(memory.activations) << ")\n";
 
-  std::ofstream metrics(summary.run_dir / "metrics.jsonl", std::ios::trunc);
-  ProgressLine progress(out, isatty(STDOUT_FILENO) && &out == &std::cout, r.train.steps);
+  std::ofstream metrics;
+  if (lead) metrics.open(summary.run_dir / "metrics.jsonl", std::ios::trunc);
+  ProgressLine progress(out, lead && isatty(STDOUT_FILENO) && &console == &std::cout, r.train.steps);
   progress_line = &progress;
   plugins.set_metrics(&metrics);
-  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch);
+  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch, comm.rank(),
+                     comm.size());
+  // What every rank must agree on before acting (a Ctrl-C reaches the ranks at different times).
+  auto any_rank = [&](bool flag) {
+    if (comm.size() == 1) return flag;
+    for (double v : session.zero.gather(flag ? 1.0 : 0.0))
+      if (v != 0) return true;
+    return false;
+  };
+  int64_t bytes_sent_training = 0;
   g_stop_requested = false;
   auto previous_handler = std::signal(SIGINT, on_interrupt);
 
@@ -123,8 +153,10 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
     hooks.after_backward = gradient_dump_hook(step, options, session, r.model.arch);
+    const int64_t sent_before = comm.bytes_sent();
     const Session::StepResult result = session.train_step(
         step, [&] { return loader.next(); }, hooks);
+    bytes_sent_training += comm.bytes_sent() - sent_before;
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;
     if (result.overflow) {
       ++summary.skipped_steps;
@@ -154,7 +186,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
     summary.final_loss = loss;
 
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
-    const bool last = step + 1 == r.train.steps || g_stop_requested || plugins.stop_reason();
+    const bool stopping = any_rank(g_stop_requested || plugins.stop_reason());
+    const bool last = step + 1 == r.train.steps || stopping;
     if ((step + 1) % r.train.log_every == 0 || last || step == 0) {
       auto now = std::chrono::steady_clock::now();
       double window = std::chrono::duration<double>(now - window_start).count();
@@ -178,9 +211,10 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
       plugins.eval(step, val);
     }
     plugins.end_of_step(step, summary.run_dir, [&](const fs::path& path) {
-      save_weights(path, session.store, r.model.arch, {{"steps", std::to_string(step + 1)}});
+      const WholeParameters whole(session.store, comm);
+      if (lead) save_weights(path, session.model.graph, r.model.arch, {{"steps", std::to_string(step + 1)}}, whole_param(whole));
     });
-    if (g_stop_requested || plugins.stop_reason()) {
+    if (stopping) {
       summary.interrupted = true;
       break;
     }
@@ -191,8 +225,18 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
   progress_line = nullptr;
 
   const int64_t peak_rss = peak_resident_bytes();
+  std::vector<int64_t> peak_per_rank;
+  for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
+  const WholeParameters whole(session.store, comm);
+  if (!lead) return summary;
   write_text_atomically(summary.run_dir / "summary.json",
                         nlohmann::json{{"steps", summary.steps},
+                                       {"world_size", comm.size()},
+                                       {"zero_stage", r.distributed.zero_stage},
+                                       {"bytes_sent_per_step", summary.steps ? bytes_sent_training / summary.steps : 0},
+                                       {"planned_bytes_sent_per_step", traffic.total()},
+                                       {"peak_rss_bytes_per_rank", peak_per_rank},
+                                       {"planned_model_state_bytes", memory.model_states()},
                                        {"final_loss", summary.final_loss},
                                        {"final_val_loss", summary.final_val_loss},
                                        {"loss_floor", session.data->loss_floor() ? *session.data->loss_floor() : -1.0},
@@ -205,7 +249,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& out, cons
                             "\n");
   fs::path weights = summary.run_dir / "model.safetensors";
   std::string arch = r.model.arch == recipe::Arch::gpt ? "gpt" : r.model.arch == recipe::Arch::llama ? "llama" : "mlp";
-  save_weights(weights, session.store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(summary.steps)}});
+  save_weights(weights, session.model.graph, r.model.arch, {{"arch", arch}, {"steps", std::to_string(summary.steps)}},
+               whole_param(whole));
   if (summary.interrupted)
     out << "interrupted after step " << summary.steps << "; weights saved to " << weights.string() << "\n";
   else

@@ -9,12 +9,16 @@
 //   model.safetensors  the final weights (Hugging Face names), written atomically
 //   summary.json       final losses, the planned memory and the measured peak resident memory
 // Ctrl-C stops after the current step and still saves the weights.
+// Under a launcher every rank runs this with its communicator; rank 0 alone writes the outputs,
+// and summary.json adds the world size, the ZeRO stage, the bytes each rank sent per step
+// (measured and planned) and every rank's peak resident memory.
 #pragma once
 
 #include <filesystem>
 #include <iosfwd>
 #include <map>
 
+#include "dist/communicator.h"
 #include "recipe/load.h"
 
 namespace engine {
@@ -38,6 +42,8 @@ struct TrainOptions {
   // The same for later steps: optimizer step (1-based, as metrics.jsonl counts) -> file. A
   // comparison a few steps in also covers the optimizer state and the schedule.
   std::map<int64_t, std::filesystem::path> gradients_at;
+  // The ranks to train with (null: this process alone). Only rank 0 writes outputs and prints.
+  dist::Communicator* comm = nullptr;
 };
 
 TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options = {});

@@ -1,0 +1,147 @@
+#include "dist/zero_step.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/optimizer.h"
+
+namespace engine {
+
+namespace {
+
+std::string unit_label(const ParameterStore& store, int unit) { return "unit " + store.graph().units()[size_t(unit)].name; }
+
+}  // namespace
+
+WholeParameters::WholeParameters(const ParameterStore& store, dist::Communicator& comm) : store_(store) {
+  if (store.masters_whole()) return;
+  const ShardLayout& layout = store.layout();
+  std::vector<dist::Work> works;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    gathered_.emplace_back(layout.padded(u) * 4);
+    works.push_back(comm.all_gather(store.master(u), gathered_.back().data(), layout.shard(u) * 4,
+                                    "all-gather of " + unit_label(store, int(u)) + "'s weights"));
+  }
+  for (dist::Work& w : works) w.wait();
+}
+
+const float* WholeParameters::param(int index) const {
+  if (gathered_.empty()) return store_.param(index);
+  const Param& p = store_.graph().params()[size_t(index)];
+  return gathered_[size_t(p.unit)].f32() + p.offset;
+}
+
+void ZeroStep::run(const StepAction& action, std::byte* buffer) {
+  const auto u = size_t(action.unit);
+  const ShardLayout& layout = store_.layout();
+  switch (action.kind) {
+    case StepAction::Kind::gather: {
+      const int64_t bytes = layout.shard(u) * int64_t(dtype_size(store_.param_dtype()));
+      gathers_[action.buffer] = comm_.all_gather(store_.gather_source(u), buffer, bytes,
+                                                 "all-gather of " + unit_label(store_, action.unit) + "'s parameters");
+      break;
+    }
+    case StepAction::Kind::use_params: {
+      auto it = gathers_.find(action.buffer);
+      ENGINE_CHECK(it != gathers_.end(), "a gather is used before it was started");
+      it->second.wait();
+      gathers_.erase(it);
+      break;
+    }
+    case StepAction::Kind::reduce: {
+      const std::byte* send = buffer ? buffer : store_.micro_grad(u);
+      reductions_[action.unit] = comm_.reduce_scatter(
+          send, store_.grad_shard(u), layout.shard(u), store_.grad_dtype(),
+          first_micro_ ? dist::Reduction::overwrite : dist::Reduction::accumulate,
+          "reduce-scatter of " + unit_label(store_, action.unit) + "'s gradients");
+      break;
+    }
+    case StepAction::Kind::wait: {
+      auto it = reductions_.find(action.unit);
+      ENGINE_CHECK(it != reductions_.end(), "a reduction is waited for before it was started");
+      it->second.wait();
+      reductions_.erase(it);
+      break;
+    }
+    case StepAction::Kind::grads_into:
+      break;  // the executor binds the buffer
+  }
+}
+
+void ZeroStep::finish_gradients() {
+  const ShardLayout& layout = store_.layout();
+  if (store_.sharding().stage == 0 && layout.world() > 1) {
+    // Stage 0 keeps the whole gradient: the reduced shards are gathered back into it.
+    const int64_t element = int64_t(dtype_size(store_.grad_dtype()));
+    std::vector<dist::Work> works;
+    for (size_t u = 0; u < layout.units(); ++u) {
+      std::byte* whole = store_.micro_grad(u);
+      std::byte* mine = whole + layout.begin(u) * element;
+      std::memcpy(mine, store_.grad_shard(u), size_t(layout.shard(u) * element));
+      works.push_back(comm_.all_gather(mine, whole, layout.shard(u) * element,
+                                       "all-gather of " + unit_label(store_, int(u)) + "'s reduced gradients"));
+    }
+    for (dist::Work& w : works) w.wait();
+  }
+  store_.widen_gradients();
+}
+
+double ZeroStep::gradient_norm() {
+  std::vector<double> partials = gradient_norm_partials(store_);
+  const ShardLayout& layout = store_.layout();
+  if (layout.world() == 1) return sum_norm_partials(partials);
+  const auto world = size_t(layout.world());
+  std::vector<double> all(partials.size() * world);
+  comm_.all_gather(partials.data(), all.data(), int64_t(partials.size() * sizeof(double)),
+                   "all-gather of the gradient norm's partial sums")
+      .wait();
+  // Rank-major as gathered; the norm sums unit-major (unit, rank, block), the order of one rank.
+  std::vector<double> ordered;
+  ordered.reserve(all.size());
+  size_t unit_start = 0;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const auto blocks = size_t(layout.shard(u) / kShardBlock);
+    for (size_t r = 0; r < world; ++r)
+      ordered.insert(ordered.end(), all.begin() + long(r * partials.size() + unit_start),
+                     all.begin() + long(r * partials.size() + unit_start + blocks));
+    unit_start += blocks;
+  }
+  return sum_norm_partials(ordered);
+}
+
+void ZeroStep::finish_update() {
+  store_.refresh_copies();
+  const ShardLayout& layout = store_.layout();
+  const int stage = store_.sharding().stage;
+  if (layout.world() == 1 || stage == 0 || stage == 3) return;
+  const int64_t element = int64_t(dtype_size(store_.param_dtype()));
+  std::vector<dist::Work> works;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    std::byte* whole = store_.compute(u);
+    works.push_back(comm_.all_gather(whole + layout.begin(u) * element, whole, layout.shard(u) * element,
+                                     "all-gather of " + unit_label(store_, int(u)) + "'s updated parameters"));
+  }
+  for (dist::Work& w : works) w.wait();
+}
+
+double ZeroStep::mean_loss(const std::vector<double>& local_losses) {
+  const auto world = size_t(comm_.size()), micro = local_losses.size();
+  std::vector<double> all(world * micro);
+  if (world == 1)
+    all = local_losses;
+  else
+    comm_.all_gather(local_losses.data(), all.data(), int64_t(micro * sizeof(double)), "all-gather of the step's losses")
+        .wait();
+  double loss = 0;
+  for (size_t m = 0; m < micro; ++m)
+    for (size_t r = 0; r < world; ++r) loss += all[r * micro + m] / double(world * micro);
+  return loss;
+}
+
+std::vector<double> ZeroStep::gather(double value) {
+  std::vector<double> all(size_t(comm_.size()), value);
+  if (comm_.size() > 1) comm_.all_gather(&value, all.data(), sizeof(double), "all-gather of a value every rank needs").wait();
+  return all;
+}
+
+}  // namespace engine
