@@ -403,7 +403,7 @@ std::string MpiCommunicator::diagnose(const Op& op) {
     MPI_Isend(&probe_out_, 1, MPI_INT64_T, peer, kProbeTag, control_, &probe);
     MPI_Request_free(&probe);  // probe_out_ lives as long as the communicator
   }
-  double grace = std::min(0.08 * timeout_seconds_, 3.0);
+  double grace = std::min(0.05 * timeout_seconds_, 3.0);
   Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   microseconds sleep = kFirstSleep;

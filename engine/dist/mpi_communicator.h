@@ -10,7 +10,7 @@
 // Timeout: an operation not complete within CommunicatorOptions::timeout_seconds of its start
 // asks every peer, on a separate control communicator, which operation it has reached. Peers
 // answer from their communication threads at once; those that stay silent for a short grace
-// period (8% of the timeout, 3 s at most) are stopped, hung or dead. wait() then throws
+// period (5% of the timeout, 3 s at most) are stopped, hung or dead. wait() then throws
 // CommunicationError naming them, and the communicator refuses every later operation. The top
 // level ends the job with abort_job() (MPI_Abort). A communicator destroyed after a failure skips
 // MPI_Finalize, which would wait for the missing peers; the launcher then ends the job itself.
