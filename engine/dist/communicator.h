@@ -91,6 +91,10 @@ class Communicator {
 
   // Bytes this rank has sent since it was created (what `engine plan` predicts per step).
   virtual int64_t bytes_sent() const = 0;
+
+  // Ends the whole job with `exit_code` (every rank, including one that is stopped or hung): what
+  // the top level calls after a CommunicationError, since the failed rank cannot finish alone.
+  [[noreturn]] virtual void abort_job(int exit_code) = 0;
 };
 
 struct CommunicatorOptions {
