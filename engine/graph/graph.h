@@ -110,6 +110,9 @@ class Graph {
   // For graph passes (recompute) that rewrite the backward part of the node list.
   std::vector<Node>& mutable_nodes() { return nodes_; }
   Value& mutable_value(ValueId id) { return values_[static_cast<size_t>(id)]; }
+  // For the wrap pass, which regroups units (and so every parameter's unit and offset).
+  std::vector<Param>& mutable_params() { return params_; }
+  std::vector<Unit>& mutable_units() { return units_; }
 
  private:
   std::deque<Value> values_;

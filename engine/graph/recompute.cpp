@@ -74,6 +74,13 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
   for (size_t i = 0; i < total; ++i)
     for (ValueId in : g.nodes()[i].inputs) readers[size_t(in)].push_back(i);
   auto is_activation = [&](ValueId v) { return g.value(v).placement == Placement::activation; };
+  // The loss kernel overwrites its logits with their gradient, which the backward then reads: a
+  // recomputed copy would hold logits instead. Only a wrap unit that holds the head as well as a
+  // block puts them in a segment.
+  std::set<ValueId> overwritten;
+  for (size_t i = 0; i < forward; ++i)
+    if (std::find(g.nodes()[i].outputs.begin(), g.nodes()[i].outputs.end(), g.loss()) != g.nodes()[i].outputs.end())
+      overwritten.insert(g.nodes()[i].inputs.begin(), g.nodes()[i].inputs.end());
 
   std::vector<Segment> segments = choose_segments(g, policy);
   for (Segment& s : segments) {
@@ -89,7 +96,7 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
             read_outside = true;
         }
         // A block's output is the next block's kept input: it stays (full, every_k).
-        if (read_backward && (selective || !read_outside)) s.recompute.insert(out);
+        if (read_backward && (selective || !read_outside) && !overwritten.count(out)) s.recompute.insert(out);
       }
     if (s.recompute.empty()) continue;
     // Only the nodes the recomputed values depend on within the segment are cloned.
@@ -124,6 +131,7 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
 
   std::vector<std::vector<Node>> before(total + 1), after(total);
   std::map<ValueId, ValueId> replacement;  // for backward readers (and later clones)
+  std::map<ValueId, ValueId> prefetched;   // kept inputs back from host memory, for clones too
   for (const Segment& s : segments) {
     std::map<ValueId, ValueId> local;
     for (size_t i : s.nodes) {
@@ -173,23 +181,27 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
         before[prefetch_at].insert(before[prefetch_at].begin(),
                                    Node{&kHostCopy, {host}, {back}, {}, false, true, v.name + " (prefetch)"});
         replacement[in] = back;
+        prefetched[in] = back;
         report.offloaded_bytes += value_bytes(v);
       }
     }
   }
 
   // Rebuild the node list: offloads after their last forward reader, clones and prefetches before
-  // their first backward reader, and every later reader pointed at the replacements. Nodes added to
-  // the forward part are marked backward: evaluation plans skip them.
+  // their first backward reader, and every later reader pointed at the replacements. Clones already
+  // read the recomputed values of segments inserted before them; here they only switch to
+  // prefetched inputs: a value recomputed by a segment inserted later is not there yet (a cheap op
+  // reading another's output under selective, as in a unit holding the embeddings' dropout). Nodes
+  // added to the forward part are marked backward: evaluation plans skip them.
   std::vector<Node> rebuilt;
   rebuilt.reserve(total + size_t(report.cloned_nodes) * 2);
   size_t forward_size = 0;
   const std::vector<Node> original = g.nodes();
   for (size_t i = 0; i < total; ++i) {
     for (Node& n : before[i]) {
-      if (n.op != &kHostCopy)  // clones read prefetched inputs too
+      if (n.op != &kHostCopy)
         for (ValueId& in : n.inputs)
-          if (auto r = replacement.find(in); r != replacement.end() && r->second != n.outputs[0]) in = r->second;
+          if (auto r = prefetched.find(in); r != prefetched.end()) in = r->second;
       rebuilt.push_back(std::move(n));
     }
     Node node = original[i];

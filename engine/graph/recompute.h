@@ -8,10 +8,12 @@
 // The clones run the same kernels on the same inputs (dropout masks come from the node's own salt
 // and the step), so losses and gradients are bit-identical to the plain graph.
 //
-//   full       segments are the model's blocks (Unit::block); a block keeps only its inputs
-//   every_k    blocks 0, k, 2k, ...
-//   selective  each normalisation, activation function, rotary and dropout node in a block is its
-//              own segment: matmul outputs are kept and these cheap ops are recomputed from them
+//   full       segments are the wrap units that hold a block (Unit::block): one per block as built,
+//              or the units the wrap policy merged (graph/wrap.h), a merged unit being one segment;
+//              a segment keeps only its inputs
+//   every_k    such units 0, k, 2k, ...
+//   selective  each normalisation, activation function, rotary and dropout node in such a unit is
+//              its own segment: matmul outputs are kept and these cheap ops are recomputed from them
 //
 // With `offload` (cpu_checkpointing, full and every_k), the kept input of each checkpointed block
 // moves to a host value after its last forward use and is copied back (prefetched) just before
