@@ -20,6 +20,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUser = 2;
 inline constexpr int kExitRegression = 3;  // engine golden check: training behaviour changed
+inline constexpr int kExitRankLost = 4;     // a collective did not complete: a rank died or hangs
 
 struct RecipeArgs {
   std::filesystem::path recipe;

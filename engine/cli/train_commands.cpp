@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "graph/precision.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
@@ -13,9 +14,17 @@ namespace engine::cli {
 
 using namespace engine::recipe;
 
+namespace {
+
+int exit_status_of(const std::exception& e) {
+  if (dynamic_cast<const dist::CommunicationError*>(&e)) return kExitRankLost;
+  return dynamic_cast<const UserError*>(&e) ? kExitUser : kExitInternal;
+}
+
+}  // namespace
+
 int train(const RecipeArgs& args) {
   const LoadOptions load_options = args.load_options();
-  require_single_process(load_options.world, "train");
   TrainOptions options{args.first_gradients, {}};
   // One file per step: a second file for the same step would silently replace the first.
   for (const auto& [step, path] : args.gradients_at)
@@ -23,8 +32,27 @@ int train(const RecipeArgs& args) {
       throw UserError("--dump-gradients-at " + std::to_string(step) + " is given twice (" + it->second.string() +
                       " and " + path + "): list each step once");
   LoadedRecipe loaded = load_recipe(args.recipe, load_options);
-  std::cout << summary(loaded) << "\n";
-  engine::train(loaded, std::cout, options);
+  std::unique_ptr<dist::Communicator> comm = dist::make_communicator({loaded.recipe.distributed.timeout});
+  if (comm->size() != loaded.world.size)
+    throw UserError("world size " + std::to_string(loaded.world.size) + " (from " + loaded.world.source +
+                    ") but this process is one of " + std::to_string(comm->size()) +
+                    "; start the ranks with a launcher, e.g. `mpirun -n " + std::to_string(loaded.world.size) +
+                    " engine train " + args.recipe.string() + "` (--world-size is for `engine plan`)");
+  options.comm = comm.get();
+  if (comm->rank() == 0) std::cout << summary(loaded) << "\n";
+  if (comm->size() == 1) {
+    engine::train(loaded, std::cout, options);
+    return kExitOk;
+  }
+  try {
+    engine::train(loaded, std::cout, options);
+  } catch (const std::exception& e) {
+    // The other ranks may be waiting in a collective this rank will never join: end the job.
+    const bool internal = exit_status_of(e) == kExitInternal;
+    std::cerr << (internal ? "internal error: " : "error: ") << "rank " << comm->rank() << ": " << e.what() << "\n";
+    std::cerr.flush();
+    comm->abort_job(exit_status_of(e));
+  }
   return kExitOk;
 }
 
@@ -72,7 +100,7 @@ int plan(const RecipeArgs& args) {
   row("optimizer state", m.optimizer_state);
   row("activation peak", m.activations);
   row("inputs", m.inputs);
-  if (m.copies) row("16-bit copies", m.copies);
+  if (m.zero_buffers) row("  of which ZeRO buffers", m.zero_buffers);
   if (m.scratch) row("fp32 scratch", m.scratch);
   if (m.host) row("host activations", m.host);
   row("total", m.total());

@@ -100,7 +100,7 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
                     plugins.stop_reason().has_value());
   uint64_t digest = 0xcbf29ce484222325ull;
   for (size_t u = 0; u < session.model.graph.units().size(); ++u)
-    digest = fnv1a(session.store.master(u), size_t(session.store.range_size(u)) * 4, digest);
+    digest = fnv1a(session.store.master(u), size_t(session.model.graph.units()[u].numel) * 4, digest);
   trajectory.weights_digest = hex(digest);
   return trajectory;
 }

@@ -9,6 +9,7 @@
 #include "graph/autodiff.h"
 #include "dist/zero_plan.h"
 #include "graph/precision.h"
+#include "graph/wrap.h"
 #include "trainer/telemetry.h"
 
 namespace engine {
@@ -34,12 +35,25 @@ DType compute_dtype(const recipe::Recipe& r) {
 
 namespace {
 
+WrapPolicySpec wrap_policy(const recipe::DistributedSection& d) {
+  switch (d.wrap_policy) {
+    case recipe::WrapPolicy::size:
+      return {WrapPolicySpec::Kind::size, d.wrap_size};
+    case recipe::WrapPolicy::model:
+      return {WrapPolicySpec::Kind::model, d.wrap_size};
+    case recipe::WrapPolicy::block:
+      break;
+  }
+  return {WrapPolicySpec::Kind::block, d.wrap_size};
+}
+
 ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
   // ranks).
   ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world));
+  apply_wrap_policy(model.graph, wrap_policy(r.distributed));
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
   recompute = apply_recompute(model.graph, r.activation_checkpointing);

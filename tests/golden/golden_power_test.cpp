@@ -37,9 +37,9 @@ Golden load(const std::string& name) {
 void nudge_gradients_by_one_ulp(int64_t step, Session& session) {
   ASSERT_EQ(session.store.grad_dtype(), DType::f32);
   uint64_t counter = 0;
-  for (Buffer& unit : session.store.grad_units()) {
-    float* g = reinterpret_cast<float*>(unit.data());
-    for (int64_t i = 0; i < unit.bytes() / int64_t(sizeof(float)); ++i) {
+  for (size_t u = 0; u < session.model.graph.units().size(); ++u) {
+    float* g = session.store.opt_grad(u);
+    for (int64_t i = 0; i < session.store.range_size(u); ++i) {
       const uint64_t r = mix64(uint64_t(step) * 0x9e3779b97f4a7c15ull + counter++) % 3;
       if (r == 1) g[i] = std::nextafter(g[i], INFINITY);
       if (r == 2) g[i] = std::nextafter(g[i], -INFINITY);

@@ -44,7 +44,7 @@ TEST(Dropout, MaskIsConsistentScaledAndFreshEachStep) {
   std::fill_n(static_cast<float*>(exec.input(ones)), n, 1.0f);
 
   auto run = [&](uint64_t step) {
-    store.zero_grads();
+    store.zero_micro_grads();
     exec.run("step", step, 0);
     const float* out = exec.value_f32("step", y);
     return std::vector<float>(out, out + n);

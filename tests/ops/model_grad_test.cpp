@@ -30,12 +30,12 @@ void check_gradients(const recipe::Recipe& r, double tolerance) {
   }
   Batch batch(session.micro_batch, session.model.sequence, session.data->features());
   session.data->fill(Split::train, 0, batch);
-  session.store.zero_grads();
+  session.store.zero_micro_grads();
   session.train_micro_batch(batch, 0, 0);
 
   auto loss_at = [&](float* w, float value) {
     *w = value;
-    session.store.zero_grads();
+    session.store.zero_micro_grads();
     return session.train_micro_batch(batch, 0, 0);
   };
   std::vector<std::vector<float>> grads;

@@ -150,7 +150,7 @@ void run_case(const Case& c, uint64_t seed, const RunOptions& options) {
       x[size_t(k)] = load_float(store.param_storage(int(i)), storage, k);
     inputs.push_back(std::move(x));
   }
-  store.zero_grads();
+  store.zero_micro_grads();
   exec.run("step", 0, 0);
   store.widen_gradients();
 
