@@ -248,7 +248,11 @@ TEST(WrapPolicy, TrainingIsBitIdenticalUnderEveryPolicy) {
     const std::string what = policy.back();
     EXPECT_LT(t.units, reference.units) << what << " merged nothing";
     EXPECT_EQ(t.losses, reference.losses) << what;
-    EXPECT_EQ(t.grad_norms, reference.grad_norms) << what;
+    // The norm's partial sums run over kShardBlock-element blocks of each unit (dist/shard_layout.h),
+    // so regrouping units may move its last bits; the clip factor and the weights do not move.
+    ASSERT_EQ(t.grad_norms.size(), reference.grad_norms.size());
+    for (size_t i = 0; i < t.grad_norms.size(); ++i)
+      EXPECT_NEAR(t.grad_norms[i], reference.grad_norms[i], 1e-12 * reference.grad_norms[i]) << what;
     EXPECT_TRUE(t.weights == reference.weights) << what << ": weights differ";
   }
 }

@@ -71,7 +71,8 @@ TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
   EXPECT_TRUE(contains(r.output, "world_size 3 comes from the environment (OMPI_COMM_WORLD_SIZE=3)")) << r.output;
 }
 
-// Until distributed training exists, commands that run steps refuse to run as N independent copies.
+// A world size that the process's launcher does not provide is refused (train), and commands that
+// run steps in one process refuse to run as N independent copies.
 TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   const ::engine::testing::TempDir scratch("cli_world");
   const std::string out = scratch.path().string();
@@ -79,10 +80,9 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   Result r = run("train " + quick + " --world-size 2");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output,
-                       "engine train runs in a single process: world size 2 (from --world-size on the "
-                       "command line)"))
+                       "world size 2 (from --world-size on the command line) but this process is one of 1"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "engine plan --world-size 2")) << r.output;
+  EXPECT_TRUE(contains(r.output, "mpirun -n 2 engine train")) << r.output;
   r = run_shell("OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' train " + quick);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "world size 2 (from the environment (OMPI_COMM_WORLD_SIZE=2))")) << r.output;
