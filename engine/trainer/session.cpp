@@ -95,6 +95,11 @@ bool gradients_reduced(const ShardingSpec& spec) { return spec.world > 1 || spec
 }  // namespace
 
 CompiledStep compile_step(const recipe::Recipe& r, int world) {
+  if (world > 1 && r.precision.communication_dtype != r.precision.accumulation_dtype)
+    throw UserError(
+        "precision.communication_dtype differs from precision.accumulation_dtype: gradients are reduced in the "
+        "type they accumulate in, so that every ZeRO stage and world size sums the same bits; set "
+        "communication_dtype to the accumulation_dtype (or accumulation_dtype to the type to communicate in)");
   CompiledStep c;
   c.model = build_differentiated(r, world, c.recompute);
   Graph& g = c.model.graph;
