@@ -48,18 +48,51 @@ int train(const RecipeArgs& args) {
     engine::train(loaded, std::cout, options);
   } catch (const std::exception& e) {
     // The other ranks may be waiting in a collective this rank will never join: end the job.
-    const bool internal = exit_status_of(e) == kExitInternal;
-    std::cerr << (internal ? "internal error: " : "error: ") << "rank " << comm->rank() << ": " << e.what() << "\n";
+    const int status = exit_status_of(e);
+    // A communication error names its rank already.
+    const std::string rank = status == kExitRankLost ? "" : "rank " + std::to_string(comm->rank()) + ": ";
+    std::cerr << (status == kExitInternal ? "internal error: " : "error: ") << rank << e.what() << "\n";
     std::cerr.flush();
-    comm->abort_job(exit_status_of(e));
+    comm->abort_job(status);
   }
   return kExitOk;
 }
 
+namespace {
+
+// Per rank, for every ZeRO stage at the recipe's world size, next to the ZeRO paper's model states
+// (mixed-precision Adam: 2 bytes of parameters, 2 of gradients, K = 12 of fp32 masters and moments
+// per parameter, divided as each stage divides them).
+void print_stage_table(const Recipe& r, int world, int64_t parameters) {
+  const double psi = double(parameters), n = double(world);
+  const double paper[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+  std::printf("\nZeRO stages per rank at world size %d (model states = parameters + gradients + optimizer state;\n"
+              "the paper's column is 2Ψ + 2Ψ + 12Ψ divided as the stage divides it, Ψ = %lld):\n",
+              world, (long long)parameters);
+  std::printf("  stage  %11s %11s %11s %12s %11s %11s %11s %11s %11s\n", "parameters", "gradients", "optimizer",
+              "model states", "paper", "ZeRO bufs", "activations", "total", "sent/step");
+  for (int stage = 0; stage <= 3; ++stage) {
+    Recipe variant = r;
+    variant.distributed.zero_stage = stage;
+    const CompiledStep c = compile_step(variant, world);
+    const MemoryPlan& m = c.memory;
+    std::printf("  %s%d    %11s %11s %11s %12s %11s %11s %11s %11s %11s\n", stage == r.distributed.zero_stage ? "*" : " ",
+                stage, format_bytes(m.parameters).c_str(), format_bytes(m.gradients).c_str(),
+                format_bytes(m.optimizer_state).c_str(), format_bytes(m.model_states()).c_str(),
+                format_bytes(int64_t(paper[stage])).c_str(), format_bytes(m.zero_buffers).c_str(),
+                format_bytes(m.activations).c_str(), format_bytes(m.total()).c_str(),
+                format_bytes(c.traffic.total()).c_str());
+  }
+  std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
+}
+
+}  // namespace
+
 int plan(const RecipeArgs& args) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
   const Recipe& r = loaded.recipe;
-  CompiledStep session = compile_step(r);  // sizes and FLOPs only: nothing is allocated
+  const int world = int(loaded.world.size);
+  CompiledStep session = compile_step(r, world);  // sizes and FLOPs only: nothing is allocated
   const Graph& g = session.model.graph;
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);
@@ -91,7 +124,8 @@ int plan(const RecipeArgs& args) {
             << precision_table(g, session.train.nodes);
 
   MemoryPlan m = session.memory;
-  std::cout << "\nmemory per rank (exact, from the plan):\n";
+  std::cout << "\nmemory per rank (exact, from the plan; ZeRO stage " << r.distributed.zero_stage << ", world size "
+            << world << "):\n";
   auto row = [](const char* what, int64_t bytes) {
     std::printf("  %-18s %12lld  %s\n", what, (long long)bytes, format_bytes(bytes).c_str());
   };
@@ -106,6 +140,12 @@ int plan(const RecipeArgs& args) {
   row("total", m.total());
   const Plan& train_plan = session.train;
   std::printf("  (activations without reuse would take %s)\n", format_bytes(train_plan.unplaced_bytes).c_str());
+  if (world > 1) {
+    std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s)\n",
+                format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),
+                format_bytes(session.traffic.parameters).c_str());
+  }
+  print_stage_table(r, world, g.param_count());
   return kExitOk;
 }
 

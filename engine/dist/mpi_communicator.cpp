@@ -131,6 +131,9 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void abort_job(int exit_code) override {
     std::fflush(stdout);
     std::fflush(stderr);
+    // The launcher forwards output through pipes it stops reading once it kills the job: give it a
+    // moment to pass on the message that says why.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     MPI_Abort(MPI_COMM_WORLD, exit_code);
     std::_Exit(exit_code);  // MPI_Abort does not return; this is for the letter of [[noreturn]]
   }
