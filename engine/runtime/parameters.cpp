@@ -100,23 +100,23 @@ float* ParameterStore::grad(int index) const {
   return units_[size_t(p.unit)].opt_grad_ptr + p.offset;
 }
 
-void ParameterStore::set_param(int index, const float* values) {
+void ParameterStore::set_param_part(int index, int64_t first, const float* values, int64_t count) {
   const Param& p = graph_.params()[size_t(index)];
   const auto u = size_t(p.unit);
   UnitBuffers& b = units_[u];
-  const int64_t n = numel(index);
+  const int64_t at = p.offset + first;  // the part's first element in the unit's buffer
   if (spec_.stage < 3) {
     if (param_dtype_ == DType::f32)
-      std::copy_n(values, n, b.compute.f32() + p.offset);
+      std::copy_n(values, count, b.compute.f32() + at);
     else
-      narrow(values, b.compute.data() + p.offset * 2, param_dtype_, n);
+      narrow(values, b.compute.data() + at * 2, param_dtype_, count);
   }
-  const int64_t begin = std::max(p.offset, range_begin(u));
-  const int64_t end = std::min(p.offset + n, range_begin(u) + range_size(u));
+  const int64_t begin = std::max(at, range_begin(u));
+  const int64_t end = std::min(at + count, range_begin(u) + range_size(u));
   if (begin >= end) return;
-  std::copy(values + (begin - p.offset), values + (end - p.offset), b.master_ptr + (begin - range_begin(u)));
+  std::copy(values + (begin - at), values + (end - at), b.master_ptr + (begin - range_begin(u)));
   if (spec_.stage == 3 && param_dtype_ != DType::f32)
-    narrow(values + (begin - p.offset), b.shard16.data() + (begin - range_begin(u)) * 2, param_dtype_, end - begin);
+    narrow(values + (begin - at), b.shard16.data() + (begin - range_begin(u)) * 2, param_dtype_, end - begin);
 }
 
 void ParameterStore::refresh_copies() {
@@ -141,22 +141,20 @@ void ParameterStore::retype(DType from, DType to) {
 
 void ParameterStore::initialize(uint64_t seed) {
   RandomStream stream(seed, RandomPurpose::init);
-  std::vector<float> values;
+  // In parts, so that initialising a sharded model never holds a whole large parameter.
+  constexpr int64_t kPart = int64_t(1) << 18;
+  std::vector<float> values(static_cast<size_t>(kPart));
   for (size_t i = 0; i < graph_.params().size(); ++i) {
     const Param& p = graph_.params()[i];
-    values.resize(size_t(numel(int(i))));
-    switch (p.init.kind) {
-      case ParamInit::Kind::zeros:
-        std::fill(values.begin(), values.end(), 0.0f);
-        break;
-      case ParamInit::Kind::ones:
-        std::fill(values.begin(), values.end(), 1.0f);
-        break;
-      case ParamInit::Kind::normal:
-        for (float& v : values) v = float(p.init.std) * stream.normal();
-        break;
+    const int64_t n = numel(int(i));
+    for (int64_t first = 0; first < n; first += kPart) {
+      const int64_t count = std::min(kPart, n - first);
+      for (int64_t k = 0; k < count; ++k)
+        values[size_t(k)] = p.init.kind == ParamInit::Kind::normal ? float(p.init.std) * stream.normal()
+                            : p.init.kind == ParamInit::Kind::ones ? 1.0f
+                                                                   : 0.0f;
+      set_param_part(int(i), first, values.data(), count);
     }
-    set_param(int(i), values.data());
   }
 }
 

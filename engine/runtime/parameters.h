@@ -49,8 +49,10 @@ class ParameterStore {
   // Fills every parameter from its ParamInit, drawing normals in parameter order from the seed's
   // init stream: the same seed gives the same model at every world size and stage.
   void initialize(uint64_t seed);
-  // Sets Param `index` from its full fp32 values (every rank passes the same values).
-  void set_param(int index, const float* values);
+  // Sets Param `index` from its full fp32 values (every rank passes the same values), or elements
+  // [first, first + count) of it.
+  void set_param(int index, const float* values) { set_param_part(index, 0, values, numel(index)); }
+  void set_param_part(int index, int64_t first, const float* values, int64_t count);
   void zero_micro_grads();  // stages 0-1: before each micro-batch's backward
 
   // Whole-model views, for one rank or stage 0 (ENGINE_CHECK otherwise):
