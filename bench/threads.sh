@@ -56,6 +56,7 @@ for row in "${rows[@]}"; do
   name=${row%%|*}
   assignments=${row#*|}
   # shellcheck disable=SC2086  # assignments are words on purpose
-  printf '%-48s %7ss %15ss %15ss\n' "$name" "$(best train $assignments)" "$(best loaded $assignments)" \
-    "$(best pair $assignments)"
+  printf '%-48s %7ss' "$name" "$(best train $assignments)"
+  printf ' %15ss' "$(best loaded $assignments)"
+  printf ' %15ss\n' "$(best pair $assignments)"
 done

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/launcher.h"
 #include "core/log.h"
+#include "core/openmp_wait.h"
 #include "core/version.h"
 #include "recipe/diagnostic.h"
 
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
   // and loader threads inherit it.
   _mm_setcsr(_mm_getcsr() | 0x8040);
 #endif
+  engine::limit_openmp_spinning(argv);  // may re-execute: libgomp reads its settings when loaded
   // Before any OpenMP region: one share of this machine's cores per rank (see docs/threads.md).
   const engine::ThreadChoice threads = engine::apply_cpu_budget();
   const engine::Launch launch = engine::launch_from_environment();

@@ -1,6 +1,8 @@
 // The CPU budget's arithmetic and parsing, from injected inputs (no real cgroup or launcher).
 #include "core/cpu_budget.h"
 
+#include "core/openmp_wait.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -156,6 +158,12 @@ TEST(CpuBudget, TheRealSystemGivesAtLeastOneThread) {
   CpuBudget budget = cpu_budget(read_cpu_facts());
   EXPECT_GE(budget.threads, 1);
   EXPECT_GE(budget.facts.affinity, 1);
+}
+
+TEST(OpenmpWait, TheSpinCountIsSetOnlyWhenTheUserChoseNoWaitPolicy) {
+  EXPECT_EQ(spin_count_to_set(environment({})), std::string(kSpinCount));
+  EXPECT_EQ(spin_count_to_set(environment({{"OMP_WAIT_POLICY", "active"}})), std::nullopt);
+  EXPECT_EQ(spin_count_to_set(environment({{"GOMP_SPINCOUNT", "300000"}})), std::nullopt);
 }
 
 }  // namespace
