@@ -2,14 +2,19 @@
 // documented exit codes: 2 for user errors, 1 for internal errors (see cli/commands.h).
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <iostream>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
 
 #include "cli/commands.h"
+#include "core/cpu_budget.h"
 #include "core/device_info.h"
 #include "core/error.h"
+#include "core/launcher.h"
+#include "core/log.h"
+#include "core/openmp_wait.h"
 #include "core/version.h"
 #include "recipe/diagnostic.h"
 
@@ -29,11 +34,15 @@ std::string version_text() {
          engine::accelerator_summary();
 }
 
-int run(int argc, char** argv) {
+int run(int argc, char** argv, const engine::Launch& launch, const engine::ThreadChoice& threads) {
   CLI::App app{"engine: a declarative training engine driven by YAML recipes"};
   app.require_subcommand(0, 1);
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and build information");
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warning or error (default: ENGINE_LOG_LEVEL, else info on rank 0 and "
+                 "warning on the other ranks)");
 
   RecipeArgs recipe_args;
   auto* validate = app.add_subcommand("validate", "Check a recipe and print a one-line summary, or every error");
@@ -120,6 +129,9 @@ int run(int argc, char** argv) {
     int code = app.exit(e);
     return code == 0 ? engine::cli::kExitOk : engine::cli::kExitUser;
   }
+  engine::log::init_logging(launch.rank, launch.world_size,
+                            engine::log::level_for_rank(launch.rank, log_level, std::getenv("ENGINE_LOG_LEVEL")));
+  spdlog::debug("{}", threads.note);
 
   if (show_version) {
     std::cout << version_text() << "\n";
@@ -155,18 +167,24 @@ int main(int argc, char** argv) {
   // and loader threads inherit it.
   _mm_setcsr(_mm_getcsr() | 0x8040);
 #endif
+  engine::limit_openmp_spinning(argv);  // may re-execute: libgomp reads its settings when loaded
+  // Before any OpenMP region: one share of this machine's cores per rank (see docs/threads.md).
+  const engine::ThreadChoice threads = engine::apply_cpu_budget();
+  const engine::Launch launch = engine::launch_from_environment();
+  engine::log::init_logging(launch.rank, launch.world_size, engine::log::Level::info);  // until --log-level is read
+  using engine::log::Level, engine::log::verbatim;
   try {
-    return run(argc, argv);
+    return run(argc, argv, launch, threads);
   } catch (const engine::recipe::RecipeError& e) {
-    std::cerr << e.what() << "\n";
     size_t count = e.diagnostics().size();
-    std::cerr << count << (count == 1 ? " error" : " errors") << "\n";
+    verbatim(Level::error, std::string(e.what()) + "\n" + std::to_string(count) + (count == 1 ? " error" : " errors"));
     return engine::cli::kExitUser;
   } catch (const engine::UserError& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    spdlog::error("{}", e.what());
     return engine::cli::kExitUser;
   } catch (const std::exception& e) {
-    std::cerr << "internal error: " << e.what() << "\nThis is a bug in the engine; please report it.\n";
+    verbatim(Level::error,
+             std::string("internal error: ") + e.what() + "\nThis is a bug in the engine; please report it.");
     return engine::cli::kExitInternal;
   }
 }
