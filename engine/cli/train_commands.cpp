@@ -5,6 +5,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "dist/communicator.h"
+
+#include <spdlog/spdlog.h>
 #include "graph/precision.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
@@ -49,10 +51,8 @@ int train(const RecipeArgs& args) {
   } catch (const std::exception& e) {
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     const int status = exit_status_of(e);
-    // A communication error names its rank already.
-    const std::string rank = status == kExitRankLost ? "" : "rank " + std::to_string(comm->rank()) + ": ";
-    std::cerr << (status == kExitInternal ? "internal error: " : "error: ") << rank << e.what() << "\n";
-    std::cerr.flush();
+    spdlog::error("{}{}", status == kExitInternal ? "internal error: " : "", e.what());
+    spdlog::default_logger()->flush();
     comm->abort_job(status);
   }
   return kExitOk;
@@ -137,6 +137,7 @@ int plan(const RecipeArgs& args) {
   if (m.zero_buffers) row("  of which ZeRO buffers", m.zero_buffers);
   if (m.scratch) row("fp32 scratch", m.scratch);
   if (m.host) row("host activations", m.host);
+  if (m.staging) row("reduce staging", m.staging);
   row("total", m.total());
   const Plan& train_plan = session.train;
   std::printf("  (activations without reuse would take %s)\n", format_bytes(train_plan.unplaced_bytes).c_str());

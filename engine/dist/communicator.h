@@ -78,7 +78,9 @@ class Communicator {
   virtual std::string backend() const = 0;  // "local", "mpi", "nccl"
 
   // send: size() * count elements, chunk r for rank r; recv: count elements. send and recv may not
-  // overlap. dtype: f32, bf16 or f16.
+  // overlap. dtype: f32, bf16 or f16. A host implementation receives the peers' chunks into a
+  // buffer of size() * count elements that it keeps for the next call (the plan counts it as
+  // "reduce staging").
   virtual Work reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, Reduction reduction,
                               std::string what, Stream stream = {}) = 0;
   // send: `bytes` bytes from every rank; recv: size() * bytes, rank r's at r * bytes. send may be

@@ -129,6 +129,11 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
     if (v.placement == Placement::host) m.host += value_bytes(v);
   }
   m.scratch = std::max(c.train.scratch_bytes, c.eval.scratch_bytes);
+  // A host communicator receives every peer's chunk of a reduce-scatter before summing them in
+  // rank order (dist/communicator.h): one buffer, as large as the largest unit's gradient.
+  if (world > 1)
+    for (size_t u = 0; u < layout.units(); ++u)
+      m.staging = std::max(m.staging, layout.padded(u) * int64_t(dtype_size(g.value(g.params()[0].grad).dtype)));
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);

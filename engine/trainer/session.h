@@ -42,7 +42,10 @@ struct MemoryPlan {
   int64_t zero_buffers = 0;  // what stage 3's gathered and stage 2-3's gradient buffers add to it
   int64_t scratch = 0;       // f32 copies for kernels that compute 16-bit values in fp32
   int64_t host = 0;          // activations held in host memory (cpu_checkpointing)
-  int64_t total() const { return parameters + gradients + optimizer_state + activations + inputs + scratch + host; }
+  int64_t staging = 0;       // the communicator's buffer for the peers' chunks of a reduce-scatter
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging;
+  }
   int64_t model_states() const { return parameters + gradients + optimizer_state; }
 };
 

@@ -231,6 +231,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   if (!lead) return summary;
   write_text_atomically(summary.run_dir / "summary.json",
                         nlohmann::json{{"steps", summary.steps},
+                                       {"parameters", session.model.graph.param_count()},
                                        {"world_size", comm.size()},
                                        {"zero_stage", r.distributed.zero_stage},
                                        {"bytes_sent_per_step", summary.steps ? bytes_sent_training / summary.steps : 0},
