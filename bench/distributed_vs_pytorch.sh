@@ -13,7 +13,7 @@
 #
 #   bench/distributed_vs_pytorch.sh [--steps N] [--worlds 1,2,4]
 #     --steps   training steps per run (default 10; the first 2, or all but the last when fewer
-#               than 3, are not timed)
+#               than 3, are not timed; the table shows the median of the timed steps)
 #     --worlds  comma-separated world sizes (default 1,2,4)
 #   ENGINE, PYTHON, MPIRUN override build/engine, /usr/bin/python3 and mpirun.
 set -euo pipefail
@@ -71,7 +71,7 @@ engine_row() {  # world, stage: appends one JSON row
     distributed.zero_stage="$stage" > "$run.log" 2>&1 || rc=$?
   "$python" - "$run/gpt-distributed" "$run.log" "$rc" "$world" "$stage" "$warmup" "$batch" "$context" "$limit" \
     >> "$rows" <<'PY'
-import json, os, re, sys
+import json, os, re, statistics, sys
 run, log = sys.argv[1:3]
 rc, world, stage, warmup, batch, context = (int(a) for a in sys.argv[3:9])
 limit = sys.argv[9]
@@ -86,17 +86,19 @@ if rc != 0:
     if rc in (124, 137):
         reason = f"did not finish in {limit} s; last output: {reason}"
     row["unavailable"] = f"exit {rc}: {reason}"
-elif not os.path.exists(os.path.join(run, "summary.json")):
-    row["unavailable"] = f"exit 0 but no {run}/summary.json"
 else:
-    summary = json.load(open(os.path.join(run, "summary.json")))
-    metrics = map(json.loads, open(os.path.join(run, "metrics.jsonl")))
-    elapsed = {r["step"]: r["elapsed_s"] for r in metrics if "elapsed_s" in r}
-    last = max(elapsed)
-    step_s = (elapsed[last] - elapsed.get(warmup, 0.0)) / (last - warmup)
-    row.update(step_ms=1e3 * step_s, tokens_per_second=world * batch * context / step_s,
-               peak_rss_bytes=summary.get("peak_rss_bytes"), bytes_sent_per_step=summary.get("bytes_sent_per_step"),
-               planned_bytes_sent_per_step=summary.get("planned_bytes_sent_per_step"))
+    try:
+        summary = json.load(open(os.path.join(run, "summary.json")))
+        metrics = map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+        elapsed = {r["step"]: r["elapsed_s"] for r in metrics if "elapsed_s" in r}
+        elapsed[0] = 0.0
+        step_s = statistics.median(elapsed[k] - elapsed[k - 1] for k in range(warmup + 1, max(elapsed) + 1))
+        row.update(step_ms=1e3 * step_s, tokens_per_second=world * batch * context / step_s,
+                   peak_rss_bytes=summary.get("peak_rss_bytes"),
+                   bytes_sent_per_step=summary.get("bytes_sent_per_step"),
+                   planned_bytes_sent_per_step=summary.get("planned_bytes_sent_per_step"))
+    except (OSError, ValueError, KeyError) as error:  # a run that ended without its results
+        row["unavailable"] = f"exit 0, but its results in {run} do not read: {type(error).__name__}: {error}"
 print(json.dumps(row))
 PY
 }
@@ -174,10 +176,11 @@ for r in rows:
                  cell(sent, MiB, 2), cell(t, MiB, 2), ratio, cell(r.get("planned_bytes_sent_per_step"), MiB, 2)]
     print(f"| {w} | {s} | {name} | " + " | ".join(cells) + " |")
 print("""
-tokens/s counts the tokens of all W ranks; peak RSS (VmHWM) and bytes sent are rank 0's. Theory: what one rank sends
-per step with ring collectives, (W-1)/W x 2Ψ x 4 bytes at stages 0-2 (a reduce-scatter and an all-gather of Ψ fp32
-values, or one all-reduce) and (W-1)/W x 3Ψ x 4 bytes at stage 3 (parameters gathered for the forward and again for
-the backward pass, gradients reduce-scattered). PyTorch's bytes are the TCP payload its sockets sent (TCP_INFO); the
+step ms is the median of the timed steps (this machine's load comes and goes); tokens/s counts the tokens of all W
+ranks at that step time; peak RSS (VmHWM) and bytes sent are rank 0's. Theory: what one rank sends per step with ring
+collectives, (W-1)/W x 2Ψ x 4 bytes at stages 0-2 (a reduce-scatter and an all-gather of Ψ fp32 values, or one
+all-reduce) and (W-1)/W x 3Ψ x 4 bytes at stage 3 (parameters gathered for the forward and again for the backward
+pass, gradients reduce-scattered). PyTorch's bytes are the TCP payload its sockets sent (TCP_INFO); the
 engine's are its own count (summary.json bytes_sent_per_step; its plan, planned_bytes_sent_per_step, beside it).
 A load average above the 2 cores slows the ranks that run 2 threads (W = 1) the most.""")
 PY

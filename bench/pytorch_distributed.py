@@ -13,7 +13,7 @@ per step after warm-up. The ZeRO stage is mapped to what PyTorch offers:
                          --width C --batch B --steps N [--warmup K]
   pytorch_distributed.py --count-params --vocab V --context T --layers L --heads H --width C
 
-Prints one JSON line: {"stage", "world", "name", "params", "step_ms", "tokens_per_second",
+Prints one JSON line: {"stage", "world", "name", "params", "step_ms" (median), "tokens_per_second",
 "peak_rss_bytes", "bytes_sent_per_step"} measured on rank 0 (per-rank values of every rank
 under "ranks"), or {"stage", "world", "name", "unavailable": reason} where this PyTorch cannot
 run the stage; tokens_per_second counts the tokens of all ranks. Bytes sent are the TCP payload
@@ -27,6 +27,7 @@ import os
 import re
 import socket
 import stat
+import statistics
 import struct
 import sys
 import time
@@ -144,7 +145,7 @@ def rank_main(rank, args, port):
             optimizer.step()
             times.append(time.perf_counter() - start)
         timed = times[args.warmup :]
-        step_s = sum(timed) / len(timed)
+        step_s = statistics.median(timed)  # robust to the moments another process takes the cores
         result.update(
             params=params,
             step_ms=1e3 * step_s,
