@@ -1,5 +1,7 @@
 #include "trainer/plugin_driver.h"
 
+#include "core/launcher.h"
+
 #include <cmath>
 #include <ostream>
 
@@ -39,6 +41,7 @@ PluginDriver::PluginDriver(const recipe::LoadedRecipe& loaded, Note note) : orig
     note_(change.substr(0, change.find(": ")) + ": on_recipe changed " + change.substr(change.find(": ") + 2));
   if (changed_) plugins_.set_recipe(*changed_);
   state_.world_size = recipe().world.size;
+  state_.rank = launch_from_environment().rank;
   if (plugins_.has(lua::Hook::lr))
     note_("learning rate: from the lr hook of a plugin, in place of the recipe's scheduler");
 }
