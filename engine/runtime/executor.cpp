@@ -133,8 +133,14 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
     }
   }
   const bool acts = !plan.actions.empty();
+  auto act = [&](size_t position) {
+    if (!profile_) return run_actions(plan, position, ctx, communication);
+    auto start = std::chrono::steady_clock::now();
+    run_actions(plan, position, ctx, communication);
+    op_seconds_["(communication)"] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   for (size_t position = 0; position < plan.nodes.size(); ++position) {
-    if (acts) run_actions(plan, position, ctx, communication);
+    if (acts) act(position);
     const Node& node = graph_.nodes()[plan.nodes[position]];
     if (!profile_) {
       run_node(node, ctx);
@@ -144,7 +150,7 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
     run_node(node, ctx);
     op_seconds_[node.op->name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
-  if (acts) run_actions(plan, plan.nodes.size(), ctx, communication);
+  if (acts) act(plan.nodes.size());
 }
 
 Executor::~Executor() {

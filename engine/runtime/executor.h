@@ -11,7 +11,8 @@
 // f32 copies: the executor widens them into a scratch buffer, runs the kernel, and rounds its
 // outputs back. The scratch is sized from the plans, so it too is known before the first step.
 //
-// ENGINE_PROFILE=1 times every kernel and prints a table per op when the executor is destroyed.
+// ENGINE_PROFILE=1 times every kernel and prints a table per op when the executor is destroyed;
+// "(communication)" is the time the step spent starting and waiting for its collectives.
 #pragma once
 
 #include <map>
