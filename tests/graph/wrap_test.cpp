@@ -17,39 +17,6 @@ namespace {
 using testing::quickstart;
 using Kind = WrapPolicySpec::Kind;
 
-WrapPolicySpec spec_of(const recipe::DistributedSection& d) {
-  switch (d.wrap_policy) {
-    case recipe::WrapPolicy::size:
-      return {Kind::size, d.wrap_size};
-    case recipe::WrapPolicy::model:
-      return {Kind::model, 0};
-    default:
-      return {Kind::block, 0};
-  }
-}
-
-DType gradient_dtype(recipe::GradientDType t) {
-  return t == recipe::GradientDType::bf16 ? DType::bf16 : t == recipe::GradientDType::fp16 ? DType::f16 : DType::f32;
-}
-
-// compile_step (trainer/session.cpp) with the wrap pass where the session runs it: after the model
-// is built, before precision and autodiff.
-CompiledStep compile_wrapped(const recipe::Recipe& r) {
-  const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
-  const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
-  CompiledStep c;
-  c.model = build_model(r, micro, 1.0 / double(rows * accumulation));
-  apply_wrap_policy(c.model.graph, spec_of(r.distributed));
-  apply_precision(c.model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
-  autodiff(c.model.graph);
-  c.recompute = apply_recompute(c.model.graph, r.activation_checkpointing);
-  const Graph& g = c.model.graph;
-  c.train = plan_step(g, all_nodes(g), {c.model.losses});
-  c.eval = plan_step(g, forward_nodes(g), {c.model.losses});
-  c.eval.training = false;
-  return c;
-}
-
 recipe::LoadedRecipe load(const char* file, std::vector<std::string> overrides) {
   recipe::LoadOptions options;
   options.overrides = std::move(overrides);
@@ -210,7 +177,7 @@ struct Trace {
 Trace train(const std::vector<std::string>& overrides, int64_t steps = 4) {
   auto loaded = quickstart(overrides);
   const recipe::Recipe& r = loaded.recipe;
-  Session session(r, compile_wrapped(r));
+  Session session(r, compile_step(r));
   session.store.initialize(uint64_t(r.run.seed));
   Trace out;
   out.units = session.model.graph.units().size();
@@ -231,8 +198,9 @@ Trace train(const std::vector<std::string>& overrides, int64_t steps = 4) {
   return out;
 }
 
-// The layout of the concatenated buffers does not change, so neither does any number: the
-// optimizer state, the initialisation stream and the gradient norm all run in the same order.
+// The layout of the concatenated buffers does not change, so neither does any number that
+// matters: the optimizer state and the initialisation stream run in the same order (the gradient
+// norm's block partial sums follow the units, see below).
 TEST(WrapPolicy, TrainingIsBitIdenticalUnderEveryPolicy) {
   const std::vector<std::string> base{"model.n_layer=3", "model.dropout=0.1", "train.micro_batch_size=4",
                                       "train.gradient_clipping=0.5"};
@@ -275,7 +243,7 @@ TEST(WrapPolicy, CheckpointingOnMergedUnitsIsBitIdenticalToNone) {
         overrides.insert(overrides.end(), wrap.begin(), wrap.end());
         overrides.insert(overrides.end(), policy.begin(), policy.end());
         const std::string what = std::string(arch) + " " + wrap.back() + " " + policy.back();
-        ASSERT_GT(compile_wrapped(quickstart(overrides).recipe).recompute.cloned_nodes, 0)
+        ASSERT_GT(compile_step(quickstart(overrides).recipe).recompute.cloned_nodes, 0)
             << what << " recomputes nothing";
         const Trace t = train(overrides, 3);
         EXPECT_EQ(t.losses, reference.losses) << what;
@@ -297,12 +265,12 @@ std::vector<std::string> recomputed_blocks(const Graph& g) {
 TEST(WrapPolicy, FullCheckpointingRecomputesAMergedUnitAsOneSegment) {
   // A vocabulary large enough that the embeddings do not fit beside a block: units h.0-h.1 and h.2-h.3.
   std::vector<std::string> base{"model.n_layer=4", "model.vocab_size=1024", "activation_checkpointing.policy=full"};
-  CompiledStep blocks = compile_wrapped(quickstart(base).recipe);
+  CompiledStep blocks = compile_step(quickstart(base).recipe);
   const int64_t block = blocks.model.graph.units()[1].numel;
   ASSERT_GT(blocks.model.graph.units()[0].numel, block);
   base.push_back("distributed.wrap_policy=size");
   base.push_back("distributed.wrap_size=" + std::to_string(2 * block));
-  CompiledStep pairs = compile_wrapped(quickstart(base).recipe);
+  CompiledStep pairs = compile_step(quickstart(base).recipe);
   ASSERT_EQ(names(pairs.model.graph), (std::vector<std::string>{"embeddings", "h.0-h.1", "h.2-h.3", "head"}));
 
   EXPECT_EQ(blocks.recompute.segments, 4);
@@ -326,7 +294,7 @@ TEST(WrapPolicy, FullCheckpointingRecomputesAMergedUnitAsOneSegment) {
   // every_k counts units: with k=2 only h.0-h.1 is checkpointed.
   base.push_back("activation_checkpointing.policy=every_k");
   base.push_back("activation_checkpointing.k=2");
-  CompiledStep every = compile_wrapped(quickstart(base).recipe);
+  CompiledStep every = compile_step(quickstart(base).recipe);
   EXPECT_EQ(every.recompute.segments, 1);
   runs.clear();
   for (const std::string& b : recomputed_blocks(every.model.graph))
