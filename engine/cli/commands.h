@@ -20,7 +20,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUser = 2;
 inline constexpr int kExitRegression = 3;  // engine golden check: training behaviour changed
-inline constexpr int kExitRankLost = 4;     // a collective did not complete: a rank died or hangs
+inline constexpr int kExitRankLost = 4;    // a collective did not complete: a rank died or hangs
 
 struct RecipeArgs {
   std::filesystem::path recipe;
@@ -48,6 +48,7 @@ struct GoldenArgs {
   double safety_factor = 5;   // record, update: the band's factor over the measured spread
   bool variants = true;       // record, update: derive the band (false: bitwise only)
   std::filesystem::path out;  // trajectory: where to write it
+  int world_size = 1;         // record: ranks to train on (update and check read the golden file's)
 };
 
 int validate(const RecipeArgs& args);
