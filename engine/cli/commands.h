@@ -62,10 +62,9 @@ int schema(bool markdown);
 int help(const std::string& topic);
 int plugin_info(const std::filesystem::path& file);
 
-// Commands that run steps (train, golden, generate) run in a single process until distributed
-// training exists: any other world size (--world-size, or mpirun's environment) is a user error,
-// rather than N independent copies training side by side. `engine plan` and `validate` still
-// accept one, to size a run for N ranks.
+// Commands that run steps in one process only (generate): any other world size (--world-size, or
+// mpirun's environment) is a user error, rather than N independent copies side by side. `engine
+// plan` and `validate` still accept one, to size a run for N ranks.
 void require_single_process(const recipe::WorldSize& world, const std::string& command);
 
 // One line describing a loaded recipe, printed by `engine validate`.
