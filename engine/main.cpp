@@ -87,6 +87,10 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   golden->require_subcommand(1);
   auto* golden_record = golden->add_subcommand("record", "Run recipes and store their trajectories next to them");
   golden_record->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+  golden_record
+      ->add_option("--world-size", golden_args.world_size,
+                   "Train on this many ranks, each run under mpirun (check and update read it from the golden file)")
+      ->check(CLI::Range(1, 1 << 20));
   auto* golden_check = golden->add_subcommand("check", "Rerun recipes and compare; exit 3 on a regression");
   golden_check->add_option("recipes", golden_args.recipes, "Recipe files")->required();
   auto* golden_update = golden->add_subcommand("update", "Rerun recipes and rewrite their golden files");

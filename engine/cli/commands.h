@@ -20,7 +20,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUser = 2;
 inline constexpr int kExitRegression = 3;  // engine golden check: training behaviour changed
-inline constexpr int kExitRankLost = 4;     // a collective did not complete: a rank died or hangs
+inline constexpr int kExitRankLost = 4;    // a collective did not complete: a rank died or hangs
 
 struct RecipeArgs {
   std::filesystem::path recipe;
@@ -48,6 +48,7 @@ struct GoldenArgs {
   double safety_factor = 5;   // record, update: the band's factor over the measured spread
   bool variants = true;       // record, update: derive the band (false: bitwise only)
   std::filesystem::path out;  // trajectory: where to write it
+  int world_size = 1;         // record: ranks to train on (update and check read the golden file's)
 };
 
 int validate(const RecipeArgs& args);
@@ -61,10 +62,9 @@ int schema(bool markdown);
 int help(const std::string& topic);
 int plugin_info(const std::filesystem::path& file);
 
-// Commands that run steps (train, golden, generate) run in a single process until distributed
-// training exists: any other world size (--world-size, or mpirun's environment) is a user error,
-// rather than N independent copies training side by side. `engine plan` and `validate` still
-// accept one, to size a run for N ranks.
+// Commands that run steps in one process only (generate): any other world size (--world-size, or
+// mpirun's environment) is a user error, rather than N independent copies side by side. `engine
+// plan` and `validate` still accept one, to size a run for N ranks.
 void require_single_process(const recipe::WorldSize& world, const std::string& command);
 
 // One line describing a loaded recipe, printed by `engine validate`.

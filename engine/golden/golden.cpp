@@ -1,10 +1,12 @@
 #include "golden/golden.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
 #include "checkpoint/weights.h"
@@ -59,16 +61,46 @@ std::string recipe_hash(const recipe::LoadedRecipe& loaded) {
   return hex(fnv1a(text.data(), text.size()));
 }
 
-Trajectory run_trajectory(const recipe::LoadedRecipe& original, const TrajectoryProbes& probes) {
+namespace {
+
+// The digest of the whole fp32 parameters, in unit and offset order. A unit's parameters tile its
+// [0, numel) (the padding a sharded layout adds follows them), so this hashes the bytes that
+// hashing each unit's masters from 0 to numel did before ranks existed. A collective when sharded.
+std::string weights_digest(const Session& session) {
+  const WholeParameters whole(session.store, session.comm);
+  const Graph& graph = session.model.graph;
+  std::vector<int> order(graph.params().size());
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [&](int i) { return std::pair(graph.params()[size_t(i)].unit, graph.params()[size_t(i)].offset); };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return key(a) < key(b); });
+  std::vector<int64_t> covered(graph.units().size(), 0);
+  uint64_t digest = 0xcbf29ce484222325ull;
+  for (int i : order) {
+    const Param& p = graph.params()[size_t(i)];
+    ENGINE_CHECK(p.offset == covered[size_t(p.unit)],
+                 "parameter " + p.name + " does not follow its unit's previous one");
+    covered[size_t(p.unit)] += session.store.numel(i);
+    digest = fnv1a(whole.param(i), size_t(session.store.numel(i)) * 4, digest);
+  }
+  for (size_t u = 0; u < graph.units().size(); ++u)
+    ENGINE_CHECK(covered[u] == graph.units()[u].numel,
+                 "unit " + graph.units()[u].name + "'s parameters do not tile it");
+  return hex(digest);
+}
+
+}  // namespace
+
+Trajectory run_trajectory(const recipe::LoadedRecipe& original, const TrajectoryProbes& probes,
+                          dist::Communicator* comm) {
   PluginDriver plugins(original, [](const std::string&) {});  // plugins act as in `engine train`, silently
   const recipe::LoadedRecipe& loaded = plugins.recipe();
   const recipe::Recipe& r = loaded.recipe;
-  Session session(r);
+  Session session(r, compile_step(r, comm ? comm->size() : 1), comm);
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) load_weights(r.model.init_from, session.store, r.model.arch);
   Trajectory trajectory;
   plugins.train_start();
-  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence;
+  const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence * session.world;
   for (int64_t step = 0; step < r.train.steps; ++step) {
     plugins.step_start(step);
     Session::StepHooks hooks;
@@ -80,11 +112,13 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
         return plugin_hook ? plugin_hook(result) : true;
       };
     // A batch is a pure function of its index (data/dataset.h), so the order can be remapped here.
+    // Rank r trains global micro-batches r, r + world, ... of the step, as BatchLoader gives them.
     const int64_t batch_step = probes.batch_of_step ? probes.batch_of_step(step) : step;
     int64_t micro = 0;
     auto next_batch = [&] {
       Batch batch(session.micro_batch, session.model.sequence, session.data->features());
-      session.data->fill(Split::train, batch_step * session.accumulation + micro++, batch);
+      const int64_t global_micro = batch_step * session.accumulation + micro++;
+      session.data->fill(Split::train, global_micro * session.world + session.rank, batch);
       return batch;
     };
     auto result = session.train_step(step, next_batch, hooks);
@@ -98,10 +132,7 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
   }
   plugins.train_end(int64_t(trajectory.steps.size()), trajectory.steps.empty() ? 0 : trajectory.steps.back().loss, -1,
                     plugins.stop_reason().has_value());
-  uint64_t digest = 0xcbf29ce484222325ull;
-  for (size_t u = 0; u < session.model.graph.units().size(); ++u)
-    digest = fnv1a(session.store.master(u), size_t(session.model.graph.units()[u].numel) * 4, digest);
-  trajectory.weights_digest = hex(digest);
+  trajectory.weights_digest = weights_digest(session);
   return trajectory;
 }
 

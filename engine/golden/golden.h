@@ -8,6 +8,8 @@
 //   - bitwise, final weights included, when this process's environment equals the recording's;
 //   - within the band otherwise, saying which fields of the environment differ.
 // Non-finite values are kept apart by class: NaN, +inf and -inf each match only themselves.
+// A golden file records the world size it was trained at; above 1, every run of it (recording,
+// variants, check) is `mpirun -n W engine golden trajectory` in child processes (golden/variants.h).
 // A regression prints the first diverging step, the steps around it and the largest deviation,
 // and `engine golden check` exits with status 3.
 //
@@ -29,6 +31,9 @@
 namespace engine {
 
 class Session;
+namespace dist {
+class Communicator;
+}
 
 struct StepMetrics {
   int64_t step = 0;
@@ -37,7 +42,9 @@ struct StepMetrics {
 
 struct Trajectory {
   std::vector<StepMetrics> steps;
-  std::string weights_digest;  // FNV-1a 64 of the final parameter bytes, hex
+  // FNV-1a 64 of the final fp32 parameters, unit by unit and in offset order within a unit (no
+  // padding), hex: the same bits at every world size and ZeRO stage for the same weights.
+  std::string weights_digest;
 };
 
 // finite, nan, +inf or -inf: values of different classes never match.
@@ -51,6 +58,7 @@ struct GoldenFile {
   NumericEnvironment environment;
   Band band;  // empty: only a bitwise check in the recording environment is possible
   Trajectory trajectory;
+  int world_size = 1;  // ranks the recipe trained on (absent from the file: 1)
 };
 
 struct Comparison {
@@ -75,8 +83,10 @@ struct TrajectoryProbes {
   std::function<int64_t(int64_t step)> batch_of_step;
 };
 
-// Trains the recipe in-process exactly as `engine train` does, without writing anything.
-Trajectory run_trajectory(const recipe::LoadedRecipe& loaded, const TrajectoryProbes& probes = {});
+// Trains the recipe in-process exactly as `engine train` does, without writing anything: alone,
+// or as rank comm->rank() of comm->size() (every rank calls it; each returns the same trajectory).
+Trajectory run_trajectory(const recipe::LoadedRecipe& loaded, const TrajectoryProbes& probes = {},
+                          dist::Communicator* comm = nullptr);
 
 GoldenFile read_golden(const std::filesystem::path& path);  // throws UserError
 void write_golden(const std::filesystem::path& path, const GoldenFile& golden);

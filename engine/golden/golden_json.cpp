@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "recipe/load.h"
 
 namespace engine {
 
@@ -63,6 +64,7 @@ Json golden_to_json(const GoldenFile& golden) {
   j["engine_version"] = golden.engine_version;
   j["engine_commit"] = golden.engine_commit;
   j["recipe_hash"] = golden.recipe_hash;
+  if (golden.world_size != 1) j["world_size"] = golden.world_size;  // absent: 1, as before ranks existed
   j["environment"] = environment_to_json(golden.environment);
   const BandRule& rule = golden.band.rule;
   j["band"] = {{"rule",
@@ -95,6 +97,13 @@ GoldenFile golden_from_json(const Json& j) {
   golden.engine_version = j.at("engine_version");
   golden.engine_commit = j.at("engine_commit");
   golden.recipe_hash = j.at("recipe_hash");
+  if (j.contains("world_size")) {
+    const Json& world = j.at("world_size");
+    if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > recipe::kMaxWorldSize)
+      throw UserError("world_size is " + world.dump() + ": expected a whole number from 1 to " +
+                      std::to_string(recipe::kMaxWorldSize));
+    golden.world_size = world.get<int>();
+  }
   golden.environment = environment_from_json(j.at("environment"));
   const Json& band = j.at("band");
   golden.band.rule = {

@@ -1,5 +1,6 @@
 // The JSON form of a golden file (format 2). Non-finite values are strings ("nan", "inf",
-// "-inf") so that their class survives the round trip; JSON has no literal for them.
+// "-inf") so that their class survives the round trip; JSON has no literal for them. "world_size"
+// is written only above 1, so files recorded before ranks existed read as world size 1.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,8 @@
 // Reruns of a recipe under the numeric environments this machine can force, for deriving a golden's
 // tolerance band (golden/band.h). Each variant is a child process of the engine binary
-// (`engine golden trajectory`), because oneDNN reads ONEDNN_MAX_CPU_ISA once per process.
+// (`engine golden trajectory`), because oneDNN reads ONEDNN_MAX_CPU_ISA once per process. At a
+// world size above 1 the child is `mpirun -n W --oversubscribe engine golden trajectory ...`, and so
+// is the main run of record, update and check (run_trajectory_processes).
 //
 //   for (const VariantSpec& spec : default_variants(current_environment().threads))
 //     runs.push_back(run_variant("/proc/self/exe", "recipes/golden/gpt_bf16.yaml", spec));
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "golden/band.h"
+#include "golden/golden.h"
 
 namespace engine {
 
@@ -26,8 +29,19 @@ struct VariantSpec {
 // A cap above the machine's ISA leaves it as it is.
 std::vector<VariantSpec> default_variants(int recording_threads);
 
-// Runs `engine golden trajectory` under the variant; throws UserError if the child fails.
+// Runs `engine golden trajectory` at `world` ranks under the variant; throws UserError if the
+// child fails.
 VariantRun run_variant(const std::filesystem::path& engine_binary, const std::filesystem::path& recipe,
-                       const VariantSpec& spec);
+                       const VariantSpec& spec, int world = 1);
+
+// The recipe's run at `world` ranks in child processes, in this process's environment (or the
+// variant's, when given): the file `engine golden trajectory` wrote, the environment of rank 0 and
+// no band. Throws UserError if the run fails.
+GoldenFile run_trajectory_processes(const std::filesystem::path& engine_binary, const std::filesystem::path& recipe,
+                                    int world, const VariantSpec* spec = nullptr);
+
+// mpirun from `path_list` (PATH's form: directories separated by ':'); throws UserError saying
+// what to install when there is none.
+std::filesystem::path find_mpirun(const char* path_list);
 
 }  // namespace engine

@@ -71,16 +71,16 @@ TEST(Cli, WorldSizeComesFromMpirunEnvironment) {
   EXPECT_TRUE(contains(r.output, "world_size 3 comes from the environment (OMPI_COMM_WORLD_SIZE=3)")) << r.output;
 }
 
-// A world size that the process's launcher does not provide is refused (train), and commands that
-// run steps in one process refuse to run as N independent copies.
+// A world size that the process's launcher does not provide is refused (train), commands that run
+// steps in one process refuse to run as N independent copies, and the golden runner, which starts
+// its own ranks, refuses to be started as one.
 TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   const ::engine::testing::TempDir scratch("cli_world");
   const std::string out = scratch.path().string();
   const std::string quick = "recipes/quickstart.yaml train.steps=1 scheduler.warmup_steps=0 run.output_dir=" + out;
   Result r = run("train " + quick + " --world-size 2");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_TRUE(contains(r.output,
-                       "world size 2 (from --world-size on the command line) but this process is one of 1"))
+  EXPECT_TRUE(contains(r.output, "world size 2 (from --world-size on the command line) but this process is one of 1"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "mpirun -n 2 engine train")) << r.output;
   r = run_shell("OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' train " + quick);
@@ -88,7 +88,13 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
   EXPECT_TRUE(contains(r.output, "world size 2 (from the environment (OMPI_COMM_WORLD_SIZE=2))")) << r.output;
   r = run_shell("PMI_SIZE=4 '" ENGINE_BINARY "' golden check recipes/golden/gpt_markov.yaml");
   EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, "engine golden runs in a single process: world size 4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "engine golden record, check and update start their own ranks (world size 4"))
+      << r.output;
+  // A golden recorded at world size 2 launches its ranks with mpirun: without one, say what to install.
+  r = run_shell("PATH=/nonexistent '" ENGINE_BINARY "' golden check recipes/golden/gpt_zero0_world2.yaml");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "mpirun, which is not on PATH")) << r.output;
+  EXPECT_TRUE(contains(r.output, "apt-get install openmpi-bin")) << r.output;
   r = run_shell("OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' generate " + out);
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "engine generate runs in a single process")) << r.output;
