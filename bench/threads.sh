@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 repeats=${1:-2}
 engine=${ENGINE:-build/engine}
 cores=$(nproc)
-settings=${SETTINGS:-"OMP_NUM_THREADS=$cores (libgomp default)|OMP_NUM_THREADS=$cores;budget|;budget, GOMP_SPINCOUNT=10000|GOMP_SPINCOUNT=10000;budget, OMP_WAIT_POLICY=passive|OMP_WAIT_POLICY=passive"}
+settings=${SETTINGS:-"OMP_NUM_THREADS=$cores (libgomp default)|OMP_NUM_THREADS=$cores;budget|;budget, GOMP_SPINCOUNT=1000|GOMP_SPINCOUNT=1000;budget, OMP_WAIT_POLICY=passive|OMP_WAIT_POLICY=passive"}
 out=$(mktemp -d)
 busy=()
 cleanup() {

@@ -22,7 +22,7 @@
 
 namespace engine {
 
-inline constexpr const char* kSpinCount = "10000";
+inline constexpr const char* kSpinCount = "1000";
 
 // The GOMP_SPINCOUNT to set, or nullopt when the user already chose a wait policy.
 std::optional<std::string> spin_count_to_set(const GetEnv& getenv);
