@@ -113,8 +113,9 @@ Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t>
       in_flight.pop_front();
       in_flight_elements -= layout.padded(size_t(u));
       actions[size_t(position)].push_back({Kind::wait, u, kNoValue});
-      if (range_of[size_t(u)] >= 0)
-        ranges[size_t(range_of[size_t(u)])].last = std::max(position == end ? end : position - 1, last_write[size_t(u)]);
+      // Live through the wait's own position: a buffer bound there (grads_into runs before waits)
+      // must not share memory with one whose reduction is still reading it.
+      if (range_of[size_t(u)] >= 0) ranges[size_t(range_of[size_t(u)])].last = position;
     };
     for (int u : by_completion) {
       const int start = last_write[size_t(u)] + 1;

@@ -111,6 +111,10 @@ double ZeroStep::gradient_norm() {
 
 void ZeroStep::finish_update() {
   store_.refresh_copies();
+  gather_parameters();
+}
+
+void ZeroStep::gather_parameters() {
   const ShardLayout& layout = store_.layout();
   const int stage = store_.sharding().stage;
   if (layout.world() == 1 || stage == 0 || stage == 3) return;

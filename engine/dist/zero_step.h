@@ -44,7 +44,9 @@ class ZeroStep : public StepCommunication {
 
   void finish_gradients();
   double gradient_norm();
-  void finish_update();
+  void finish_update();  // refresh_copies() and gather_parameters()
+  // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.
+  void gather_parameters();
   // The step's mean loss from each rank's per-micro-batch losses, summed in global micro-batch
   // order (micro-batch m of rank r is global micro-batch m * world + r), as one rank would.
   double mean_loss(const std::vector<double>& local_losses);

@@ -150,7 +150,7 @@ void PluginDriver::eval(int64_t step, double val_loss) {
 }
 
 void PluginDriver::end_of_step(int64_t step, const fs::path& run_dir,
-                               const std::function<void(const fs::path&)>& write_weights) {
+                               const std::function<void(const fs::path&)>& write_weights, bool writes_files) {
   if (!active()) return;
   if (!step_metrics_.empty()) {
     Json line = {{"step", step + 1}};
@@ -164,10 +164,10 @@ void PluginDriver::end_of_step(int64_t step, const fs::path& run_dir,
   // Until full checkpoints exist, a requested checkpoint holds the weights and the plugins' saved
   // state (what a resumed run's plugins will be given back).
   const fs::path dir = run_dir / "checkpoints" / ("step-" + std::to_string(step + 1));
-  fs::create_directories(dir);
-  write_weights(dir / "model.safetensors");
+  if (writes_files) fs::create_directories(dir);
+  write_weights(dir / "model.safetensors");  // on every rank: the weights are gathered from all of them
   const std::string saved = plugins_.save_state().dump(2) + "\n";
-  write_file_atomically(dir / "plugins.json", [&](std::ostream& out) { out << saved; });
+  if (writes_files) write_file_atomically(dir / "plugins.json", [&](std::ostream& out) { out << saved; });
   note_("step " + std::to_string(step + 1) + ": checkpoint written to " + dir.string());
   record({{"step", step + 1}, {"event", "checkpoint"}, {"path", dir.string()}});
   apply(plugins_.on_checkpoint(state_, dir.string()), step);

@@ -60,7 +60,7 @@ class PluginDriver {
   // runs on_checkpoint; with an empty run_dir (golden runs) checkpoints are not written. Also
   // writes the step's plugin metrics line.
   void end_of_step(int64_t step, const std::filesystem::path& run_dir,
-                   const std::function<void(const std::filesystem::path&)>& write_weights);
+                   const std::function<void(const std::filesystem::path&)>& write_weights, bool writes_files = true);
   std::optional<std::string> stop_reason() const { return stop_; }
   void train_end(int64_t steps, double final_loss, double final_val_loss, bool interrupted);
 

@@ -241,9 +241,16 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
   }
   result.grad_norm = scaled_norm / scale;
   const double factor = clip_factor(result.grad_norm, recipe.train.gradient_clipping) / scale;
-  if (hooks.before_update && !hooks.before_update(result)) {
-    result.skipped = true;
-    return result;
+  if (hooks.before_update) {
+    bool update = hooks.before_update(result);
+    if (world > 1) {  // a plugin may decide from what only its rank sees: rank 0's decision holds
+      result.lr = zero.gather(result.lr)[0];
+      update = zero.gather(update ? 1.0 : 0.0)[0] != 0;
+    }
+    if (!update) {
+      result.skipped = true;
+      return result;
+    }
   }
   if (factor != 1.0) scale_gradients(store, factor);
   optimizer->step(result.lr);
@@ -256,7 +263,8 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
 void Session::fall_back_to_bf16() {
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
-  store.retype(DType::f16, DType::bf16);
+  store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
+  zero.gather_parameters();                // ... and the other ranks' slices arrive (every rank falls back)
   scaler.disable();
 }
 

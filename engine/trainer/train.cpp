@@ -19,6 +19,7 @@
 #include "checkpoint/weights.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "data/loader.h"
 #include "recipe/export.h"
 #include "trainer/plugin_driver.h"
@@ -55,6 +56,18 @@ void save_gradients(const fs::path& path, const ParameterStore& store, recipe::A
 
 // The after_backward hook that writes step `step`'s (0-based) gradients to every file the options
 // ask for at that step, or none when no file is due.
+// Ranks that run different recipes or engines would issue different collectives: refuse at once.
+void require_same_run_on_every_rank(dist::Communicator& comm, const std::string& resolved_recipe) {
+  const uint64_t mine = std::hash<std::string>{}(resolved_recipe + "\n" + kVersion + " " + kGitRevision);
+  std::vector<uint64_t> all(size_t(comm.size()));
+  comm.all_gather(&mine, all.data(), sizeof mine, "all-gather of the recipe's and the engine's identity").wait();
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != all[0])
+      throw UserError("rank " + std::to_string(r) + " runs a different recipe or engine build than rank 0 (the "
+                      "resolved recipe and the engine version must be the same on every rank: same files, same "
+                      "overrides, same binary)");
+}
+
 std::function<const float*(int)> whole_param(const WholeParameters& whole) {
   return [&whole](int i) { return whole.param(i); };
 }
@@ -102,6 +115,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   }
 
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
+  if (comm.size() > 1) require_same_run_on_every_rank(comm, dump_recipe(loaded, recipe::Schema::engine(), false));
   CompiledStep compiled = compile_step(r, comm.size());
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;
@@ -213,7 +227,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     plugins.end_of_step(step, summary.run_dir, [&](const fs::path& path) {
       const WholeParameters whole(session.store, comm);
       if (lead) save_weights(path, session.model.graph, r.model.arch, {{"steps", std::to_string(step + 1)}}, whole_param(whole));
-    });
+    }, lead);
     if (stopping) {
       summary.interrupted = true;
       break;

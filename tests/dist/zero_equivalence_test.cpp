@@ -104,6 +104,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt_fp16", std::string(kGpt) + " " + kGptFp16}, Case{"llama_fp32", kLlama},
                       Case{"llama_bf16", std::string(kLlama) + " precision.mode=bf16"},
                       Case{"llama_fp16", std::string(kLlama) + " " + kLlamaFp16},
+                      // fp16 overflowing down to the minimum scale, then bf16 for the last step: the
+                      // ranks' slices of the re-rounded parameters must be gathered again.
+                      Case{"gpt_fp16_fallback", std::string(kGpt) + " precision.mode=fp16 precision.initial_scale_power=24 "
+                                                "precision.min_scale=8388608 precision.on_min_scale=fallback"},
+                      // One reduction in flight: buffers are waited for, and reused, mid-backward.
+                      Case{"gpt_one_bucket", std::string(kGpt) + " distributed.bucket_size=1"},
                       // Units merged by size and into one: stage 3 gathers them, tied weights and all.
                       Case{"gpt_wrap_size", std::string(kGpt) + " distributed.wrap_policy=size distributed.wrap_size=20000"},
                       Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"}),
