@@ -96,3 +96,23 @@ TEST(EngineFault, AKilledRankEndsTheJob) {
 }
 
 }  // namespace
+
+namespace {
+
+// Ranks given different recipes would issue different collectives: the job is refused at start.
+TEST(EngineFault, RanksWithDifferentRecipesAreRefused) {
+  const engine::testing::TempDir dir("engine_mismatch");
+  const std::string command = std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe " MPIEXEC_NUMPROC_FLAG
+                              " 2 sh -c 'exec \"" ENGINE_BINARY "\" train " SOURCE_DIR
+                              "/recipes/golden/gpt_markov.yaml train.steps=2 run.output_dir=" +
+                              dir.path().string() + " optimizer.lr=0.01$OMPI_COMM_WORLD_RANK' 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  EXPECT_NE(status, 0) << output;
+  EXPECT_NE(output.find("rank 1 runs a different recipe or engine build than rank 0"), std::string::npos) << output;
+}
+
+}  // namespace
