@@ -210,3 +210,18 @@ TEST(Cli, HostileFilesUnderAMemoryLimit) {
 }
 
 }  // namespace
+
+namespace {
+
+// `engine plan --world-size N` sizes every ZeRO stage for one rank: model states shrink stage by
+// stage (stage 3 to 16 bytes per parameter over N), and stage 3 sends half as much again as 0-2.
+TEST(Cli, PlanSizesEveryZeroStagePerRank) {
+  Result r = run("plan recipes/quickstart.yaml --world-size 4 distributed.zero_stage=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "ZeRO stages per rank at world size 4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ZeRO stage 2, world size 4")) << r.output;
+  EXPECT_TRUE(contains(r.output, "communication per rank and optimizer step")) << r.output;
+  for (const char* row : {"\n   0 ", "\n   1 ", "\n  *2 ", "\n   3 "}) EXPECT_TRUE(contains(r.output, row)) << row;
+}
+
+}  // namespace
