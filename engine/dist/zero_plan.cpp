@@ -71,9 +71,7 @@ Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t>
   const int end = int(nodes.size());
   std::vector<std::vector<StepAction>> actions(nodes.size() + 1);
   std::vector<LiveRange> ranges;
-  const DType compute =
-      graph.params().empty() ? DType::f32 : graph.value(graph.params()[0].value).dtype;
-  const DType grad = graph.params().empty() ? DType::f32 : graph.value(graph.params()[0].grad).dtype;
+  const DType compute = graph.param_dtype(), grad = graph.grad_dtype();
 
   if (spec.stage == 3) {
     std::vector<Cluster> clusters = read_clusters(graph, nodes);

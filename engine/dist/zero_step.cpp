@@ -91,10 +91,7 @@ double ZeroStep::gradient_norm() {
   const ShardLayout& layout = store_.layout();
   if (layout.world() == 1) return sum_norm_partials(partials);
   const auto world = size_t(layout.world());
-  std::vector<double> all(partials.size() * world);
-  comm_.all_gather(partials.data(), all.data(), int64_t(partials.size() * sizeof(double)),
-                   "all-gather of the gradient norm's partial sums")
-      .wait();
+  const std::vector<double> all = gather(partials, "the gradient norm's partial sums");
   // Rank-major as gathered; the norm sums unit-major (unit, rank, block), the order of one rank.
   std::vector<double> ordered;
   ordered.reserve(all.size());
@@ -130,21 +127,17 @@ void ZeroStep::gather_parameters() {
 
 double ZeroStep::mean_loss(const std::vector<double>& local_losses) {
   const auto world = size_t(comm_.size()), micro = local_losses.size();
-  std::vector<double> all(world * micro);
-  if (world == 1)
-    all = local_losses;
-  else
-    comm_.all_gather(local_losses.data(), all.data(), int64_t(micro * sizeof(double)), "all-gather of the step's losses")
-        .wait();
+  const std::vector<double> all = gather(local_losses, "the step's losses");
   double loss = 0;
   for (size_t m = 0; m < micro; ++m)
     for (size_t r = 0; r < world; ++r) loss += all[r * micro + m] / double(world * micro);
   return loss;
 }
 
-std::vector<double> ZeroStep::gather(double value) {
-  std::vector<double> all(size_t(comm_.size()), value);
-  if (comm_.size() > 1) comm_.all_gather(&value, all.data(), sizeof(double), "all-gather of a value every rank needs").wait();
+std::vector<double> ZeroStep::gather(const std::vector<double>& values, const std::string& what) {
+  if (comm_.size() == 1) return values;
+  std::vector<double> all(values.size() * size_t(comm_.size()));
+  comm_.all_gather(values.data(), all.data(), int64_t(values.size() * sizeof(double)), "all-gather of " + what).wait();
   return all;
 }
 

@@ -50,8 +50,9 @@ class ZeroStep : public StepCommunication {
   // The step's mean loss from each rank's per-micro-batch losses, summed in global micro-batch
   // order (micro-batch m of rank r is global micro-batch m * world + r), as one rank would.
   double mean_loss(const std::vector<double>& local_losses);
-  // The ranks' values combined in rank order (evaluation losses, flags).
-  std::vector<double> gather(double value);
+  // Every rank's `values` (the same count on each), rank after rank: rank r's at r * values.size().
+  std::vector<double> gather(const std::vector<double>& values, const std::string& what);
+  std::vector<double> gather(double value) { return gather(std::vector<double>{value}, "a value every rank needs"); }
 
   dist::Communicator& communicator() { return comm_; }
 

@@ -101,6 +101,10 @@ class Graph {
   const std::vector<Param>& params() const { return params_; }
   const std::vector<Unit>& units() const { return units_; }
   int64_t param_count() const;
+  // The type every parameter value, and every gradient value, has (precision.h makes them alike);
+  // f32 for a graph without parameters.
+  DType param_dtype() const { return params_.empty() ? DType::f32 : value(params_[0].value).dtype; }
+  DType grad_dtype() const { return params_.empty() ? DType::f32 : value(params_[0].grad).dtype; }
 
   ValueId loss() const { return loss_; }
   void set_loss(ValueId loss) { loss_ = loss; }

@@ -14,15 +14,13 @@ namespace {
 // wrote (the single-process path, as fast as it ever was).
 bool gradient_alias(const ShardingSpec& spec) { return spec.world == 1 && spec.accumulation == 1 && spec.stage < 2; }
 
-DType param_dtype_of(const Graph& g) { return g.params().empty() ? DType::f32 : g.value(g.params()[0].value).dtype; }
-DType grad_dtype_of(const Graph& g) { return g.params().empty() ? DType::f32 : g.value(g.params()[0].grad).dtype; }
 
 }  // namespace
 
 ParameterStore::UnitSizes ParameterStore::unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param,
                                                      DType grad, size_t u) {
   const int64_t csize = int64_t(dtype_size(param)), gsize = int64_t(dtype_size(grad));
-  const int64_t padded = layout.padded(u), shard = layout.shard(u), range = spec.stage == 0 ? padded : shard;
+  const int64_t padded = layout.padded(u), shard = layout.shard(u), range = range_size(layout, spec, u);
   UnitSizes s;
   if (spec.stage < 3) s.compute = padded * csize;
   if (spec.stage == 3 || param != DType::f32) s.master = range * 4;  // else a view into compute
@@ -37,9 +35,10 @@ ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const Sh
   const ShardLayout layout(graph.units(), spec.world, 0);
   Bytes bytes;
   for (size_t u = 0; u < layout.units(); ++u) {
-    UnitSizes s = unit_sizes(layout, spec, param_dtype_of(graph), grad_dtype_of(graph), u);
+    UnitSizes s = unit_sizes(layout, spec, graph.param_dtype(), graph.grad_dtype(), u);
     bytes.parameters += s.compute + s.master + s.shard16;
     bytes.gradients += s.micro_grad + s.grad_shard + s.opt_grad;
+    bytes.optimizer_elements += range_size(layout, spec, u);
   }
   return bytes;
 }
@@ -48,8 +47,8 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec)
     : graph_(graph),
       spec_(spec),
       layout_(graph.units(), spec.world, spec.rank),
-      param_dtype_(param_dtype_of(graph)),
-      grad_dtype_(grad_dtype_of(graph)),
+      param_dtype_(graph.param_dtype()),
+      grad_dtype_(graph.grad_dtype()),
       grad_alias_(gradient_alias(spec)) {
   units_.resize(graph.units().size());
   for (size_t u = 0; u < units_.size(); ++u) {

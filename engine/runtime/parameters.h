@@ -43,6 +43,7 @@ class ParameterStore {
   // What a store for `graph` at `spec` allocates on one rank (what `engine plan` prints).
   struct Bytes {
     int64_t parameters = 0, gradients = 0;
+    int64_t optimizer_elements = 0;  // what this rank updates: the optimizer state's size in elements
   };
   static Bytes planned_bytes(const Graph& graph, const ShardingSpec& spec);
 
@@ -68,7 +69,7 @@ class ParameterStore {
 
   // Per unit, over the optimizer range [range_begin(u), range_begin(u) + range_size(u)):
   int64_t range_begin(size_t unit) const { return spec_.stage == 0 ? 0 : layout_.begin(unit); }
-  int64_t range_size(size_t unit) const { return spec_.stage == 0 ? layout_.padded(unit) : layout_.shard(unit); }
+  int64_t range_size(size_t unit) const { return range_size(layout_, spec_, unit); }
   float* master(size_t unit) const { return units_[unit].master_ptr; }
   float* opt_grad(size_t unit) const { return units_[unit].opt_grad_ptr; }
   // The whole unit in the compute dtype (stages 0-2), the gather source of stage 3 (its shard).
@@ -100,6 +101,10 @@ class ParameterStore {
     int64_t compute = 0, master = 0, shard16 = 0, micro_grad = 0, grad_shard = 0, opt_grad = 0;
   };
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param, DType grad, size_t u);
+  // The whole unit at stage 0, this rank's shard at stages 1-3.
+  static int64_t range_size(const ShardLayout& layout, const ShardingSpec& spec, size_t u) {
+    return spec.stage == 0 ? layout.padded(u) : layout.shard(u);
+  }
   struct UnitBuffers {
     Buffer compute, master, shard16, micro_grad, grad_shard, opt_grad;
     float* master_ptr = nullptr;

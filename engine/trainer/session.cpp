@@ -73,8 +73,7 @@ TrafficPlan plan_traffic(const Graph& g, const ShardLayout& layout, const Shardi
   TrafficPlan t;
   const int world = layout.world();
   if (world == 1) return t;
-  const int64_t psize = int64_t(dtype_size(g.value(g.params()[0].value).dtype));
-  const int64_t gsize = int64_t(dtype_size(g.value(g.params()[0].grad).dtype));
+  const int64_t psize = int64_t(dtype_size(g.param_dtype())), gsize = int64_t(dtype_size(g.grad_dtype()));
   for (const auto& list : train.actions)
     for (const StepAction& a : list) {
       if (a.kind == StepAction::Kind::reduce) t.gradients += sent(layout.padded(size_t(a.unit)) * gsize, world);
@@ -115,9 +114,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding);
   m.parameters = store.parameters;
   m.gradients = store.gradients;
-  int64_t optimizer_range = 0;  // elements this rank updates
-  for (size_t u = 0; u < layout.units(); ++u) optimizer_range += c.sharding.stage == 0 ? layout.padded(u) : layout.shard(u);
-  m.optimizer_state = optimizer_state_bytes(r.optimizer, optimizer_range * 4);
+  m.optimizer_state = optimizer_state_bytes(r.optimizer, store.optimizer_elements * 4);
   m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
   if (!c.train.actions.empty() || !c.eval.actions.empty()) {
     const int64_t without = std::max(plan_step(g, c.train.nodes, {c.model.losses}).arena_bytes,
@@ -133,7 +130,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   // rank order (dist/communicator.h): one buffer, as large as the largest unit's gradient.
   if (world > 1)
     for (size_t u = 0; u < layout.units(); ++u)
-      m.staging = std::max(m.staging, layout.padded(u) * int64_t(dtype_size(g.value(g.params()[0].grad).dtype)));
+      m.staging = std::max(m.staging, layout.padded(u) * int64_t(dtype_size(g.grad_dtype())));
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
@@ -280,12 +277,7 @@ double Session::evaluate(int64_t batches) {
     executor.run("eval", 0, 0, 1.0f, &zero);
     mine.push_back(mean_loss("eval"));
   }
-  std::vector<double> all(mine.size() * size_t(world));
-  if (world == 1)
-    all = mine;
-  else
-    comm.all_gather(mine.data(), all.data(), int64_t(mine.size() * sizeof(double)), "all-gather of validation losses")
-        .wait();
+  const std::vector<double> all = zero.gather(mine, "validation losses");
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) total += all[size_t((i % world) * rounds + i / world)];
   return total / double(batches);
