@@ -61,6 +61,15 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
                    "safetensors file PATH, in the names and layout of the exported weights; in fp16 they are "
                    "still multiplied by the step's loss scale; repeatable, once per step")
       ->type_name("STEP PATH");
+  train
+      ->add_option("--resume", train_args.resume,
+                   "Continue from a checkpoint: the latest complete one in checkpoint.dir (no value, or "
+                   "`latest`), a checkpoint directory, or a directory of checkpoints (its latest)")
+      ->expected(0, 1)
+      ->default_str("latest");
+  train->add_option("--stop-after", train_args.stop_after,
+                    "Stop after this step with a checkpoint (exit 0), to train in slices; --resume continues")
+      ->check(CLI::PositiveNumber);
 
   RecipeArgs plan_args;
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");

@@ -21,6 +21,8 @@ inline constexpr int kExitInternal = 1;
 inline constexpr int kExitUser = 2;
 inline constexpr int kExitRegression = 3;  // engine golden check: training behaviour changed
 inline constexpr int kExitRankLost = 4;    // a collective did not complete: a rank died or hangs
+// 75 (EX_TEMPFAIL): preempted by SIGTERM, SIGINT or SIGUSR1 after writing a checkpoint; requeue the
+// job and it resumes (kExitRequeue in trainer/train.h).
 
 struct RecipeArgs {
   std::filesystem::path recipe;
@@ -29,6 +31,8 @@ struct RecipeArgs {
   std::filesystem::path first_gradients;  // train: --dump-first-gradients
   // train: --dump-gradients-at STEP PATH (repeatable)
   std::vector<std::pair<int64_t, std::string>> gradients_at;
+  std::string resume;      // train: --resume [latest|PATH]
+  int64_t stop_after = 0;  // train: --stop-after STEP
 
   recipe::LoadOptions load_options() const;
 };

@@ -41,13 +41,12 @@ int train(const RecipeArgs& args) {
                     "; start the ranks with a launcher, e.g. `mpirun -n " + std::to_string(loaded.world.size) +
                     " engine train " + args.recipe.string() + "` (--world-size is for `engine plan`)");
   options.comm = comm.get();
+  options.resume = args.resume;
+  options.stop_after = args.stop_after;
   if (comm->rank() == 0) std::cout << summary(loaded) << "\n";
-  if (comm->size() == 1) {
-    engine::train(loaded, std::cout, options);
-    return kExitOk;
-  }
+  if (comm->size() == 1) return engine::train(loaded, std::cout, options).preempted ? kExitRequeue : kExitOk;
   try {
-    engine::train(loaded, std::cout, options);
+    if (engine::train(loaded, std::cout, options).preempted) return kExitRequeue;
   } catch (const std::exception& e) {
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     const int status = exit_status_of(e);

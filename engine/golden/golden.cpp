@@ -127,7 +127,8 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
     if (plugins.active() && r.train.eval_every > 0 &&
         ((step + 1) % r.train.eval_every == 0 || step + 1 == r.train.steps))
       plugins.eval(step, session.evaluate(r.train.eval_batches));
-    plugins.end_of_step(step, {}, {});
+    plugins.end_of_step(step);
+    plugins.take_checkpoint_request();  // golden runs write no files
     if (plugins.stop_reason()) break;
   }
   plugins.train_end(int64_t(trajectory.steps.size()), trajectory.steps.empty() ? 0 : trajectory.steps.back().loss, -1,

@@ -40,6 +40,14 @@ LossScaler::Outcome LossScaler::update(bool overflow) {
   return Outcome::skipped;
 }
 
+void LossScaler::restore(const State& s) {
+  if (!s.enabled) disable();
+  scale_ = s.scale;
+  hysteresis_left_ = s.hysteresis_left;
+  clean_steps_ = s.clean_steps;
+  skipped_ = s.skipped;
+}
+
 void LossScaler::disable() {
   enabled_ = dynamic_ = false;
   scale_ = 1;

@@ -36,6 +36,15 @@ class LossScaler {
   // The fp16 -> bf16 fallback: no scaling from here on.
   void disable();
 
+  // What evolves during a run, for checkpoints (the rest comes from the recipe).
+  struct State {
+    bool enabled = false;
+    double scale = 1;
+    int64_t hysteresis_left = 1, clean_steps = 0, skipped = 0;
+  };
+  State state() const { return {enabled_, scale_, hysteresis_left_, clean_steps_, skipped_}; }
+  void restore(const State& s);
+
  private:
   bool enabled_ = false, dynamic_ = false;
   double scale_ = 1, factor_ = 2, min_scale_ = 1;

@@ -46,6 +46,12 @@ std::vector<Segment> segments(const ParameterStore& store, const recipe::Optimiz
   return out;
 }
 
+std::vector<float*> pointers(std::vector<Buffer>& buffers) {
+  std::vector<float*> out;
+  for (Buffer& b : buffers) out.push_back(b.f32());
+  return out;
+}
+
 class AdamW : public Optimizer {
  public:
   AdamW(const recipe::OptimizerSection& config, ParameterStore& store)
@@ -85,6 +91,9 @@ class AdamW : public Optimizer {
     for (const Buffer& b : m_) n += 2 * b.bytes();
     return n;
   }
+  std::vector<StateTensor> state() override { return {{"exp_avg", pointers(m_)}, {"exp_avg_sq", pointers(v_)}}; }
+  int64_t steps() const override { return t_; }
+  void set_steps(int64_t steps) override { t_ = steps; }
 
  private:
   const recipe::OptimizerSection& config_;
@@ -129,6 +138,12 @@ class Sgd : public Optimizer {
     for (const Buffer& b : momentum_) n += b.bytes();
     return n;
   }
+  std::vector<StateTensor> state() override {
+    if (momentum_.empty()) return {};
+    return {{"momentum_buffer", pointers(momentum_)}};
+  }
+  int64_t steps() const override { return t_; }
+  void set_steps(int64_t steps) override { t_ = steps; }
 
  private:
   const recipe::OptimizerSection& config_;

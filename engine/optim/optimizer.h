@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "recipe/recipe.h"
@@ -24,7 +25,23 @@ class Optimizer {
   virtual void step(double lr) = 0;
   // Optimizer state, for checkpoints and `engine plan`.
   virtual int64_t state_bytes() const = 0;
+  // The state tensors by their PyTorch names, each one fp32 buffer per unit over the unit's
+  // optimizer range: AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer (none without momentum).
+  struct StateTensor {
+    std::string name;
+    std::vector<float*> units;
+  };
+  virtual std::vector<StateTensor> state() = 0;
+  // Updates applied so far (AdamW's bias correction, SGD's first-step buffer), for resuming.
+  virtual int64_t steps() const = 0;
+  virtual void set_steps(int64_t steps) = 0;
 };
+
+// How many fp32 state tensors per parameter the optimizer keeps (AdamW 2, SGD 1 with momentum, else 0).
+inline int optimizer_state_tensors(const recipe::OptimizerSection& o) {
+  if (o.type == recipe::OptimizerType::adamw) return 2;  // first and second moments
+  return o.momentum > 0 ? 1 : 0;                        // momentum buffer
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config, ParameterStore& store);
 

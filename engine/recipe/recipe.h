@@ -137,6 +137,21 @@ struct DistributedSection {
   double timeout;          // seconds a collective may take before the run stops
 };
 
+enum class ResumeMode { never, auto_resume };
+enum class CheckpointErrorAction { stop, keep_training };
+
+struct CheckpointSection {
+  int64_t every_steps;       // 0: no step-based checkpoints
+  double every_minutes;      // 0: no time-based checkpoints
+  int64_t keep_last;         // committed checkpoints kept (0: all)
+  std::string dir;           // empty: <run dir>/checkpoints
+  bool async;                // written from a snapshot while training continues
+  bool at_end;               // one more after the last step
+  ResumeMode resume;         // auto: continue from the latest complete checkpoint, if any
+  CheckpointErrorAction on_error;
+  double preemption_budget;  // seconds from a stop signal to a durable checkpoint
+};
+
 struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
@@ -157,6 +172,7 @@ struct Recipe {
   PrecisionSection precision;
   ActivationCheckpointingSection activation_checkpointing;
   DistributedSection distributed;
+  CheckpointSection checkpoint;
 };
 
 }  // namespace engine::recipe

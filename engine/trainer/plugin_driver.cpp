@@ -5,7 +5,6 @@
 #include <cmath>
 #include <ostream>
 
-#include "core/atomic_file.h"
 
 namespace engine {
 
@@ -149,28 +148,39 @@ void PluginDriver::eval(int64_t step, double val_loss) {
   apply(plugins_.on_eval(state_, {{"val_loss", val_loss}}), step);
 }
 
-void PluginDriver::end_of_step(int64_t step, const fs::path& run_dir,
-                               const std::function<void(const fs::path&)>& write_weights, bool writes_files) {
-  if (!active()) return;
-  if (!step_metrics_.empty()) {
-    Json line = {{"step", step + 1}};
-    for (const auto& [name, value] : step_metrics_) line[name] = value;
-    record(line);
-    step_metrics_.clear();
-  }
-  if (!checkpoint_) return;
+void PluginDriver::end_of_step(int64_t step) {
+  if (!active() || step_metrics_.empty()) return;
+  Json line = {{"step", step + 1}};
+  for (const auto& [name, value] : step_metrics_) line[name] = value;
+  record(line);
+  step_metrics_.clear();
+}
+
+bool PluginDriver::take_checkpoint_request() {
+  const bool requested = checkpoint_;
   checkpoint_ = false;
-  if (run_dir.empty()) return;
-  // Until full checkpoints exist, a requested checkpoint holds the weights and the plugins' saved
-  // state (what a resumed run's plugins will be given back).
-  const fs::path dir = run_dir / "checkpoints" / ("step-" + std::to_string(step + 1));
-  if (writes_files) fs::create_directories(dir);
-  write_weights(dir / "model.safetensors");  // on every rank: the weights are gathered from all of them
-  const std::string saved = plugins_.save_state().dump(2) + "\n";
-  if (writes_files) write_file_atomically(dir / "plugins.json", [&](std::ostream& out) { out << saved; });
-  note_("step " + std::to_string(step + 1) + ": checkpoint written to " + dir.string());
-  record({{"step", step + 1}, {"event", "checkpoint"}, {"path", dir.string()}});
-  apply(plugins_.on_checkpoint(state_, dir.string()), step);
+  return requested;
+}
+
+void PluginDriver::checkpoint_written(int64_t step, const fs::path& path) {
+  record({{"step", step}, {"event", "checkpoint"}, {"path", path.string()}});
+  if (active()) apply(plugins_.on_checkpoint(state_, path.string()), step - 1);
+}
+
+Json PluginDriver::save_state() {
+  Json losses = Json::array();
+  for (double l : recent_losses_) losses.push_back(l);
+  return {{"plugins", active() ? plugins_.save_state() : Json::object()},
+          {"recent_losses", losses},
+          {"lr_override", lr_override_ ? Json(*lr_override_) : Json()}};
+}
+
+void PluginDriver::restore_state(const Json& saved) {
+  if (active() && saved.contains("plugins")) plugins_.restore_state(saved.at("plugins"));
+  recent_losses_.clear();
+  for (const Json& l : saved.value("recent_losses", Json::array())) recent_losses_.push_back(l.get<double>());
+  if (saved.contains("lr_override") && !saved.at("lr_override").is_null())
+    lr_override_ = saved.at("lr_override").get<double>();
 }
 
 void PluginDriver::train_end(int64_t steps, double final_loss, double final_val_loss, bool interrupted) {

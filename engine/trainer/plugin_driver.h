@@ -9,7 +9,9 @@
 //     hooks.before_update = plugins.update_hook(step, session);   // lr, on_anomaly, on_step_end
 //     plugins.step_end(step, ...);                       // metrics, overflow anomaly
 //     plugins.eval(step, val_loss);                      // on_eval
-//     plugins.end_of_step(step, write_weights);          // checkpoint requests, on_checkpoint
+//     plugins.end_of_step(step);                         // the step's plugin metrics
+//     if (plugins.take_checkpoint_request()) ...         // a checkpoint of this step
+//     plugins.checkpoint_written(step, path);            // on_checkpoint, once committed
 //     if (plugins.stop_reason()) break;
 //   plugins.train_end(summary);
 //
@@ -56,11 +58,16 @@ class PluginDriver {
   // After the step: tokens seen (and throughput) for `state`; an fp16 overflow goes to on_anomaly.
   void step_end(int64_t step, int64_t tokens, bool overflow, double loss_scale);
   void eval(int64_t step, double val_loss);
-  // Writes a requested checkpoint with `write_weights(dir)`, plus the plugins' saved state, then
-  // runs on_checkpoint; with an empty run_dir (golden runs) checkpoints are not written. Also
-  // writes the step's plugin metrics line.
-  void end_of_step(int64_t step, const std::filesystem::path& run_dir,
-                   const std::function<void(const std::filesystem::path&)>& write_weights, bool writes_files = true);
+  // Writes the step's plugin metrics line.
+  void end_of_step(int64_t step);
+  // Whether a plugin asked for a checkpoint during this step (engine.request_checkpoint); clears it.
+  bool take_checkpoint_request();
+  // A checkpoint of `step` steps was committed at `path`: recorded, and on_checkpoint runs.
+  void checkpoint_written(int64_t step, const std::filesystem::path& path);
+  // What checkpoints keep of the plugins: their `saved` tables, the recent losses of loss-spike
+  // detection and an lr set by engine.set_lr.
+  nlohmann::json save_state();
+  void restore_state(const nlohmann::json& saved);
   std::optional<std::string> stop_reason() const { return stop_; }
   void train_end(int64_t steps, double final_loss, double final_val_loss, bool interrupted);
 

@@ -61,8 +61,7 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeRep
 }
 
 int64_t optimizer_state_bytes(const recipe::OptimizerSection& o, int64_t parameter_bytes) {
-  if (o.type == recipe::OptimizerType::adamw) return 2 * parameter_bytes;  // first and second moments
-  return o.momentum > 0 ? parameter_bytes : 0;                             // momentum buffer
+  return optimizer_state_tensors(o) * parameter_bytes;
 }
 
 // Bytes one rank sends in a collective over `bytes` of data split in `world` parts: reduce-scatter
@@ -145,11 +144,13 @@ void check_memory_available(const MemoryPlan& memory, int local_ranks) {
   std::string unit;
   while (meminfo >> key >> kilobytes >> unit) {
     if (key != "MemAvailable:") continue;
-    if (memory.total() * local_ranks > kilobytes * 1024)
-      throw UserError("the plan needs " + format_bytes(memory.total() * local_ranks) +
+    const int64_t needed = (memory.total() + memory.checkpoint_snapshot) * local_ranks;
+    if (needed > kilobytes * 1024)
+      throw UserError("the plan needs " + format_bytes(needed) +
                       (local_ranks > 1 ? " for " + std::to_string(local_ranks) + " ranks on this machine" : "") +
                       " (per rank: parameters " +
                       format_bytes(memory.parameters) + ", activations " + format_bytes(memory.activations) +
+                      ", checkpoint snapshot " + format_bytes(memory.checkpoint_snapshot) +
                       ") but only " + format_bytes(kilobytes * 1024) +
                       " is available; see `engine plan` and reduce the model or the micro-batch");
     return;

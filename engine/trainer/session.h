@@ -43,6 +43,9 @@ struct MemoryPlan {
   int64_t scratch = 0;       // f32 copies for kernels that compute 16-bit values in fp32
   int64_t host = 0;          // activations held in host memory (cpu_checkpointing)
   int64_t staging = 0;       // the communicator's buffer for the peers' chunks of a reduce-scatter
+  // This rank's checkpoint file, snapshotted while a checkpoint is written (not in total(): it
+  // exists only then; check_memory_available counts it).
+  int64_t checkpoint_snapshot = 0;
   int64_t total() const {
     return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging;
   }

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <ctime>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,7 +17,11 @@
 #include <ostream>
 #include <vector>
 
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/resume.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_state.h"
 #include "checkpoint/weights.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -32,12 +38,43 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::atomic<bool> g_stop_requested{false};
+// Preemption: the first SIGTERM, SIGINT or SIGUSR1 asks for a checkpoint and a stop after the
+// step; a second one ends the process at once (only committed checkpoints remain, all intact).
+std::atomic<int> g_stop_signals{0};
+std::atomic<int64_t> g_first_signal_ns{0};
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 
-extern "C" void on_interrupt(int) {
-  g_stop_requested = true;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+int64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
+
+extern "C" void on_stop_signal(int) {
+  if (g_stop_signals.fetch_add(1) > 0) _exit(kExitRequeue);
+  g_first_signal_ns = monotonic_ns();
+}
+
+// Installs the handlers for the lifetime of the training loop, and puts the previous ones back.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signals = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    action.sa_flags = SA_RESTART;  // file writes and MPI's polling carry on
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
+  }
+  static bool received() { return g_stop_signals.load() > 0; }
+  static double seconds_since() { return received() ? double(monotonic_ns() - g_first_signal_ns.load()) * 1e-9 : 0; }
+
+ private:
+  struct sigaction previous_[std::size(kStopSignals)];
+};
 
 void write_text_atomically(const fs::path& path, const std::string& text) {
   write_file_atomically(path, [&](std::ostream& out) { out << text; });
@@ -86,6 +123,81 @@ std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& optio
 
 }  // namespace
 
+namespace {
+
+// Everything but the rank files: the state that determines the rest of the run.
+Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plugins, const std::string& recipe_yaml,
+                             const TrainSummary& summary, double elapsed, const std::vector<StateKind>& kinds) {
+  const recipe::Recipe& r = session.recipe;
+  Manifest m;
+  m.step = steps;
+  m.world_size = session.world;
+  m.zero_stage = int(r.distributed.zero_stage);
+  m.engine_version = std::string(kVersion) + " " + kGitRevision;
+  m.recipe = recipe_yaml;
+  std::vector<std::string> names;
+  for (const StateKind& k : kinds) names.push_back(k.name);
+  m.tensors = describe_tensors(session.model.graph, session.world, names);
+  const LossScaler::State scaler = session.scaler.state();
+  m.state = {{"step", steps},
+             {"updates", session.updates},
+             {"skipped_steps", summary.skipped_steps},
+             {"micro_batches", steps * session.accumulation * session.world},
+             {"micro_batch_size", session.micro_batch},
+             {"gradient_accumulation_steps", session.accumulation},
+             {"world_size", session.world},
+             {"global_batch_size", session.micro_batch * session.accumulation * session.world},
+             {"compute_dtype", dtype_name(session.model.graph.param_dtype())},
+             {"loss_scaler",
+              {{"enabled", scaler.enabled},
+               {"scale", scaler.scale},
+               {"hysteresis_left", scaler.hysteresis_left},
+               {"clean_steps", scaler.clean_steps},
+               {"skipped", scaler.skipped}}},
+             {"last_loss", summary.final_loss},
+             {"elapsed_s", elapsed},
+             {"plugins", plugins.save_state()},
+             {"rng",
+              {{"seed", r.run.seed},
+               {"streams",
+                "counter-based: initialisation (seed, parameter), data order (seed, micro-batch index), dropout "
+                "(seed, step, global micro-batch); nothing else draws"}}}};
+  return m;
+}
+
+// Puts a run back in the state of checkpoint `m` (read from `dir`), at this run's world size and stage.
+void restore_checkpoint(Session& session, PluginDriver& plugins, const std::filesystem::path& dir, const Manifest& m) {
+  const nlohmann::json& state = m.state;
+  load_sharded_state(dir, m, session.store, state_kinds(session.store, *session.optimizer));
+  session.updates = state.at("updates").get<int64_t>();
+  session.optimizer->set_steps(session.updates);
+  if (state.at("compute_dtype").get<std::string>() != dtype_name(session.model.graph.param_dtype()))
+    session.fall_back_to_bf16();  // the run had left fp16 for bf16
+  const nlohmann::json& s = state.at("loss_scaler");
+  session.scaler.restore({s.at("enabled").get<bool>(), s.at("scale").get<double>(),
+                          s.at("hysteresis_left").get<int64_t>(), s.at("clean_steps").get<int64_t>(),
+                          s.at("skipped").get<int64_t>()});
+  session.zero.finish_update();  // the compute copies from the restored masters
+  plugins.restore_state(state.at("plugins"));
+}
+
+// metrics.jsonl as it was at the checkpoint: lines of later steps (from the run that was cut off)
+// would repeat once the resumed run logs them again.
+void truncate_metrics(const fs::path& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
+    kept += line + "\n";
+  }
+  in.close();
+  write_text_atomically(path, kept);
+}
+
+}  // namespace
+
 TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, const TrainOptions& options) {
   std::unique_ptr<dist::Communicator> local;
   dist::Communicator& comm = options.comm ? *options.comm : *(local = dist::make_local_communicator());
@@ -99,24 +211,52 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     else
       out << text << "\n";
   });
-  const recipe::LoadedRecipe& loaded = plugins.recipe();  // as on_recipe left it
-  const recipe::Recipe& r = loaded.recipe;
+  recipe::LoadedRecipe loaded = plugins.recipe();  // as on_recipe left it; resuming may change the accumulation
+  recipe::Recipe& r = loaded.recipe;
   for (const auto& [step, file] : options.gradients_at)
     if (step < 1 || step > r.train.steps)
       throw UserError("--dump-gradients-at " + std::to_string(step) + " " + file.string() +
                       ": the step must be between 1 and train.steps (" + std::to_string(r.train.steps) + ")");
+  const std::string recipe_yaml = dump_recipe(loaded, recipe::Schema::engine(), false);
+
+  // Resuming: the checkpoint, and what changes between its recipe and this one.
+  std::optional<fs::path> resume_dir = resume_source(r, options.resume);
+  Manifest resume;
+  if (resume_dir) {
+    resume = read_manifest(*resume_dir);
+    std::vector<std::string> notes = check_recipe_change(resume.recipe, recipe_yaml);
+    keep_global_batch(r, resume.state, comm.size(), notes);
+    if (resume.step >= r.train.steps)
+      throw UserError(resume_dir->string() + " is at step " + std::to_string(resume.step) + " and train.steps is " +
+                      std::to_string(r.train.steps) + ": nothing is left to train (raise train.steps to continue)");
+    out << "resuming from " << resume_dir->string() << " (step " << resume.step << ", written at world size "
+        << resume.world_size << ", ZeRO stage " << resume.zero_stage << ")\n";
+    for (const std::string& note : notes) out << note << "\n";
+  }
+  const int64_t first_step = resume_dir ? resume.step : 0;
+  if (options.stop_after && (options.stop_after <= first_step || options.stop_after > r.train.steps))
+    throw UserError("--stop-after " + std::to_string(options.stop_after) + ": the step must be after the start (" +
+                    std::to_string(first_step) + ") and at most train.steps (" + std::to_string(r.train.steps) + ")");
+
   TrainSummary summary;
   summary.run_dir = fs::path(r.run.output_dir) / r.run.name;
+  summary.resumed_from = first_step;
+  const fs::path checkpoint_dir = checkpoint_directory(r);
   if (lead) {
-    std::error_code error;
-    fs::create_directories(summary.run_dir, error);
-    if (error) throw UserError(summary.run_dir.string() + ": cannot create the run directory: " + error.message());
-    write_text_atomically(summary.run_dir / "recipe.yaml", dump_recipe(loaded, recipe::Schema::engine(), false));
+    for (const fs::path& dir : {summary.run_dir, checkpoint_dir}) {
+      std::error_code error;
+      fs::create_directories(dir, error);
+      if (error) throw UserError(dir.string() + ": cannot create the directory: " + error.message());
+    }
+    write_text_atomically(summary.run_dir / "recipe.yaml", recipe_yaml);
   }
 
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
-  if (comm.size() > 1) require_same_run_on_every_rank(comm, dump_recipe(loaded, recipe::Schema::engine(), false));
+  if (comm.size() > 1)
+    require_same_run_on_every_rank(comm, recipe_yaml + "\nresume from step " + std::to_string(first_step));
   CompiledStep compiled = compile_step(r, comm.size());
+  compiled.memory.checkpoint_snapshot =
+      rank_file_bytes(compiled.model.graph, comm.size(), size_t(1 + optimizer_state_tensors(r.optimizer)));
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;
   Session session(r, std::move(compiled), &comm);
@@ -125,7 +265,14 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                     std::to_string(r.distributed.zero_stage) + " shards it over " + std::to_string(comm.size()) +
                     " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
   session.store.initialize(uint64_t(r.run.seed));
-  if (!r.model.init_from.empty()) {
+  double elapsed_before = 0;
+  if (resume_dir) {
+    restore_checkpoint(session, plugins, *resume_dir, resume);
+    summary.skipped_steps = resume.state.value("skipped_steps", int64_t(0));
+    summary.final_loss = resume.state.value("last_loss", 0.0);
+    elapsed_before = resume.state.value("elapsed_s", 0.0);
+    summary.steps = first_step;
+  } else if (!r.model.init_from.empty()) {
     load_weights(r.model.init_from, session.store, r.model.arch);
     out << "weights loaded from " << r.model.init_from.string() << "\n";
   }
@@ -138,31 +285,76 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage " << r.distributed.zero_stage
         << "; each rank sends " << format_bytes(traffic.total()) << " per step\n";
   out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total())
-      << " (activations " << format_bytes(memory.activations) << ")\n";
+      << " (activations " << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
+      << " while a checkpoint is written)\n";
 
   std::ofstream metrics;
-  if (lead) metrics.open(summary.run_dir / "metrics.jsonl", std::ios::trunc);
+  if (lead) {
+    if (resume_dir) truncate_metrics(summary.run_dir / "metrics.jsonl", first_step);
+    metrics.open(summary.run_dir / "metrics.jsonl", resume_dir ? std::ios::app : std::ios::trunc);
+  }
   ProgressLine progress(out, lead && isatty(STDOUT_FILENO) && &console == &std::cout, r.train.steps);
   progress_line = &progress;
   plugins.set_metrics(&metrics);
-  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch, comm.rank(),
-                     comm.size());
-  // What every rank must agree on before acting (a Ctrl-C reaches the ranks at different times).
-  auto any_rank = [&](bool flag) {
-    if (comm.size() == 1) return flag;
-    for (double v : session.zero.gather(flag ? 1.0 : 0.0))
-      if (v != 0) return true;
-    return false;
-  };
+  // Rank r reads global micro-batches r, r + W, ...: after a resume, from where the checkpoint stopped.
+  const int64_t consumed = resume_dir ? resume.state.at("micro_batches").get<int64_t>() : 0;
+  BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch,
+                     consumed + comm.rank(), comm.size());
   int64_t bytes_sent_training = 0;
-  g_stop_requested = false;
-  auto previous_handler = std::signal(SIGINT, on_interrupt);
 
+  Checkpointer checkpoints(r.checkpoint, checkpoint_dir, comm, session.zero);
+  auto last_checkpoint_time = std::chrono::steady_clock::now();
   const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return elapsed_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto write_checkpoint = [&](int64_t steps_done) {
+    const std::vector<StateKind> kinds = state_kinds(session.store, *session.optimizer);
+    Manifest m;
+    if (lead)
+      m = checkpoint_manifest(steps_done, session, plugins, recipe_yaml, summary, elapsed(), kinds);
+    else
+      m.step = steps_done;
+    checkpoints.start(snapshot_rank(session.store, kinds), std::move(m));
+    last_checkpoint_time = std::chrono::steady_clock::now();
+  };
+  auto settle_checkpoint = [&](bool wait) {
+    if (!checkpoints.in_flight()) return;
+    if (auto done = checkpoints.settle(wait)) {
+      summary.last_checkpoint = done->path;
+      progress.note("step " + std::to_string(done->step) + ": checkpoint " + done->path.string() + " (" +
+                    format_bytes(done->bytes) + ", written in " + format_fixed(done->write_seconds, 2) + " s)");
+      if (metrics.is_open())
+        metrics << nlohmann::json{{"step", done->step},
+                                  {"event", "checkpoint"},
+                                  {"path", done->path.string()},
+                                  {"bytes", done->bytes},
+                                  {"write_s", done->write_seconds},
+                                  {"commit_s", done->seconds}}
+                       .dump()
+                << "\n";
+      plugins.checkpoint_written(done->step, done->path);
+    }
+  };
+  // What every rank must agree on at a step end (signals reach the ranks at different times, plugins
+  // decide on what their rank sees, and rank 0's clock decides time-based checkpoints):
+  // [a stop signal, a plugin's stop, a plugin's checkpoint request, a checkpoint due by time,
+  //  seconds since the signal].
+  auto agree = [&](std::vector<double> flags) {
+    if (comm.size() == 1) return flags;
+    const std::vector<double> all = session.zero.gather(flags, "the step's stop and checkpoint decisions");
+    for (size_t k = 0; k < 3; ++k)
+      for (int rank = 1; rank < comm.size(); ++rank) flags[k] = std::max(flags[k], all[size_t(rank) * flags.size() + k]);
+    flags[3] = all[3];
+    flags[4] = all[4];
+    return flags;
+  };
+
+  StopSignals signals;
   auto window_start = start;
   int64_t window_rows = 0;
   plugins.train_start();
-  for (int64_t step = 0; step < r.train.steps; ++step) {
+  for (int64_t step = first_step; step < r.train.steps; ++step) {
     plugins.step_start(step);
     Session::StepHooks hooks;
     hooks.before_update = plugins.update_hook(step, session);
@@ -188,7 +380,6 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     } else if (!result.skipped && (!std::isfinite(loss) || !std::isfinite(grad_norm))) {
       metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr}}.dump()
               << "\n";
-      std::signal(SIGINT, previous_handler);
       progress.finish();
       throw UserError("training diverged at step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                       ", gradient norm " + std::to_string(grad_norm) +
@@ -200,23 +391,33 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     summary.final_loss = loss;
 
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
-    const bool stopping = any_rank(g_stop_requested || plugins.stop_reason());
+    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_time).count() / 60;
+    const std::vector<double> decided =
+        agree({StopSignals::received() ? 1.0 : 0.0, plugins.stop_reason() ? 1.0 : 0.0,
+               plugins.take_checkpoint_request() ? 1.0 : 0.0,
+               r.checkpoint.every_minutes > 0 && minutes >= r.checkpoint.every_minutes ? 1.0 : 0.0,
+               StopSignals::seconds_since()});
+    const bool preempted = decided[0] != 0;
+    const bool sliced = options.stop_after == step + 1;
+    const bool stopping = preempted || decided[1] != 0 || sliced;
     const bool last = step + 1 == r.train.steps || stopping;
-    if ((step + 1) % r.train.log_every == 0 || last || step == 0) {
+    if ((step + 1) % r.train.log_every == 0 || last || step == first_step) {
       auto now = std::chrono::steady_clock::now();
       double window = std::chrono::duration<double>(now - window_start).count();
-      double elapsed = std::chrono::duration<double>(now - start).count();
       double rate = window > 0 ? double(window_rows) / window : 0;
       window_start = now;
       window_rows = 0;
       nlohmann::json line{{"step", step + 1},          {"loss", loss},        {"lr", lr}, {"grad_norm", grad_norm},
-                          {"tokens_per_second", rate}, {"elapsed_s", elapsed}};
+                          {"tokens_per_second", rate}, {"elapsed_s", elapsed()}};
       if (session.scaler.enabled()) line["loss_scale"] = result.loss_scale;
       metrics << line.dump() << "\n";
       metrics.flush();
-      progress.update(step + 1, loss, lr, rate, elapsed, resident_bytes());
+      progress.update(step + 1, loss, lr, rate, elapsed(), resident_bytes());
     }
-    if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || last)) {
+    // A run cut by a signal or --stop-after evaluates as the uninterrupted run would (evaluations
+    // reach plugins, whose state the checkpoint keeps).
+    const bool final_step = step + 1 == r.train.steps || decided[1] != 0;
+    if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || final_step)) {
       double val = session.evaluate(r.train.eval_batches);
       summary.final_val_loss = val;
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
@@ -224,44 +425,76 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
       plugins.eval(step, val);
     }
-    plugins.end_of_step(step, summary.run_dir, [&](const fs::path& path) {
-      const WholeParameters whole(session.store, comm);
-      if (lead) save_weights(path, session.model.graph, r.model.arch, {{"steps", std::to_string(step + 1)}}, whole_param(whole));
-    }, lead);
+    plugins.end_of_step(step);
+    settle_checkpoint(false);  // commits a background write that every rank has finished
+    const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
+                     decided[2] != 0 || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) || sliced;
+    if (preempted) {
+      // Within the budget from the signal: this step's checkpoint, if the last write's time says it
+      // fits; else the one in flight, if any, is committed and the run resumes from there.
+      const double budget = r.checkpoint.preemption_budget, since = decided[4];
+      const std::optional<double> estimate = checkpoints.last_write_seconds();
+      if (!estimate || since + *estimate <= budget) {
+        write_checkpoint(step + 1);
+      } else {
+        progress.note("preempted: a checkpoint of step " + std::to_string(step + 1) + " would end past the " +
+                      format_fixed(budget, 0) + " s budget (" + format_fixed(since, 1) + " s since the signal + " +
+                      format_fixed(*estimate, 1) + " s to write); keeping the last one");
+      }
+      settle_checkpoint(true);
+      summary.preempted = true;
+    } else if (due) {
+      write_checkpoint(step + 1);
+      if (!r.checkpoint.async || last) settle_checkpoint(true);
+    }
     if (stopping) {
-      summary.interrupted = true;
+      summary.interrupted = !sliced || preempted;
       break;
     }
   }
+  while (checkpoints.in_flight()) settle_checkpoint(true);
   plugins.train_end(summary.steps, summary.final_loss, summary.final_val_loss, summary.interrupted);
-  std::signal(SIGINT, previous_handler);
   progress.finish();
   progress_line = nullptr;
 
   const int64_t peak_rss = peak_resident_bytes();
   std::vector<int64_t> peak_per_rank;
   for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
+  const int64_t trained = summary.steps - first_step;
+  nlohmann::json summary_json{{"steps", summary.steps},
+                              {"parameters", session.model.graph.param_count()},
+                              {"world_size", comm.size()},
+                              {"zero_stage", r.distributed.zero_stage},
+                              {"bytes_sent_per_step", trained ? bytes_sent_training / trained : 0},
+                              {"planned_bytes_sent_per_step", traffic.total()},
+                              {"peak_rss_bytes_per_rank", peak_per_rank},
+                              {"planned_model_state_bytes", memory.model_states()},
+                              {"final_loss", summary.final_loss},
+                              {"final_val_loss", summary.final_val_loss},
+                              {"loss_floor", session.data->loss_floor() ? *session.data->loss_floor() : -1.0},
+                              {"interrupted", summary.interrupted},
+                              {"preempted", summary.preempted},
+                              {"resumed_from_step", first_step},
+                              {"last_checkpoint", summary.last_checkpoint.string()},
+                              {"skipped_steps", summary.skipped_steps},
+                              {"planned_bytes", memory.total()},
+                              {"planned_checkpoint_snapshot_bytes", memory.checkpoint_snapshot},
+                              {"baseline_rss_bytes", baseline_rss},
+                              {"peak_rss_bytes", peak_rss}};
+  if (summary.preempted) {
+    // Within the budget, the checkpoint is what matters; the weights can be exported from it.
+    if (lead) {
+      write_text_atomically(summary.run_dir / "summary.json", summary_json.dump(2) + "\n");
+      out << "preempted after step " << summary.steps << "; "
+          << (summary.last_checkpoint.empty() ? std::string("no checkpoint could be written")
+                                              : "resume from " + summary.last_checkpoint.string())
+          << " (exit status " << kExitRequeue << ": requeue)\n";
+    }
+    return summary;
+  }
   const WholeParameters whole(session.store, comm);
   if (!lead) return summary;
-  write_text_atomically(summary.run_dir / "summary.json",
-                        nlohmann::json{{"steps", summary.steps},
-                                       {"parameters", session.model.graph.param_count()},
-                                       {"world_size", comm.size()},
-                                       {"zero_stage", r.distributed.zero_stage},
-                                       {"bytes_sent_per_step", summary.steps ? bytes_sent_training / summary.steps : 0},
-                                       {"planned_bytes_sent_per_step", traffic.total()},
-                                       {"peak_rss_bytes_per_rank", peak_per_rank},
-                                       {"planned_model_state_bytes", memory.model_states()},
-                                       {"final_loss", summary.final_loss},
-                                       {"final_val_loss", summary.final_val_loss},
-                                       {"loss_floor", session.data->loss_floor() ? *session.data->loss_floor() : -1.0},
-                                       {"interrupted", summary.interrupted},
-                                       {"skipped_steps", summary.skipped_steps},
-                                       {"planned_bytes", memory.total()},
-                                       {"baseline_rss_bytes", baseline_rss},
-                                       {"peak_rss_bytes", peak_rss}}
-                                .dump(2) +
-                            "\n");
+  write_text_atomically(summary.run_dir / "summary.json", summary_json.dump(2) + "\n");
   fs::path weights = summary.run_dir / "model.safetensors";
   std::string arch = r.model.arch == recipe::Arch::gpt ? "gpt" : r.model.arch == recipe::Arch::llama ? "llama" : "mlp";
   save_weights(weights, session.model.graph, r.model.arch, {{"arch", arch}, {"steps", std::to_string(summary.steps)}},

@@ -8,7 +8,10 @@
 //   metrics.jsonl      one JSON object per logged step and evaluation
 //   model.safetensors  the final weights (Hugging Face names), written atomically
 //   summary.json       final losses, the planned memory and the measured peak resident memory
-// Ctrl-C stops after the current step and still saves the weights.
+//   checkpoints/       step-N checkpoints (checkpoint section; checkpoint/checkpointer.h)
+// SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 preempt: the run finishes its step, writes a checkpoint within
+// checkpoint.preemption_budget and stops (the command exits with kExitRequeue); a second signal
+// exits at once, leaving the checkpoints already committed.
 // Under a launcher every rank runs this with its communicator; rank 0 alone writes the outputs,
 // and summary.json adds the world size, the ZeRO stage, the bytes each rank sent per step
 // (measured and planned) and every rank's peak resident memory.
@@ -30,6 +33,9 @@ struct TrainSummary {
   double final_val_loss = -1;
   bool interrupted = false;
   int64_t skipped_steps = 0;  // fp16 steps whose gradients overflowed
+  bool preempted = false;     // stopped by a signal: the job should be requeued
+  int64_t resumed_from = 0;   // the step the run continued from (0: started fresh)
+  std::filesystem::path last_checkpoint;  // the last checkpoint committed, if any
 };
 
 struct TrainOptions {
@@ -44,7 +50,14 @@ struct TrainOptions {
   std::map<int64_t, std::filesystem::path> gradients_at;
   // The ranks to train with (null: this process alone). Only rank 0 writes outputs and prints.
   dist::Communicator* comm = nullptr;
+  // "latest", a checkpoint or a directory of them; empty: checkpoint.resume decides.
+  std::string resume;
+  // Stop after this many steps (of train.steps) with a checkpoint, e.g. to train in slices (0: no).
+  int64_t stop_after = 0;
 };
+
+// The status a preempted run exits with (EX_TEMPFAIL): the job should be requeued, and will resume.
+inline constexpr int kExitRequeue = 75;
 
 TrainSummary train(const recipe::LoadedRecipe& loaded, std::ostream& out, const TrainOptions& options = {});
 

@@ -13,10 +13,10 @@ void declare_all_sections(Schema& schema) {
   declare_precision(schema);
   declare_activation_checkpointing(schema);
   declare_distributed(schema);
+  declare_checkpoint(schema);
 
   // Planned sections: refused with a clear message until their feature is built.
   schema.reserve("offload", "CPU and NVMe offload");
-  schema.reserve("checkpoint", "checkpoint saving and resuming");
   schema.reserve("logging", "logging and telemetry settings");
 }
 

@@ -1,0 +1,211 @@
+#include "checkpoint/checkpointer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+#include "checkpoint/durable_io.h"
+#include "checkpoint/sharded_state.h"
+#include "core/error.h"
+#include "dist/zero_step.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::optional<int64_t> step_of(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return std::nullopt;
+  int64_t step = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return text;
+}
+
+}  // namespace
+
+fs::path checkpoint_directory(const recipe::Recipe& r) {
+  if (!r.checkpoint.dir.empty()) return r.checkpoint.dir;
+  return fs::path(r.run.output_dir) / r.run.name / "checkpoints";
+}
+
+std::vector<fs::path> committed_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const auto step = step_of(entry.path());
+    if (step && entry.is_directory() && fs::exists(entry.path() / kManifestName)) found.emplace_back(*step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir, dist::Communicator& comm,
+                           ZeroStep& zero)
+    : config_(config), dir_(std::move(dir)), comm_(comm), zero_(zero) {
+  if (comm_.rank() != 0) return;
+  // Writes that a crash or a kill interrupted: never committed, never trusted, removed now.
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir_, error))
+    if (const std::string name = entry.path().filename().string();
+        name.rfind(".tmp-step-", 0) == 0 || name.rfind(".replaced-step-", 0) == 0)
+      fs::remove_all(entry.path(), error);
+}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void Checkpointer::start(std::vector<std::byte> image, Manifest manifest) {
+  while (in_flight()) settle(true);
+  manifest_ = std::move(manifest);
+  image_ = std::move(image);
+  tmp_ = dir_ / (".tmp-step-" + std::to_string(manifest_.step));
+  started_ = now_seconds();
+  status_ = 0;
+  error_.clear();
+  pending_ = true;
+  if (config_.async)
+    writer_ = std::thread([this] { write_rank_file(); });
+  else
+    write_rank_file();
+}
+
+void Checkpointer::write_rank_file() {
+  const double begin = now_seconds();
+  try {
+    std::error_code error;
+    fs::create_directories(tmp_, error);  // every rank: whoever comes first creates it
+    if (error) throw CheckpointIoError(tmp_.string() + ": cannot create the checkpoint directory: " + error.message());
+    checksum_ = checksum(image_.data(), image_.size());
+    write_durably(tmp_ / rank_file_name(comm_.rank()), image_.data(), image_.size());
+    sync_directory(tmp_);
+    write_seconds_ = now_seconds() - begin;
+    status_ = 1;
+  } catch (const std::exception& e) {
+    error_ = e.what();
+    status_ = -1;
+  }
+  file_bytes_ = int64_t(image_.size());
+  std::vector<std::byte>().swap(image_);  // the snapshot's memory goes back now
+}
+
+std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
+  if (!pending_) return std::nullopt;
+  if (wait && writer_.joinable()) writer_.join();
+  const int status = status_.load();
+  // Every rank's [status, checksum high and low 32 bits, write seconds], in rank order.
+  std::vector<double> mine{double(status), 0, 0, 0};
+  if (status == 1) mine = {1, double(checksum_ >> 32), double(checksum_ & 0xffffffffu), write_seconds_};
+  const std::vector<double> all = zero_.gather(mine, "checkpoint write status");
+  std::vector<int> failed;
+  bool writing = false;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const double s = all[size_t(r) * 4];
+    if (s < 0) failed.push_back(r);
+    if (s == 0) writing = true;
+  }
+  if (failed.empty() && writing) return std::nullopt;  // not every rank's file is durable yet
+  if (writer_.joinable()) writer_.join();
+  pending_ = false;
+  if (!failed.empty()) {
+    if (status < 0) spdlog::error("checkpoint at step {}: {}", manifest_.step, error_);
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    std::error_code ignored;
+    if (comm_.rank() == 0) fs::remove_all(tmp_, ignored);
+    const std::vector<fs::path> kept = committed_checkpoints(dir_);
+    const std::string message =
+        "checkpoint at step " + std::to_string(manifest_.step) + " could not be written (rank " + ranks + ": " +
+        (status < 0 ? error_ : std::string("see that rank's log")) + "); " +
+        (kept.empty() ? "no earlier checkpoint exists" : "the previous checkpoint " + kept.back().string() + " is intact");
+    if (config_.on_error == recipe::CheckpointErrorAction::stop) throw CheckpointIoError(message);
+    spdlog::warn("{}; training continues (checkpoint.on_error: continue)", message);
+    return std::nullopt;
+  }
+  Committed done;
+  done.step = manifest_.step;
+  done.path = dir_ / ("step-" + std::to_string(manifest_.step));
+  manifest_.files.clear();
+  const int64_t file_bytes = file_bytes_;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const uint64_t sum = (uint64_t(all[size_t(r) * 4 + 1]) << 32) | uint64_t(all[size_t(r) * 4 + 2]);
+    manifest_.files.push_back({rank_file_name(r), file_bytes, checksum_hex(sum)});
+    done.write_seconds = std::max(done.write_seconds, all[size_t(r) * 4 + 3]);
+  }
+  done.bytes = file_bytes * comm_.size();
+  // Rank 0 commits; every rank learns whether it could (its disk may be the full one).
+  std::string commit_error;
+  if (comm_.rank() == 0) {
+    try {
+      commit(done);
+    } catch (const std::exception& e) {
+      commit_error = e.what();
+      std::error_code ignored;
+      fs::remove_all(tmp_, ignored);
+    }
+  }
+  const bool committed = zero_.gather(commit_error.empty() ? 1.0 : 0.0)[0] != 0;
+  if (!committed) {
+    const std::string message = "checkpoint at step " + std::to_string(manifest_.step) + " could not be committed" +
+                                (commit_error.empty() ? " (see rank 0's log)" : ": " + commit_error);
+    if (config_.on_error == recipe::CheckpointErrorAction::stop) throw CheckpointIoError(message);
+    spdlog::warn("{}; training continues (checkpoint.on_error: continue)", message);
+    return std::nullopt;
+  }
+  done.seconds = now_seconds() - started_;
+  last_write_seconds_ = done.seconds;
+  return done;
+}
+
+void Checkpointer::commit(Committed& done) {
+  manifest_.created = utc_now();
+  const std::string text = manifest_to_json(manifest_).dump(1) + "\n";
+  write_durably(tmp_ / kManifestName, text.data(), text.size());
+  sync_directory(tmp_);
+  // A checkpoint of the same step from an abandoned attempt is replaced, never merged.
+  std::error_code error;
+  const fs::path aside = dir_ / (".replaced-step-" + std::to_string(done.step));
+  if (fs::exists(done.path)) {
+    fs::remove_all(aside, error);
+    fs::rename(done.path, aside, error);
+    if (error) throw CheckpointIoError(done.path.string() + ": cannot replace it: " + error.message());
+  }
+  fs::rename(tmp_, done.path, error);
+  if (error) throw CheckpointIoError(tmp_.string() + ": cannot commit it as " + done.path.string() + ": " + error.message());
+  sync_directory(dir_);
+  fs::remove_all(aside, error);
+  prune();
+}
+
+void Checkpointer::prune() {
+  if (config_.keep_last <= 0) return;
+  std::vector<fs::path> all = committed_checkpoints(dir_);
+  std::error_code error;
+  for (size_t i = 0; i + size_t(config_.keep_last) < all.size(); ++i) {
+    // Uncommit first (the manifest goes), so a crash mid-removal leaves nothing that looks complete.
+    fs::remove(all[i] / kManifestName, error);
+    fs::remove_all(all[i], error);
+  }
+}
+
+}  // namespace engine

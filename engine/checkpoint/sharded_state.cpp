@@ -1,0 +1,144 @@
+#include "checkpoint/sharded_state.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "checkpoint/durable_io.h"
+#include "core/error.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+
+std::vector<StateKind> state_kinds(const ParameterStore& store, Optimizer& optimizer) {
+  std::vector<StateKind> kinds;
+  StateKind master{"master", {}};
+  for (size_t u = 0; u < store.graph().units().size(); ++u) master.units.push_back(store.master(u));
+  kinds.push_back(std::move(master));
+  for (Optimizer::StateTensor& t : optimizer.state()) kinds.push_back({t.name, t.units});
+  return kinds;
+}
+
+std::string rank_file_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.bin", rank);
+  return name;
+}
+
+int64_t rank_file_bytes(const Graph& graph, int world, size_t kinds) {
+  return ShardLayout(graph.units(), world, 0).total_shard() * int64_t(kinds) * 4;
+}
+
+std::vector<std::byte> snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds) {
+  const ShardLayout& layout = store.layout();
+  std::vector<std::byte> image(size_t(layout.total_shard()) * kinds.size() * 4);
+  std::byte* out = image.data();
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const int64_t skip = layout.begin(u) - store.range_begin(u), bytes = layout.shard(u) * 4;
+    for (const StateKind& kind : kinds) {
+      std::memcpy(out, kind.units[u] + skip, size_t(bytes));
+      out += bytes;
+    }
+  }
+  return image;
+}
+
+std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds) {
+  std::vector<CheckpointTensor> tensors;
+  const ShardLayout layout(graph.units(), world, 0);
+  for (size_t i = 0; i < graph.params().size(); ++i) {
+    const Param& p = graph.params()[i];
+    const Shape& shape = graph.value(p.value).shape;
+    const int64_t numel = shape.numel();
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      CheckpointTensor t{p.name, kinds[k], {shape.dims.begin(), shape.dims.end()}, {}};
+      // Unit u's section for kind k in every rank file starts after the earlier units' sections.
+      int64_t section = 0;
+      for (size_t u = 0; u < size_t(p.unit); ++u) section += layout.shard(u) * int64_t(kinds.size());
+      section += layout.shard(size_t(p.unit)) * int64_t(k);
+      const int64_t shard = layout.shard(size_t(p.unit));
+      for (int r = 0; r < world; ++r) {
+        const int64_t begin = std::max(p.offset, r * shard), end = std::min(p.offset + numel, (r + 1) * shard);
+        if (begin >= end) continue;
+        t.pieces.push_back({r, (section + begin - r * shard) * 4, begin - p.offset, end - begin});
+      }
+      tensors.push_back(std::move(t));
+    }
+  }
+  return tensors;
+}
+
+namespace {
+
+// Bytes [offset, offset + count * 4) of one file go to `destination`.
+struct Copy {
+  int64_t offset, count;
+  float* destination;
+};
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void load_sharded_state(const fs::path& dir, const Manifest& manifest, const ParameterStore& store,
+                        const std::vector<StateKind>& kinds) {
+  const Graph& g = store.graph();
+  std::map<int, std::vector<Copy>> copies;  // by file
+  for (size_t i = 0; i < g.params().size(); ++i) {
+    const Param& p = g.params()[i];
+    const size_t u = size_t(p.unit);
+    const int64_t numel = store.numel(int(i));
+    const int64_t range_begin = store.range_begin(u), range_end = range_begin + store.range_size(u);
+    // The elements of this parameter inside this rank's optimizer range, as tensor elements.
+    const int64_t first = std::max<int64_t>(0, range_begin - p.offset);
+    const int64_t last = std::min<int64_t>(numel, range_end - p.offset);
+    if (first >= last) continue;
+    const Shape& shape = g.value(p.value).shape;
+    const std::vector<int64_t> dims(shape.dims.begin(), shape.dims.end());
+    for (const StateKind& kind : kinds) {
+      const CheckpointTensor* t = manifest.find(p.name, kind.name);
+      if (!t)
+        throw UserError(dir.string() + " has no " + kind.name + " for parameter " + p.name +
+                        (kind.name == "master" ? " (a different model)"
+                                               : " (the checkpoint was written with another optimizer setting)"));
+      if (t->shape != dims)
+        throw UserError(dir.string() + ": parameter " + p.name + " is " + shape_text(t->shape) +
+                        " in the checkpoint and " + shape_text(dims) + " in this recipe's model");
+      float* base = kind.units[u] + (p.offset - range_begin);  // element 0 of the parameter
+      for (const CheckpointPiece& piece : t->pieces) {
+        const int64_t begin = std::max(first, piece.first), end = std::min(last, piece.first + piece.count);
+        if (begin >= end) continue;
+        copies[piece.file].push_back({piece.offset + (begin - piece.first) * 4, end - begin, base + begin});
+      }
+    }
+  }
+  for (auto& [file, list] : copies) {
+    const CheckpointFile& f = manifest.files[size_t(file)];
+    const fs::path path = dir / f.name;
+    std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
+    int64_t size = 0;
+    const uint64_t sum = read_file_chunks(path, [&](const std::byte* data, size_t bytes, int64_t at) {
+      size = at + int64_t(bytes);
+      for (const Copy& c : list) {
+        const int64_t begin = std::max(c.offset, at), end = std::min(c.offset + c.count * 4, size);
+        if (begin < end)
+          std::memcpy(reinterpret_cast<std::byte*>(c.destination) + (begin - c.offset), data + (begin - at),
+                      size_t(end - begin));
+      }
+    });
+    if (size != f.bytes)
+      throw UserError(path.string() + " is " + std::to_string(size) + " bytes, the manifest says " +
+                      std::to_string(f.bytes) + ": the checkpoint is damaged; resume from an earlier one");
+    if (checksum_hex(sum) != f.xxh3)
+      throw UserError(path.string() + " does not match its checksum (xxh3 " + checksum_hex(sum) + ", the manifest says " +
+                      f.xxh3 + "): the file is corrupted; resume from an earlier checkpoint (engine checkpoint list)");
+  }
+}
+
+}  // namespace engine
