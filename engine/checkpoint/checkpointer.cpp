@@ -51,7 +51,8 @@ std::vector<fs::path> committed_checkpoints(const fs::path& dir) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const auto step = step_of(entry.path());
-    if (step && entry.is_directory() && fs::exists(entry.path() / kManifestName)) found.emplace_back(*step, entry.path());
+    if (step && entry.is_directory() && fs::exists(entry.path() / kManifestName))
+      found.emplace_back(*step, entry.path());
   }
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;
@@ -134,10 +135,11 @@ std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
     std::error_code ignored;
     if (comm_.rank() == 0) fs::remove_all(tmp_, ignored);
     const std::vector<fs::path> kept = committed_checkpoints(dir_);
-    const std::string message =
-        "checkpoint at step " + std::to_string(manifest_.step) + " could not be written (rank " + ranks + ": " +
-        (status < 0 ? error_ : std::string("see that rank's log")) + "); " +
-        (kept.empty() ? "no earlier checkpoint exists" : "the previous checkpoint " + kept.back().string() + " is intact");
+    const std::string message = "checkpoint at step " + std::to_string(manifest_.step) +
+                                " could not be written (rank " + ranks + ": " +
+                                (status < 0 ? error_ : std::string("see that rank's log")) + "); " +
+                                (kept.empty() ? "no earlier checkpoint exists"
+                                              : "the previous checkpoint " + kept.back().string() + " is intact");
     if (config_.on_error == recipe::CheckpointErrorAction::stop) throw CheckpointIoError(message);
     spdlog::warn("{}; training continues (checkpoint.on_error: continue)", message);
     return std::nullopt;
@@ -191,7 +193,8 @@ void Checkpointer::commit(Committed& done) {
     if (error) throw CheckpointIoError(done.path.string() + ": cannot replace it: " + error.message());
   }
   fs::rename(tmp_, done.path, error);
-  if (error) throw CheckpointIoError(tmp_.string() + ": cannot commit it as " + done.path.string() + ": " + error.message());
+  if (error)
+    throw CheckpointIoError(tmp_.string() + ": cannot commit it as " + done.path.string() + ": " + error.message());
   sync_directory(dir_);
   fs::remove_all(aside, error);
   prune();

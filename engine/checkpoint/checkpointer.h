@@ -54,8 +54,8 @@ class Checkpointer {
   struct Committed {
     int64_t step = 0;
     std::filesystem::path path;
-    int64_t bytes = 0;      // all ranks' files
-    double seconds = 0;     // from start() to the commit
+    int64_t bytes = 0;         // all ranks' files
+    double seconds = 0;        // from start() to the commit
     double write_seconds = 0;  // the slowest rank's write and fsync
   };
   // Every rank, at the same points, while in_flight(): commits the checkpoint in flight once every

@@ -70,13 +70,17 @@ Manifest read_manifest(const fs::path& dir) {
     m.state = j.at("state");
     m.recipe = j.at("recipe").get<std::string>();
     for (const Json& f : j.at("files"))
-      m.files.push_back({f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(), f.at("xxh3").get<std::string>()});
+      m.files.push_back(
+          {f.at("name").get<std::string>(), f.at("bytes").get<int64_t>(), f.at("xxh3").get<std::string>()});
     for (const Json& t : j.at("tensors")) {
-      CheckpointTensor tensor{t.at("name").get<std::string>(), t.at("kind").get<std::string>(),
-                              t.at("shape").get<std::vector<int64_t>>(), {}};
+      CheckpointTensor tensor{t.at("name").get<std::string>(),
+                              t.at("kind").get<std::string>(),
+                              t.at("shape").get<std::vector<int64_t>>(),
+                              {}};
       int64_t covered = 0;
       for (const Json& p : t.at("pieces")) {
-        CheckpointPiece piece{p.at(0).get<int>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>(), p.at(3).get<int64_t>()};
+        CheckpointPiece piece{p.at(0).get<int>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>(),
+                              p.at(3).get<int64_t>()};
         if (piece.file < 0 || size_t(piece.file) >= m.files.size() || piece.offset < 0 || piece.count < 0 ||
             piece.offset + piece.count * 4 > m.files[size_t(piece.file)].bytes || piece.first != covered)
           throw UserError("tensor " + tensor.name + " (" + tensor.kind + ") has a piece outside its files");

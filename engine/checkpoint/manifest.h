@@ -48,7 +48,7 @@ struct Manifest {
   int world_size = 1;
   int zero_stage = 0;
   std::string engine_version;
-  std::string created;  // UTC, ISO 8601
+  std::string created;   // UTC, ISO 8601
   nlohmann::json state;  // TrainingState (checkpoint/training_state.h)
   std::string recipe;    // the resolved recipe, YAML
   std::vector<CheckpointFile> files;

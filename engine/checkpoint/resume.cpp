@@ -34,7 +34,9 @@ namespace {
 
 void flatten(const YAML::Node& node, const std::string& prefix, std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
-    for (const auto& item : node) flatten(item.second, prefix.empty() ? item.first.as<std::string>() : prefix + "." + item.first.as<std::string>(), out);
+    for (const auto& item : node)
+      flatten(item.second, prefix.empty() ? item.first.as<std::string>() : prefix + "." + item.first.as<std::string>(),
+              out);
     return;
   }
   YAML::Emitter text;
@@ -53,10 +55,10 @@ Change classify(const std::string& key) {
   // Handled by keep_global_batch: the global batch is what must stay.
   for (const char* k : {"train.gradient_accumulation_steps", "train.global_batch_size"})
     if (key == k) return Change::silent;
-  for (const char* k : {"train.steps", "train.gradient_clipping", "scheduler.", "optimizer.lr", "optimizer.weight_decay",
-                        "distributed.", "activation_checkpointing.", "plugins", "precision.growth_interval",
-                        "precision.scale_factor", "precision.hysteresis", "precision.min_scale",
-                        "precision.on_min_scale"})
+  for (const char* k :
+       {"train.steps", "train.gradient_clipping", "scheduler.", "optimizer.lr", "optimizer.weight_decay",
+        "distributed.", "activation_checkpointing.", "plugins", "precision.growth_interval", "precision.scale_factor",
+        "precision.hysteresis", "precision.min_scale", "precision.on_min_scale"})
     if (starts_with(key, k)) return Change::noted;
   return Change::refused;
 }
@@ -102,8 +104,9 @@ std::vector<std::string> check_recipe_change(const std::string& saved_yaml, cons
   if (!refused.empty()) {
     std::string message = "cannot resume: the recipe differs from the checkpoint's in ways a resumed run cannot take:";
     for (const std::string& r : refused) message += "\n  " + r;
-    message += "\nresume with the checkpoint's values (its recipe is in manifest.json: engine checkpoint inspect), or "
-               "start a new run (model.init_from takes weights exported with engine export)";
+    message +=
+        "\nresume with the checkpoint's values (its recipe is in manifest.json: engine checkpoint inspect), or "
+        "start a new run (model.init_from takes weights exported with engine export)";
     throw UserError(message);
   }
   return notes;

@@ -136,8 +136,9 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
       throw UserError(path.string() + " is " + std::to_string(size) + " bytes, the manifest says " +
                       std::to_string(f.bytes) + ": the checkpoint is damaged; resume from an earlier one");
     if (checksum_hex(sum) != f.xxh3)
-      throw UserError(path.string() + " does not match its checksum (xxh3 " + checksum_hex(sum) + ", the manifest says " +
-                      f.xxh3 + "): the file is corrupted; resume from an earlier checkpoint (engine checkpoint list)");
+      throw UserError(path.string() + " does not match its checksum (xxh3 " + checksum_hex(sum) +
+                      ", the manifest says " + f.xxh3 +
+                      "): the file is corrupted; resume from an earlier checkpoint (engine checkpoint list)");
   }
 }
 

@@ -38,7 +38,10 @@ const std::map<std::string, std::string>& topics() {
        "0  success\n"
        "1  internal error: a bug in the engine; please report it with the message\n"
        "2  user error: a recipe, override, file or command-line mistake, explained in the message\n"
-       "3  regression: `engine golden check` found training behaviour that differs from its golden file\n"},
+       "3  regression: `engine golden check` found training behaviour that differs from its golden file\n"
+       "4  a rank was lost: a collective did not complete within distributed.timeout\n"
+       "75 preempted: SIGTERM, SIGINT or SIGUSR1 stopped training after a checkpoint; requeue the job and it\n"
+       "   resumes (--resume, or checkpoint.resume: auto)\n"},
   };
   return text;
 }

@@ -65,9 +65,10 @@ namespace {
 void print_stage_table(const Recipe& r, int world, int64_t parameters) {
   const double psi = double(parameters), n = double(world);
   const double paper[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
-  std::printf("\nZeRO stages per rank at world size %d (model states = parameters + gradients + optimizer state;\n"
-              "the paper's column is 2Ψ + 2Ψ + 12Ψ divided as the stage divides it, Ψ = %lld):\n",
-              world, (long long)parameters);
+  std::printf(
+      "\nZeRO stages per rank at world size %d (model states = parameters + gradients + optimizer state;\n"
+      "the paper's column is 2Ψ + 2Ψ + 12Ψ divided as the stage divides it, Ψ = %lld):\n",
+      world, (long long)parameters);
   std::printf("  stage  %11s %11s %11s %12s %11s %11s %11s %11s %11s\n", "parameters", "gradients", "optimizer",
               "model states", "paper", "ZeRO bufs", "activations", "total", "sent/step");
   for (int stage = 0; stage <= 3; ++stage) {
@@ -75,12 +76,12 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
     variant.distributed.zero_stage = stage;
     const CompiledStep c = compile_step(variant, world);
     const MemoryPlan& m = c.memory;
-    std::printf("  %s%d    %11s %11s %11s %12s %11s %11s %11s %11s %11s\n", stage == r.distributed.zero_stage ? "*" : " ",
-                stage, format_bytes(m.parameters).c_str(), format_bytes(m.gradients).c_str(),
-                format_bytes(m.optimizer_state).c_str(), format_bytes(m.model_states()).c_str(),
-                format_bytes(int64_t(paper[stage])).c_str(), format_bytes(m.zero_buffers).c_str(),
-                format_bytes(m.activations).c_str(), format_bytes(m.total()).c_str(),
-                format_bytes(c.traffic.total()).c_str());
+    std::printf("  %s%d    %11s %11s %11s %12s %11s %11s %11s %11s %11s\n",
+                stage == r.distributed.zero_stage ? "*" : " ", stage, format_bytes(m.parameters).c_str(),
+                format_bytes(m.gradients).c_str(), format_bytes(m.optimizer_state).c_str(),
+                format_bytes(m.model_states()).c_str(), format_bytes(int64_t(paper[stage])).c_str(),
+                format_bytes(m.zero_buffers).c_str(), format_bytes(m.activations).c_str(),
+                format_bytes(m.total()).c_str(), format_bytes(c.traffic.total()).c_str());
   }
   std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
 }
@@ -138,8 +139,12 @@ int plan(const RecipeArgs& args) {
   if (m.host) row("host activations", m.host);
   if (m.staging) row("reduce staging", m.staging);
   row("total", m.total());
+  row("checkpoint snapshot", m.checkpoint_snapshot);
   const Plan& train_plan = session.train;
-  std::printf("  (activations without reuse would take %s)\n", format_bytes(train_plan.unplaced_bytes).c_str());
+  std::printf(
+      "  (activations without reuse would take %s; the checkpoint snapshot is this rank's checkpoint file,\n"
+      "   held only while a checkpoint is written)\n",
+      format_bytes(train_plan.unplaced_bytes).c_str());
   if (world > 1) {
     std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s)\n",
                 format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),

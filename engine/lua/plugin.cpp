@@ -118,7 +118,7 @@ struct Plugin::Call {
   Json json;
 };
 
-Plugin::Plugin(const fs::path& path, std::string name, uint64_t seed, Limits limits) {
+Plugin::Plugin(const fs::path& path, std::string name, uint64_t seed, Limits limits) : seed_(seed) {
   std::string source = read_source(path, name);
   sandbox_ = std::make_unique<Sandbox>(name, limits, seed);
   info_.name = name;
@@ -185,9 +185,20 @@ void Plugin::start(const Json& args, const Json& recipe_values) {
 
 PluginActions Plugin::invoke(Hook which, const TrainState& state, std::shared_ptr<const Call> call) {
   if (!has(which)) return {};
+  // math.random restarts at every hook call from (seed, step, hook): a counter-based stream, so a
+  // run resumed from a checkpoint draws what the uninterrupted run drew.
+  const uint64_t stream = seed_ ^ (uint64_t(state.step) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(which) << 56);
   sandbox_->run(
-      [call, state](lua_State* L, Context& c) {
+      [call, state, stream](lua_State* L, Context& c) {
         const Hook hook = call->hook;
+        lua_getglobal(L, LUA_MATHLIBNAME);
+        if (lua_getfield(L, -1, "randomseed") == LUA_TFUNCTION) {
+          lua_pushinteger(L, static_cast<lua_Integer>(stream));
+          lua_call(L, 1, 0);
+          lua_pop(L, 1);
+        } else {
+          lua_pop(L, 2);
+        }
         c.pending = PluginActions{};
         c.current = hook;
         c.allow_actions = hook != Hook::on_recipe;

@@ -85,6 +85,7 @@ class Plugin {
   PluginActions invoke(Hook hook, const TrainState& state, std::shared_ptr<const Call> call);
 
   std::unique_ptr<Sandbox> sandbox_;
+  uint64_t seed_ = 0;
   PluginInfo info_;
 };
 

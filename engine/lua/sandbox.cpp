@@ -127,9 +127,14 @@ int sandbox_setmetatable(lua_State* L) {
 }
 
 // math.randomseed needs a seed: without one Lua seeds from the clock, and runs stop repeating.
+// The original is called as a closure: it keeps its generator's state in an upvalue of its own.
 int sandbox_randomseed(lua_State* L) {
   luaL_checkinteger(L, 1);
-  return lua_tocfunction(L, lua_upvalueindex(1))(L);
+  const int args = lua_gettop(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, args, LUA_MULTRET);
+  return lua_gettop(L);
 }
 
 void wrap(lua_State* L, const char* table, const char* name, lua_CFunction wrapper) {

@@ -211,7 +211,9 @@ void scale_gradients(ParameterStore& store, double factor) {
   }
 }
 
-double clip_factor(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0; }
+double clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
 
 double clip_gradients(ParameterStore& store, double max_norm) {
   const double norm = gradient_norm(store);

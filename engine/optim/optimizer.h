@@ -40,7 +40,7 @@ class Optimizer {
 // How many fp32 state tensors per parameter the optimizer keeps (AdamW 2, SGD 1 with momentum, else 0).
 inline int optimizer_state_tensors(const recipe::OptimizerSection& o) {
   if (o.type == recipe::OptimizerType::adamw) return 2;  // first and second moments
-  return o.momentum > 0 ? 1 : 0;                        // momentum buffer
+  return o.momentum > 0 ? 1 : 0;                         // momentum buffer
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config, ParameterStore& store);
@@ -53,9 +53,9 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step);
 double clip_gradients(ParameterStore& store, double max_norm);
 
 // The pieces of clip_gradients, for callers that also unscale (fp16 loss scaling):
-double gradient_norm(const ParameterStore& store);                // global L2 norm, in double (one rank)
-double clip_factor(double norm, double max_norm);                 // 1 when no clipping applies
-void scale_gradients(ParameterStore& store, double factor);       // every gradient *= factor
+double gradient_norm(const ParameterStore& store);           // global L2 norm, in double (one rank)
+double clip_factor(double norm, double max_norm);            // 1 when no clipping applies
+void scale_gradients(ParameterStore& store, double factor);  // every gradient *= factor
 
 // The norm at any world size and stage: one sum of squares (in double) per kShardBlock elements of
 // this rank's shard (shard_layout.h), in unit and block order; the ranks' partials, gathered in

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <ostream>
 
-
 namespace engine {
 
 namespace fs = std::filesystem;

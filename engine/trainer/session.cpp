@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "checkpoint/sharded_state.h"
 #include "core/error.h"
 #include "graph/autodiff.h"
 #include "dist/zero_plan.h"
@@ -125,6 +126,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
     if (v.placement == Placement::host) m.host += value_bytes(v);
   }
   m.scratch = std::max(c.train.scratch_bytes, c.eval.scratch_bytes);
+  m.checkpoint_snapshot = rank_file_bytes(g, world, size_t(1 + optimizer_state_tensors(r.optimizer)));
   // A host communicator receives every peer's chunk of a reduce-scatter before summing them in
   // rank order (dist/communicator.h): one buffer, as large as the largest unit's gradient.
   if (world > 1)

@@ -6,14 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <ctime>
-#include <optional>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <vector>
 
@@ -100,7 +100,8 @@ void require_same_run_on_every_rank(dist::Communicator& comm, const std::string&
   comm.all_gather(&mine, all.data(), sizeof mine, "all-gather of the recipe's and the engine's identity").wait();
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != all[0])
-      throw UserError("rank " + std::to_string(r) + " runs a different recipe or engine build than rank 0 (the "
+      throw UserError("rank " + std::to_string(r) +
+                      " runs a different recipe or engine build than rank 0 (the "
                       "resolved recipe and the engine version must be the same on every rank: same files, same "
                       "overrides, same binary)");
 }
@@ -255,8 +256,6 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   if (comm.size() > 1)
     require_same_run_on_every_rank(comm, recipe_yaml + "\nresume from step " + std::to_string(first_step));
   CompiledStep compiled = compile_step(r, comm.size());
-  compiled.memory.checkpoint_snapshot =
-      rank_file_bytes(compiled.model.graph, comm.size(), size_t(1 + optimizer_state_tensors(r.optimizer)));
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;
   Session session(r, std::move(compiled), &comm);
@@ -265,9 +264,13 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                     std::to_string(r.distributed.zero_stage) + " shards it over " + std::to_string(comm.size()) +
                     " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
   session.store.initialize(uint64_t(r.run.seed));
-  double elapsed_before = 0;
+  double elapsed_before = 0, restore_seconds = 0;
   if (resume_dir) {
+    const auto restore_start = std::chrono::steady_clock::now();
     restore_checkpoint(session, plugins, *resume_dir, resume);
+    restore_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_start).count();
+    out << "restored " << format_bytes(resume.total_bytes()) << " of checkpoint in " << format_fixed(restore_seconds, 2)
+        << " s\n";
     summary.skipped_steps = resume.state.value("skipped_steps", int64_t(0));
     summary.final_loss = resume.state.value("last_loss", 0.0);
     elapsed_before = resume.state.value("elapsed_s", 0.0);
@@ -284,14 +287,20 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   if (comm.size() > 1)
     out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage " << r.distributed.zero_stage
         << "; each rank sends " << format_bytes(traffic.total()) << " per step\n";
-  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total())
-      << " (activations " << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
+  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total()) << " (activations "
+      << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
       << " while a checkpoint is written)\n";
 
   std::ofstream metrics;
   if (lead) {
     if (resume_dir) truncate_metrics(summary.run_dir / "metrics.jsonl", first_step);
     metrics.open(summary.run_dir / "metrics.jsonl", resume_dir ? std::ios::app : std::ios::trunc);
+    if (resume_dir)
+      metrics << nlohmann::json{{"step", first_step},           {"event", "resume"},
+                                {"path", resume_dir->string()}, {"bytes", resume.total_bytes()},
+                                {"read_s", restore_seconds},    {"world_size", resume.world_size}}
+                     .dump()
+              << "\n";
   }
   ProgressLine progress(out, lead && isatty(STDOUT_FILENO) && &console == &std::cout, r.train.steps);
   progress_line = &progress;
@@ -325,14 +334,11 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       progress.note("step " + std::to_string(done->step) + ": checkpoint " + done->path.string() + " (" +
                     format_bytes(done->bytes) + ", written in " + format_fixed(done->write_seconds, 2) + " s)");
       if (metrics.is_open())
-        metrics << nlohmann::json{{"step", done->step},
-                                  {"event", "checkpoint"},
-                                  {"path", done->path.string()},
-                                  {"bytes", done->bytes},
-                                  {"write_s", done->write_seconds},
-                                  {"commit_s", done->seconds}}
-                       .dump()
-                << "\n";
+        metrics
+            << nlohmann::json{{"step", done->step},   {"event", "checkpoint"},          {"path", done->path.string()},
+                              {"bytes", done->bytes}, {"write_s", done->write_seconds}, {"commit_s", done->seconds}}
+                   .dump()
+            << "\n";
       plugins.checkpoint_written(done->step, done->path);
     }
   };
@@ -344,7 +350,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     if (comm.size() == 1) return flags;
     const std::vector<double> all = session.zero.gather(flags, "the step's stop and checkpoint decisions");
     for (size_t k = 0; k < 3; ++k)
-      for (int rank = 1; rank < comm.size(); ++rank) flags[k] = std::max(flags[k], all[size_t(rank) * flags.size() + k]);
+      for (int rank = 1; rank < comm.size(); ++rank)
+        flags[k] = std::max(flags[k], all[size_t(rank) * flags.size() + k]);
     flags[3] = all[3];
     flags[4] = all[4];
     return flags;
@@ -391,7 +398,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     summary.final_loss = loss;
 
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
-    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_time).count() / 60;
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_time).count() / 60;
     const std::vector<double> decided =
         agree({StopSignals::received() ? 1.0 : 0.0, plugins.stop_reason() ? 1.0 : 0.0,
                plugins.take_checkpoint_request() ? 1.0 : 0.0,
@@ -407,7 +415,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       double rate = window > 0 ? double(window_rows) / window : 0;
       window_start = now;
       window_rows = 0;
-      nlohmann::json line{{"step", step + 1},          {"loss", loss},        {"lr", lr}, {"grad_norm", grad_norm},
+      nlohmann::json line{{"step", step + 1},          {"loss", loss},          {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_second", rate}, {"elapsed_s", elapsed()}};
       if (session.scaler.enabled()) line["loss_scale"] = result.loss_scale;
       metrics << line.dump() << "\n";
@@ -427,8 +435,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     }
     plugins.end_of_step(step);
     settle_checkpoint(false);  // commits a background write that every rank has finished
-    const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
-                     decided[2] != 0 || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) || sliced;
+    const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) || decided[2] != 0 ||
+                     decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) || sliced;
     if (preempted) {
       // Within the budget from the signal: this step's checkpoint, if the last write's time says it
       // fits; else the one in flight, if any, is committed and the run resumes from there.

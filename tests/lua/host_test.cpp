@@ -233,6 +233,31 @@ TEST(LuaHost, RandomIsSeededFromTheRun) {
   EXPECT_NE(a->save_state(), c->save_state());
 }
 
+// A resumed run starts a fresh plugin at step k: math.random must draw there what the run that
+// never stopped drew at step k, whatever earlier steps drew.
+TEST(LuaHost, RandomDependsOnTheStepNotOnEarlierCalls) {
+  const char* source = R"(
+    saved = {}
+    function on_step_start(state) saved[#saved + 1] = math.random(1, 1000000000) end)";
+  auto straight = load_plugin(source, Json::object(), testing::untimed_limits(), 42);
+  for (int step = 1; step <= 4; ++step) straight->on_step_start(state_at(step));
+  auto resumed = load_plugin(source, Json::object(), testing::untimed_limits(), 42);
+  resumed->on_step_start(state_at(4));
+  EXPECT_EQ(straight->save_state()[3], resumed->save_state()[0]);
+  EXPECT_NE(straight->save_state()[2], straight->save_state()[3]);  // still a different draw per step
+}
+
+TEST(LuaHost, RandomseedWithASeedWorks) {
+  auto plugin = load_plugin(R"(
+    function on_train_start(state)
+      math.randomseed(7); local a = math.random(1, 1000000)
+      math.randomseed(7); local b = math.random(1, 1000000)
+      saved = {same = a == b}
+    end)");
+  plugin->on_train_start(state_at(0));
+  EXPECT_EQ(plugin->save_state(), (Json{{"same", true}}));
+}
+
 TEST(LuaHost, InfoListsDescriptionParamsAndHooks) {
   auto plugin = load_plugin(R"(
     description = "Example."

@@ -154,7 +154,7 @@ TEST(MemoryPlan, PredictsThePeakResidentMemoryOfARealRun) {
 namespace engine {
 namespace {
 
-TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
+TEST(Interrupt, CtrlCFinishesTheStepWritesACheckpointAndAsksForARequeue) {
   const testing::TempDir scratch("interrupt");
   const fs::path& out = scratch.path();
   pid_t child = fork();
@@ -176,13 +176,19 @@ TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of stopping cleanly";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(WEXITSTATUS(status), 75);  // requeue
   std::ifstream in(out / "quickstart" / "summary.json");
   nlohmann::json s = nlohmann::json::parse(in);
   EXPECT_TRUE(s["interrupted"].get<bool>());
-  EXPECT_LT(s["steps"].get<int64_t>(), 1000000);
-  EXPECT_TRUE(fs::exists(out / "quickstart" / "model.safetensors"));
-  EXPECT_FALSE(fs::exists(out / "quickstart" / "model.safetensors.tmp"));
+  EXPECT_TRUE(s["preempted"].get<bool>());
+  const int64_t steps = s["steps"].get<int64_t>();
+  EXPECT_LT(steps, 1000000);
+  // The step the run stopped after is committed, and nothing half-written is left.
+  const fs::path checkpoint = out / "quickstart" / "checkpoints" / ("step-" + std::to_string(steps));
+  EXPECT_EQ(s["last_checkpoint"].get<std::string>(), checkpoint.string());
+  EXPECT_TRUE(fs::exists(checkpoint / "manifest.json"));
+  EXPECT_TRUE(fs::exists(checkpoint / "rank-00000.bin"));
+  EXPECT_FALSE(fs::exists(out / "quickstart" / "checkpoints" / (".tmp-step-" + std::to_string(steps))));
 }
 
 }  // namespace
