@@ -105,7 +105,7 @@ int checkpoint_list(const fs::path& path) {
   if (is_checkpoint(dir)) throw UserError(dir.string() + " is one checkpoint: see `engine checkpoint inspect`");
   std::vector<std::pair<int64_t, std::string>> rows;  // by step; committed before unfinished
   for (const fs::path& checkpoint : committed_checkpoints(dir)) {
-    const int64_t step = *step_in_name(checkpoint.filename().string(), "step-");
+    const int64_t step = step_in_name(checkpoint.filename().string(), "step-").value_or(0);
     try {
       const Manifest m = read_manifest(checkpoint);
       rows.emplace_back(step, pad(std::to_string(m.step), 8, true) + pad(std::to_string(m.world_size), 7, true) +
