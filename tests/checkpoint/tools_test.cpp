@@ -206,6 +206,20 @@ TEST_F(CheckpointTools, ExportOfTheLastCheckpointIsTheFinalModel) {
   expect_same_weights(preempted, run_dir() / "model.safetensors");
 }
 
+TEST(CheckpointToolsHelp, TheCommandsAreExplained) {
+  const Result topic = engine("help checkpoints");
+  EXPECT_EQ(topic.status, 0) << topic.output;
+  for (const char* expected : {"engine checkpoint list", "engine checkpoint inspect", "engine checkpoint verify",
+                               "engine export CKPT|DIR", ".tmp-step-N"})
+    EXPECT_NE(topic.output.find(expected), std::string::npos) << "no '" << expected << "' in\n" << topic.output;
+  const Result overview = engine("help");
+  EXPECT_NE(overview.output.find("engine checkpoint list|inspect|verify"), std::string::npos) << overview.output;
+  const Result usage = engine("checkpoint verify --help");
+  EXPECT_EQ(usage.status, 0) << usage.output;
+  EXPECT_NE(usage.output.find("checksum"), std::string::npos) << usage.output;
+  EXPECT_EQ(engine("checkpoint").status, 2);  // a subcommand is required
+}
+
 // Written by two ranks at ZeRO stage 3 (every parameter in pieces across both files), exported by
 // one process.
 TEST(CheckpointToolsDistributed, ExportOfAZero3CheckpointIsTheFinalModel) {
