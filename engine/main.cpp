@@ -76,8 +76,13 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   add_recipe_args(plan, plan_args);
 
   std::filesystem::path export_run, export_destination;
-  auto* export_cmd = app.add_subcommand("export", "Write a run's final weights to a safetensors file");
-  export_cmd->add_option("run_dir", export_run, "Run directory (<output_dir>/<name>)")->required();
+  auto* export_cmd = app.add_subcommand(
+      "export", "Write a run's final weights, or a checkpoint's, to a safetensors file (Hugging Face names)");
+  export_cmd
+      ->add_option("source", export_run,
+                   "Run directory (<output_dir>/<name>: its final weights, else its latest checkpoint), a "
+                   "checkpoint (a step-N directory) or a directory of checkpoints (the latest)")
+      ->required();
   export_cmd->add_option("destination", export_destination, "Output .safetensors file")->required();
 
   engine::cli::GenerateArgs generate_args;
@@ -132,9 +137,26 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   auto* plugin_info = plugin->add_subcommand("info", "Print a plugin's description, parameters and hooks");
   plugin_info->add_option("file", plugin_file, "The plugin's .lua file")->required();
 
+  std::filesystem::path checkpoint_path;
+  auto* checkpoint = app.add_subcommand("checkpoint", "Checkpoints: list, inspect and verify them");
+  checkpoint->require_subcommand(1);
+  auto* checkpoint_list = checkpoint->add_subcommand(
+      "list", "One line per complete checkpoint (step, world size, ZeRO stage, size, created); unfinished writes");
+  checkpoint_list->add_option("dir", checkpoint_path, "A directory of checkpoints (checkpoint.dir) or a run directory")
+      ->required();
+  auto* checkpoint_inspect = checkpoint->add_subcommand(
+      "inspect", "One checkpoint's manifest: step, world, training state, files and checksums, tensors");
+  checkpoint_inspect->add_option("checkpoint", checkpoint_path, "A checkpoint directory (step-N)")->required();
+  auto* checkpoint_verify = checkpoint->add_subcommand(
+      "verify", "Read every rank file and check its size and checksum; exit 2 naming each damaged file");
+  checkpoint_verify
+      ->add_option("path", checkpoint_path,
+                   "A checkpoint, or a directory of checkpoints or a run directory (verifies every one)")
+      ->required();
+
   std::string topic;
   auto* help = app.add_subcommand("help", "Explain a topic, a section or a key");
-  help->add_option("topic", topic, "recipes, overrides, batch, exit-codes, a section or section.key");
+  help->add_option("topic", topic, "recipes, overrides, batch, checkpoints, exit-codes, a section or section.key");
 
   try {
     app.parse(argc, argv);
@@ -165,6 +187,9 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   if (*generate) return engine::cli::generate(generate_args);
   if (*config) return engine::cli::config(recipe_args, only_changed);
   if (*schema) return engine::cli::schema(markdown);
+  if (*checkpoint_list) return engine::cli::checkpoint_list(checkpoint_path);
+  if (*checkpoint_inspect) return engine::cli::checkpoint_inspect(checkpoint_path);
+  if (*checkpoint_verify) return engine::cli::checkpoint_verify(checkpoint_path);
   if (*help) return engine::cli::help(topic);
   if (*plugin_info) return engine::cli::plugin_info(plugin_file);
   std::cout << app.help();

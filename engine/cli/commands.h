@@ -57,7 +57,15 @@ struct GoldenArgs {
 
 int validate(const RecipeArgs& args);
 int golden(const GoldenArgs& args);
-int export_weights(const std::filesystem::path& run_dir, const std::filesystem::path& destination);
+// `source`: a finished run (its model.safetensors), a checkpoint, or a directory of checkpoints or a
+// run directory without final weights (the latest complete checkpoint).
+int export_weights(const std::filesystem::path& source, const std::filesystem::path& destination);
+int checkpoint_list(const std::filesystem::path& dir);
+int checkpoint_inspect(const std::filesystem::path& checkpoint);
+// Exit 2 (a UserError naming every damaged file) unless every rank file matches its manifest.
+int checkpoint_verify(const std::filesystem::path& checkpoint_or_dir);
+// The directory holding a run's checkpoints: `path` itself, or a run directory's checkpoints/.
+std::filesystem::path checkpoints_in(const std::filesystem::path& path);
 int generate(const GenerateArgs& args);
 int train(const RecipeArgs& args);
 int plan(const RecipeArgs& args);

@@ -34,6 +34,16 @@ const std::map<std::string, std::string>& topics() {
        "Any two of the three recipe keys determine the third (leave it `auto`); with only\n"
        "micro_batch_size set, gradient_accumulation_steps is 1. world_size comes from --world-size, or\n"
        "from mpirun's environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE), or is 1.\n"},
+      {"checkpoints",
+       "With checkpoint.every_steps (or every_minutes, or at_end), `engine train` writes checkpoints to\n"
+       "checkpoint.dir (default <run dir>/checkpoints): step-N/ holds one rank-NNNNN.bin per rank and\n"
+       "manifest.json, written last; a .tmp-step-N/ directory is a write that never finished and is ignored.\n"
+       "  engine checkpoint list DIR          every checkpoint in DIR (or a run directory's checkpoints/)\n"
+       "  engine checkpoint inspect CKPT      one checkpoint: step, world, training state, files, tensors\n"
+       "  engine checkpoint verify CKPT|DIR   check every rank file's size and checksum; exit 2 naming\n"
+       "                                      each damaged file\n"
+       "  engine export CKPT|DIR OUT.safetensors   a checkpoint's weights (a directory: its latest)\n"
+       "  engine train RECIPE --resume [PATH]      continue from one, at any world size and ZeRO stage\n"},
       {"exit-codes",
        "0  success\n"
        "1  internal error: a bug in the engine; please report it with the message\n"
@@ -83,7 +93,8 @@ int help(const std::string& topic) {
                  "commands:\n"
                  "  engine train RECIPE [OVERRIDES...]      train; outputs in <run.output_dir>/<run.name>\n"
                  "  engine plan RECIPE [OVERRIDES...]       parameters, FLOPs and the exact memory plan\n"
-                 "  engine export RUN_DIR OUT.safetensors   a run's final weights\n"
+                 "  engine export RUN_DIR OUT.safetensors   a run's final weights (or a checkpoint's)\n"
+                 "  engine checkpoint list|inspect|verify   a run's checkpoints (engine help checkpoints)\n"
                  "  engine golden record|check|update R...  golden-recipe regression tests\n"
                  "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"

@@ -1,10 +1,13 @@
-// engine export and engine generate: using a finished run's weights.
+// engine export and engine generate: using a finished run's weights, or a checkpoint's.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_state.h"
 #include "checkpoint/weights.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -30,10 +33,54 @@ fs::path weights_of(const fs::path& run_dir) {
 
 }  // namespace
 
-int export_weights(const fs::path& run_dir, const fs::path& destination) {
+namespace {
+
+// A checkpoint's fp32 master weights under Hugging Face names. The model graph comes from the
+// recipe stored in its manifest (only its model section matters, so no data file needs to exist);
+// each parameter's pieces are gathered from whichever rank files hold them, at any world size and
+// ZeRO stage the checkpoint was written with, and every file read is checked against its checksum.
+void export_checkpoint(const fs::path& checkpoint, const fs::path& destination) {
+  const Manifest manifest = read_manifest(checkpoint);
+  MemorySourceReader reader;
+  const fs::path recipe_path = checkpoint / (std::string(kManifestName) + "#recipe");
+  reader.add(recipe_path, manifest.recipe);
+  LoadOptions options;
+  options.reader = &reader;
+  options.check_files = false;
+  options.world = {manifest.world_size, "the checkpoint's world size"};
+  const Recipe r = load_recipe(recipe_path, options).recipe;
+  ModelGraph model = build_model(r, 1, 1.0);
+  // One rank at stage 0 holds every parameter whole; the masters are all it needs.
+  ParameterStore store(model.graph);
+  StateKind master{"master", {}};
+  for (size_t u = 0; u < model.graph.units().size(); ++u) master.units.push_back(store.master(u));
+  load_sharded_state(checkpoint, manifest, store, {master});
+  const std::string arch = r.model.arch == Arch::gpt ? "gpt" : r.model.arch == Arch::llama ? "llama" : "mlp";
+  save_weights(destination, store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(manifest.step)}});
+  std::cout << "exported step " << manifest.step << " of " << checkpoint.string() << " to " << destination.string()
+            << "\n";
+}
+
+}  // namespace
+
+int export_weights(const fs::path& source, const fs::path& destination) {
+  if (fs::exists(source / kManifestName)) {
+    export_checkpoint(source, destination);
+    return kExitOk;
+  }
+  if (!fs::exists(source / "model.safetensors") && fs::is_directory(source)) {
+    // A directory of checkpoints, or a run without final weights (preempted): its latest checkpoint.
+    const std::vector<fs::path> found = committed_checkpoints(checkpoints_in(source));
+    if (!found.empty()) {
+      export_checkpoint(found.back(), destination);
+      return kExitOk;
+    }
+    throw UserError(source.string() + ": neither a finished run (no model.safetensors), a checkpoint (no " +
+                    kManifestName + ") nor a directory of complete checkpoints");
+  }
   // Read (which validates every tensor) and write atomically: a bad or truncated run file is
   // refused rather than copied.
-  SafetensorsFile file = read_safetensors(weights_of(run_dir));
+  SafetensorsFile file = read_safetensors(weights_of(source));
   std::vector<SafeTensor> tensors;
   for (auto& [name, tensor] : file.tensors) tensors.push_back(std::move(tensor));
   write_safetensors(destination, tensors, file.metadata);
