@@ -1,6 +1,7 @@
 // engine: the command-line entry point. Parses arguments with CLI11 and maps failures to the
 // documented exit codes: 2 for user errors, 1 for internal errors (see cli/commands.h).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include <cstdlib>
 #include <iostream>
@@ -34,6 +35,30 @@ std::string version_text() {
          engine::accelerator_summary();
 }
 
+// `--resume` takes an optional value: `--resume`, `--resume PATH` and `--resume=PATH` all work, and an
+// override or the recipe after a bare --resume stays what it is. Returned as CLI11 wants: reversed.
+std::vector<std::string> resume_with_its_value(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg != "--resume") {
+      args.push_back(arg);
+      continue;
+    }
+    const std::string next = i + 1 < argc ? argv[i + 1] : "";
+    auto ends_with = [&](const char* suffix) {
+      const std::string s = suffix;
+      return next.size() >= s.size() && next.compare(next.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool value = !next.empty() && next[0] != '-' && next.find('=') == std::string::npos && !ends_with(".yaml") &&
+                       !ends_with(".yml");
+    args.push_back("--resume=" + (value ? next : std::string("latest")));
+    if (value) ++i;
+  }
+  std::reverse(args.begin(), args.end());
+  return args;
+}
+
 int run(int argc, char** argv, const engine::Launch& launch, const engine::ThreadChoice& threads) {
   CLI::App app{"engine: a declarative training engine driven by YAML recipes"};
   app.require_subcommand(0, 1);
@@ -64,11 +89,12 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   train
       ->add_option("--resume", train_args.resume,
                    "Continue from a checkpoint: the latest complete one in checkpoint.dir (no value, or "
-                   "`latest`), a checkpoint directory, or a directory of checkpoints (its latest)")
-      ->expected(0, 1)
-      ->default_str("latest");
-  train->add_option("--stop-after", train_args.stop_after,
-                    "Stop after this step with a checkpoint (exit 0), to train in slices; --resume continues")
+                   "`latest`), a checkpoint directory, or a directory of checkpoints (its latest). The word "
+                   "after --resume is its value unless it is an override (has '='), an option or a .yaml file")
+      ->type_name("[PATH]");
+  train
+      ->add_option("--stop-after", train_args.stop_after,
+                   "Stop after this step with a checkpoint (exit 0), to train in slices; --resume continues")
       ->check(CLI::PositiveNumber);
 
   RecipeArgs plan_args;
@@ -159,7 +185,7 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   help->add_option("topic", topic, "recipes, overrides, batch, checkpoints, exit-codes, a section or section.key");
 
   try {
-    app.parse(argc, argv);
+    app.parse(resume_with_its_value(argc, argv));
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? engine::cli::kExitOk : engine::cli::kExitUser;

@@ -76,10 +76,10 @@ Checkpointer::~Checkpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
-void Checkpointer::start(std::vector<std::byte> image, Manifest manifest) {
+void Checkpointer::start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot) {
   while (in_flight()) settle(true);
   manifest_ = std::move(manifest);
-  image_ = std::move(image);
+  snapshot(image_);
   tmp_ = dir_ / (".tmp-step-" + std::to_string(manifest_.step));
   started_ = now_seconds();
   status_ = 0;
@@ -107,7 +107,6 @@ void Checkpointer::write_rank_file() {
     status_ = -1;
   }
   file_bytes_ = int64_t(image_.size());
-  std::vector<std::byte>().swap(image_);  // the snapshot's memory goes back now
 }
 
 std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {

@@ -12,7 +12,7 @@
 // flight) whether every file is durable, and commit then. A new checkpoint waits for the previous.
 //
 //   Checkpointer checkpoints(recipe.checkpoint, dir, comm);
-//   checkpoints.start(step, snapshot_rank(store, kinds), manifest);   // every rank, same step
+//   checkpoints.start(manifest, [&](auto& image) { snapshot_rank(store, kinds, image); });
 //   for each step end:  if (auto done = checkpoints.settle(false)) note(done->path);
 //   checkpoints.settle(true);                                         // before exiting
 #pragma once
@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -46,9 +47,10 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Every rank, at the same step: starts writing `image` (this rank's file) as checkpoint
-  // `manifest.step`, after settling the previous one. `manifest` needs no files: they are added.
-  void start(std::vector<std::byte> image, Manifest manifest);
+  // Every rank, at the same step: settles the previous checkpoint, has `snapshot` fill this rank's
+  // file image (a buffer kept between checkpoints: no allocation, no page faults after the first),
+  // and starts writing it as checkpoint `manifest.step`. `manifest` needs no files: they are added.
+  void start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot);
   bool in_flight() const { return writer_.joinable() || pending_; }
 
   struct Committed {

@@ -31,9 +31,9 @@ int64_t rank_file_bytes(const Graph& graph, int world, size_t kinds) {
   return ShardLayout(graph.units(), world, 0).total_shard() * int64_t(kinds) * 4;
 }
 
-std::vector<std::byte> snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds) {
+void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds, std::vector<std::byte>& image) {
   const ShardLayout& layout = store.layout();
-  std::vector<std::byte> image(size_t(layout.total_shard()) * kinds.size() * 4);
+  image.resize(size_t(layout.total_shard()) * kinds.size() * 4);
   std::byte* out = image.data();
   for (size_t u = 0; u < layout.units(); ++u) {
     const int64_t skip = layout.begin(u) - store.range_begin(u), bytes = layout.shard(u) * 4;
@@ -42,7 +42,6 @@ std::vector<std::byte> snapshot_rank(const ParameterStore& store, const std::vec
       out += bytes;
     }
   }
-  return image;
 }
 
 std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds) {

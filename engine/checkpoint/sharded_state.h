@@ -9,7 +9,7 @@
 // pieces it needs from whichever files hold them, checking every file it reads against its checksum.
 //
 //   auto kinds = state_kinds(store, optimizer);
-//   std::vector<std::byte> image = snapshot_rank(store, kinds);     // this rank's file
+//   snapshot_rank(store, kinds, image);                             // this rank's file
 //   manifest.tensors = describe_tensors(graph, world, names(kinds));
 //   load_sharded_state(dir, manifest, store, kinds);                // another world size, stage
 #pragma once
@@ -35,8 +35,8 @@ std::vector<StateKind> state_kinds(const ParameterStore& store, Optimizer& optim
 std::string rank_file_name(int rank);  // rank-00000.bin
 int64_t rank_file_bytes(const Graph& graph, int world, size_t kinds);
 
-// This rank's file image (what the checkpoint memory plan accounts for).
-std::vector<std::byte> snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds);
+// This rank's file image (what the checkpoint memory plan accounts for), into `image` (resized).
+void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds, std::vector<std::byte>& image);
 
 std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds);
 

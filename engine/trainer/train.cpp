@@ -317,16 +317,6 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   auto elapsed = [&] {
     return elapsed_before + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  auto write_checkpoint = [&](int64_t steps_done) {
-    const std::vector<StateKind> kinds = state_kinds(session.store, *session.optimizer);
-    Manifest m;
-    if (lead)
-      m = checkpoint_manifest(steps_done, session, plugins, recipe_yaml, summary, elapsed(), kinds);
-    else
-      m.step = steps_done;
-    checkpoints.start(snapshot_rank(session.store, kinds), std::move(m));
-    last_checkpoint_time = std::chrono::steady_clock::now();
-  };
   auto settle_checkpoint = [&](bool wait) {
     if (!checkpoints.in_flight()) return;
     if (auto done = checkpoints.settle(wait)) {
@@ -341,6 +331,17 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
             << "\n";
       plugins.checkpoint_written(done->step, done->path);
     }
+  };
+  auto write_checkpoint = [&](int64_t steps_done) {
+    while (checkpoints.in_flight()) settle_checkpoint(true);  // its on_checkpoint runs before this state is taken
+    const std::vector<StateKind> kinds = state_kinds(session.store, *session.optimizer);
+    Manifest m;
+    if (lead)
+      m = checkpoint_manifest(steps_done, session, plugins, recipe_yaml, summary, elapsed(), kinds);
+    else
+      m.step = steps_done;
+    checkpoints.start(std::move(m), [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
+    last_checkpoint_time = std::chrono::steady_clock::now();
   };
   // What every rank must agree on at a step end (signals reach the ranks at different times, plugins
   // decide on what their rank sees, and rank 0's clock decides time-based checkpoints):
