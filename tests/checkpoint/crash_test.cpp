@@ -405,9 +405,9 @@ struct SlicedRun {
     EXPECT_EQ(status, 0) << read_text(out / "log");
     EXPECT_EQ(verify_committed(checkpoints), (std::vector<int64_t>{5, 10}));
   }
-  // `--resume latest`: the status and the output.
+  // `--resume` (the latest complete checkpoint): the status and the output.
   std::pair<int, std::string> resume() const {
-    Child child(tiny_recipe(out.path(), 20, {"--resume", "latest"}), out / "log-resume");
+    Child child(tiny_recipe(out.path(), 20, {"--resume"}), out / "log-resume");
     const int status = child.wait();
     return {status, child.output()};
   }
@@ -548,26 +548,36 @@ TEST(CheckpointCrash, SigtermToMpirunCheckpointsWithinTheBudgetAndResumesExactly
   preempt_and_resume({"mpirun 2", [](const Args& a) { return mpirun(2, a); }, env, 2000, 100, 2, 1});
 }
 
-// A second signal ends the process at once, status 75, in the middle of whatever it was doing
-// (here: checkpointing after every step of the large model): every committed checkpoint verifies.
+// A second signal ends the process at once, status 75, in the middle of whatever the first one
+// started (finishing the step, writing the preemption checkpoint of the large model, committing
+// it): every committed checkpoint verifies and nothing half-written is taken for one.
 TEST(CheckpointCrash, ASecondSignalExitsAt75AtOnceLeavingNoDamagedCheckpoint) {
   for (const std::string async : {"true", "false"}) {
-    SCOPED_TRACE("checkpoint.async=" + async);
-    const engine::testing::TempDir out("ckpt_second");
-    const fs::path checkpoints = out / "run" / "checkpoints";
-    Child child(large_recipe(out.path(), 400, {"checkpoint.every_steps=1", "checkpoint.async=" + async}), out / "log");
-    const auto launched = Clock::now();
-    while (engine::committed_checkpoints(checkpoints).empty() && !child.poll() && seconds_since(launched) < 120)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    ASSERT_FALSE(child.poll()) << child.output();
-    child.signal(SIGTERM);
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    child.signal(SIGTERM);
-    const auto second = Clock::now();
-    const int status = child.wait();
-    EXPECT_EQ(status, kExitRequeue) << child.output();
-    EXPECT_LT(seconds_since(second), 1.0) << child.output();
-    EXPECT_FALSE(verify_committed(checkpoints).empty());
+    for (const int gap_ms : {1, 5, 20, 60}) {
+      SCOPED_TRACE("checkpoint.async=" + async + ", second signal " + std::to_string(gap_ms) + " ms after the first");
+      const engine::testing::TempDir out("ckpt_second");
+      const fs::path checkpoints = out / "run" / "checkpoints";
+      Child child(large_recipe(out.path(), 400, {"checkpoint.every_steps=2", "checkpoint.async=" + async}),
+                  out / "log");
+      const auto launched = Clock::now();
+      while (engine::committed_checkpoints(checkpoints).empty() && !child.poll() && seconds_since(launched) < 120)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ASSERT_FALSE(child.poll()) << child.output();
+      child.signal(SIGTERM);
+      std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+      child.signal(SIGTERM);
+      const auto second = Clock::now();
+      const int status = child.wait();
+      EXPECT_EQ(status, kExitRequeue) << child.output();
+      EXPECT_LT(seconds_since(second), 1.0) << child.output();
+      const std::vector<int64_t> steps = verify_committed(checkpoints);
+      EXPECT_FALSE(steps.empty());
+      // The run resumes from what it left: the latest committed checkpoint loads (checksums included).
+      if (steps.empty()) continue;
+      Child resumed(large_recipe(out.path(), 400, {"--resume", "--stop-after", std::to_string(steps.back() + 1)}),
+                    out / "log-resume");
+      EXPECT_EQ(resumed.wait(), 0) << resumed.output();
+    }
   }
 }
 
