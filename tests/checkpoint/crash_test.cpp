@@ -476,6 +476,7 @@ struct Launch {
   int log_every;
   double delivery;  // seconds from the signal to the launcher until the engine has it
   int status;       // the launcher's exit status
+  int signal = SIGTERM;
 };
 
 // SIGTERM once training is under way: the run finishes its step, commits a checkpoint within
@@ -499,7 +500,7 @@ void preempt_and_resume(const Launch& launch) {
   while (logged_steps(out / "run" / "metrics.jsonl") < 2 && !child.poll() && seconds_since(launched) < 120)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_FALSE(child.poll()) << "the run ended before the signal:\n" << child.output();
-  child.signal(SIGTERM);
+  child.signal(launch.signal);
   const auto signalled = Clock::now();
   std::optional<double> committed_after;
   while (!child.poll() && seconds_since(signalled) < 120) {
@@ -548,13 +549,25 @@ TEST(CheckpointCrash, SigtermToMpirunCheckpointsWithinTheBudgetAndResumesExactly
   preempt_and_resume({"mpirun 2", [](const Args& a) { return mpirun(2, a); }, env, 2000, 100, 2, 1});
 }
 
+// SIGUSR1 is forwarded to the ranks at once and kills nothing: mpirun returns the ranks' 75 (after
+// waiting twice odls_base_sigkill_timeout for ranks that ended non-zero), the status a requeueing
+// batch script looks for.
+TEST(CheckpointCrash, SigusrOneToMpirunCheckpointsExits75AndResumesExactly) {
+  std::vector<std::pair<std::string, std::string>> env{{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                                                       {"OMPI_MCA_odls_base_sigkill_timeout", "1"}};
+  preempt_and_resume(
+      {"mpirun 2", [](const Args& a) { return mpirun(2, a); }, env, 1000, 100, 0, kExitRequeue, SIGUSR1});
+}
+
 // A second signal ends the process at once, status 75, in the middle of whatever the first one
 // started (finishing the step, writing the preemption checkpoint of the large model, committing
 // it): every committed checkpoint verifies and nothing half-written is taken for one.
 TEST(CheckpointCrash, ASecondSignalExitsAt75AtOnceLeavingNoDamagedCheckpoint) {
   for (const std::string async : {"true", "false"}) {
-    for (const int gap_ms : {1, 5, 20, 60}) {
-      SCOPED_TRACE("checkpoint.async=" + async + ", second signal " + std::to_string(gap_ms) + " ms after the first");
+    for (const int gap_ms : {1, 5, 20, 60, -1}) {
+      SCOPED_TRACE("checkpoint.async=" + async + ", second signal " +
+                   (gap_ms < 0 ? "once summary.json is written" : std::to_string(gap_ms) + " ms after the first"));
       const engine::testing::TempDir out("ckpt_second");
       const fs::path checkpoints = out / "run" / "checkpoints";
       Child child(large_recipe(out.path(), 400, {"checkpoint.every_steps=2", "checkpoint.async=" + async}),
@@ -564,7 +577,14 @@ TEST(CheckpointCrash, ASecondSignalExitsAt75AtOnceLeavingNoDamagedCheckpoint) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       ASSERT_FALSE(child.poll()) << child.output();
       child.signal(SIGTERM);
-      std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+      if (gap_ms >= 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+      } else {
+        // After the preemption's summary.json: the run is tearing down on its way to exit 75.
+        const auto first = Clock::now();
+        while (!fs::exists(out / "run" / "summary.json") && !child.poll() && seconds_since(first) < 60)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       child.signal(SIGTERM);
       const auto second = Clock::now();
       const int status = child.wait();
