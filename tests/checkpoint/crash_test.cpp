@@ -536,12 +536,13 @@ TEST(CheckpointCrash, SigtermCheckpointsWithinTheBudgetExits75AndResumesExactly)
   preempt_and_resume({"tiny", [](const Args& a) { return a; }, {}, 1000, 1, 0, kExitRequeue});
 }
 
-// Open MPI 4.1's mpirun, on SIGTERM, stops relaying the ranks' output, sends them SIGCONT, waits
-// odls_base_sigkill_timeout seconds, sends SIGTERM, waits as long again and sends SIGKILL; it then
-// exits with status 1 whatever the ranks returned (75 here, which the engine prints). So the
-// signal reaches the ranks `timeout` seconds late, and they must not fill the output buffer that
-// nobody reads meanwhile (a progress line a step would block rank 0 for good): the run logs every
-// 100 steps. A timeout of 2 s (not a job's 30) keeps the test short; what is measured is the same.
+// Open MPI 4.1's mpirun, on SIGTERM, stops relaying the ranks' output at once, passes SIGTERM to
+// the ranks only odls_base_sigkill_timeout seconds later and SIGKILLs them as long again after
+// that (measured: 2 s and 4 s with a timeout of 2); it then exits with status 1 whatever the ranks
+// returned (75 here, which the engine prints). So the ranks must not fill the output buffer that
+// nobody reads meanwhile (a progress line every step blocks rank 0 in write() until the SIGKILL):
+// the run logs every 100 steps. A timeout of 2 s (a job would use 30) keeps the test short; the
+// budget is measured from the signal to mpirun, plus that delay.
 TEST(CheckpointCrash, SigtermToMpirunCheckpointsWithinTheBudgetAndResumesExactly) {
   std::vector<std::pair<std::string, std::string>> env{{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
                                                        {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
