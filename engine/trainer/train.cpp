@@ -67,6 +67,9 @@ class StopSignals {
     for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
   }
   ~StopSignals() {
+    // Once a stop was asked for, the process is on its way to exit 75: a signal arriving while it
+    // tears down must end it with 75 too (the handler's second-signal path), not with 128 + signal.
+    if (received()) return;
     for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
   }
   static bool received() { return g_stop_signals.load() > 0; }
