@@ -68,7 +68,7 @@ Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir_, error))
     if (const std::string name = entry.path().filename().string();
-        name.rfind(".tmp-step-", 0) == 0 || name.rfind(".replaced-step-", 0) == 0)
+        name.rfind(".tmp-", 0) == 0 || name.rfind(".replaced-step-", 0) == 0)
       fs::remove_all(entry.path(), error);
 }
 
@@ -204,9 +204,11 @@ void Checkpointer::prune() {
   std::vector<fs::path> all = committed_checkpoints(dir_);
   std::error_code error;
   for (size_t i = 0; i + size_t(config_.keep_last) < all.size(); ++i) {
-    // Uncommit first (the manifest goes), so a crash mid-removal leaves nothing that looks complete.
-    fs::remove(all[i] / kManifestName, error);
-    fs::remove_all(all[i], error);
+    // Uncommitted by one rename first: a crash mid-removal leaves a .tmp- directory, which nothing
+    // trusts and the next run removes.
+    const fs::path doomed = dir_ / (".tmp-pruned-" + all[i].filename().string());
+    fs::rename(all[i], doomed, error);
+    if (!error) fs::remove_all(doomed, error);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "trainer/train.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,16 +51,26 @@ int64_t monotonic_ns() {
   return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
 
+std::atomic<bool> g_launched_rank{false};
+
 extern "C" void on_stop_signal(int) {
   if (g_stop_signals.fetch_add(1) > 0) _exit(kExitRequeue);
   g_first_signal_ns = monotonic_ns();
+  // A launcher being stopped (mpirun on SIGTERM) stops reading the ranks' output at once: a rank
+  // whose next progress line fills the pipe would block in write() and never reach its checkpoint.
+  // From here on, output that cannot be written at once is dropped. (Not for a process on the
+  // user's own terminal, whose file flags the shell shares.)
+  if (g_launched_rank)
+    for (int fd : {STDOUT_FILENO, STDERR_FILENO})
+      if (const int flags = fcntl(fd, F_GETFL); flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
 // Installs the handlers for the lifetime of the training loop, and puts the previous ones back.
 class StopSignals {
  public:
-  StopSignals() {
+  explicit StopSignals(bool launched_rank) {
     g_stop_signals = 0;
+    g_launched_rank = launched_rank;
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     action.sa_flags = SA_RESTART;  // file writes and MPI's polling carry on
@@ -361,7 +372,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     return flags;
   };
 
-  StopSignals signals;
+  StopSignals signals(comm.size() > 1);
   auto window_start = start;
   int64_t window_rows = 0;
   plugins.train_start();
