@@ -163,7 +163,6 @@ bool PluginDriver::take_checkpoint_request() {
 }
 
 void PluginDriver::checkpoint_written(int64_t step, const fs::path& path) {
-  record({{"step", step}, {"event", "checkpoint"}, {"path", path.string()}});
   if (active()) apply(plugins_.on_checkpoint(state_, path.string()), step - 1);
 }
 
