@@ -87,10 +87,11 @@ TEST(PluginCheckpoints, RequestWritesAFullCheckpointAndOnCheckpointSeesItCommitt
 // due is committed first, and reported like any other (once in metrics.jsonl, once to on_checkpoint).
 TEST(PluginCheckpoints, EveryCommittedCheckpointIsReportedOnce) {
   const TempDir dir("plugin_every");
-  const fs::path plugin = write_plugin(dir, "function on_checkpoint(state, path) engine.log('on_checkpoint ' .. path) end");
+  const fs::path plugin =
+      write_plugin(dir, "function on_checkpoint(state, path) engine.log('on_checkpoint ' .. path) end");
   std::ostringstream log;
-  const TrainSummary s = train(
-      tiny_recipe(dir.path(), with_plugin(plugin, {"checkpoint.every_steps=1", "checkpoint.keep_last=0"})), log);
+  const TrainSummary s =
+      train(tiny_recipe(dir.path(), with_plugin(plugin, {"checkpoint.every_steps=1", "checkpoint.keep_last=0"})), log);
   std::vector<std::string> expected, events;
   for (int64_t step = 1; step <= kSteps; ++step)
     expected.push_back((s.run_dir / "checkpoints" / ("step-" + std::to_string(step))).string());

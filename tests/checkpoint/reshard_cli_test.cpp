@@ -27,14 +27,16 @@ struct Result {
 // `engine train` on the tiny quick start in `dir`, by `world` ranks (1: no launcher).
 Result engine_train(int world, const fs::path& dir, const std::string& arguments) {
   const std::string launcher = world == 1 ? std::string()
-                                          : std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -x "
-                                                                   "OMP_NUM_THREADS " MPIEXEC_NUMPROC_FLAG " " +
+                                          : std::string(MPIEXEC) +
+                                                " --allow-run-as-root --oversubscribe -x "
+                                                "OMP_NUM_THREADS " MPIEXEC_NUMPROC_FLAG " " +
                                                 std::to_string(world) + " ";
-  std::string command = "OMP_NUM_THREADS=1 " + launcher + "'" ENGINE_BINARY "' train '" +
-                        (kSourceDir / "recipes/quickstart.yaml").string() + "' run.name=run run.output_dir='" +
-                        dir.string() + "' model.n_layer=1 model.n_embd=32 model.context_length=16 train.steps=" +
-                        std::to_string(kSteps) + " train.log_every=1 train.eval_every=4 train.eval_batches=2 " +
-                        "scheduler.warmup_steps=2 train.micro_batch_size=8 " + arguments + " 2>&1";
+  std::string command =
+      "OMP_NUM_THREADS=1 " + launcher + "'" ENGINE_BINARY "' train '" +
+      (kSourceDir / "recipes/quickstart.yaml").string() + "' run.name=run run.output_dir='" + dir.string() +
+      "' model.n_layer=1 model.n_embd=32 model.context_length=16 train.steps=" + std::to_string(kSteps) +
+      " train.log_every=1 train.eval_every=4 train.eval_batches=2 " +
+      "scheduler.warmup_steps=2 train.micro_batch_size=8 " + arguments + " 2>&1";
   Result r;
   FILE* pipe = popen(command.c_str(), "r");
   char buffer[4096];
@@ -65,13 +67,12 @@ TEST(ReshardCli, WorldTwoStageThreeContinuesAtWorldOneStageZeroAndWorldFourStage
     SCOPED_TRACE(name);
     fs::copy(dir / "cut", dir / name, fs::copy_options::recursive);
     // The recipe as the cut run had it (accumulation 2): resuming adjusts it to keep the batch.
-    const Result resumed =
-        engine_train(t.world, dir / name,
-                     "train.gradient_accumulation_steps=2 distributed.zero_stage=" + std::to_string(t.stage) + " --resume");
+    const Result resumed = engine_train(
+        t.world, dir / name,
+        "train.gradient_accumulation_steps=2 distributed.zero_stage=" + std::to_string(t.stage) + " --resume");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
     EXPECT_NE(resumed.output.find(t.note), std::string::npos) << resumed.output;
-    EXPECT_NE(resumed.output.find("resume: distributed.zero_stage: 3 -> " + std::to_string(t.stage)),
-              std::string::npos)
+    EXPECT_NE(resumed.output.find("resume: distributed.zero_stage: 3 -> " + std::to_string(t.stage)), std::string::npos)
         << resumed.output;
     expect_same_run(trajectory(dir / name / "run"), want, "world 2 stage 3 -> " + name);
   }

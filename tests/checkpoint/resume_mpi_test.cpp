@@ -57,6 +57,10 @@ struct Case {
   int accumulation;
 };
 
+void PrintTo(const Case& c, std::ostream* out) {
+  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
          std::to_string(info.param.accumulation);
