@@ -154,7 +154,9 @@ TEST(MemoryPlan, PredictsThePeakResidentMemoryOfARealRun) {
 namespace engine {
 namespace {
 
-TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
+// Ctrl-C preempts: the step finishes, a checkpoint of it is committed, and the command exits with
+// kExitRequeue (75) so that a scheduler requeues the job, which resumes from that checkpoint.
+TEST(Interrupt, CtrlCStopsAfterTheStepWithACheckpointToResumeFrom) {
   const testing::TempDir scratch("interrupt");
   const fs::path& out = scratch.path();
   pid_t child = fork();
@@ -176,13 +178,16 @@ TEST(Interrupt, CtrlCStopsAfterTheStepAndSavesTheWeights) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal instead of stopping cleanly";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(WEXITSTATUS(status), kExitRequeue);
   std::ifstream in(out / "quickstart" / "summary.json");
   nlohmann::json s = nlohmann::json::parse(in);
   EXPECT_TRUE(s["interrupted"].get<bool>());
-  EXPECT_LT(s["steps"].get<int64_t>(), 1000000);
-  EXPECT_TRUE(fs::exists(out / "quickstart" / "model.safetensors"));
-  EXPECT_FALSE(fs::exists(out / "quickstart" / "model.safetensors.tmp"));
+  EXPECT_TRUE(s["preempted"].get<bool>());
+  const int64_t steps = s["steps"].get<int64_t>();
+  EXPECT_LT(steps, 1000000);
+  const fs::path checkpoint = s["last_checkpoint"].get<std::string>();
+  EXPECT_EQ(checkpoint, out / "quickstart" / "checkpoints" / ("step-" + std::to_string(steps)));
+  EXPECT_TRUE(fs::exists(checkpoint / "manifest.json"));
 }
 
 }  // namespace
