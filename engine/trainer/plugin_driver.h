@@ -62,7 +62,8 @@ class PluginDriver {
   void end_of_step(int64_t step);
   // Whether a plugin asked for a checkpoint during this step (engine.request_checkpoint); clears it.
   bool take_checkpoint_request();
-  // A checkpoint of `step` steps was committed at `path` (metrics.jsonl has its line): on_checkpoint runs.
+  // A checkpoint of `step` steps was committed at `path`: on_checkpoint runs (the training loop
+  // records the checkpoint in metrics.jsonl, once).
   void checkpoint_written(int64_t step, const std::filesystem::path& path);
   // What checkpoints keep of the plugins: their `saved` tables, the recent losses of loss-spike
   // detection and an lr set by engine.set_lr.

@@ -440,6 +440,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     // A run cut by a signal or --stop-after evaluates as the uninterrupted run would (evaluations
     // reach plugins, whose state the checkpoint keeps).
     const bool final_step = step + 1 == r.train.steps || decided[1] != 0;
+    bool checkpoint_requested = decided[2] != 0;
     if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || final_step)) {
       double val = session.evaluate(r.train.eval_batches);
       summary.final_val_loss = val;
@@ -447,11 +448,14 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       metrics.flush();
       progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
       plugins.eval(step, val);
+      // A checkpoint asked for in on_eval is this step's too (every rank evaluates at this step).
+      if (agree({0, 0, plugins.take_checkpoint_request() ? 1.0 : 0.0, 0, 0})[2] != 0) checkpoint_requested = true;
     }
     plugins.end_of_step(step);
     settle_checkpoint(false);  // commits a background write that every rank has finished
-    const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) || decided[2] != 0 ||
-                     decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) || sliced;
+    const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
+                     checkpoint_requested || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) ||
+                     sliced;
     if (preempted) {
       // Within the budget from the signal: this step's checkpoint, if the last write's time says it
       // fits; else the one in flight, if any, is committed and the run resumes from there.

@@ -192,7 +192,8 @@ TEST(RecipePlugins, PathKeysAreDeclaredFileSystem) {
       }
       if (key.file_system) keys.push_back(key.path());
     }
-  EXPECT_EQ(keys, (std::vector<std::string>{"run.name", "run.output_dir", "model.init_from", "data.path"}));
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"run.name", "run.output_dir", "model.init_from", "data.path", "checkpoint.dir"}));
 }
 
 // The last line of defence: any difference in a path between the recipe before and after on_recipe.

@@ -156,8 +156,10 @@ TEST(PluginsInTraining, EachHookFiresAtItsPoint) {
             "step_start 4\nlr 3 4\nstep_end 4 0.010\neval 4\ncheckpoint 4\n"
             "train_end 4.0\n")
       << out.str();
-  EXPECT_TRUE(std::filesystem::exists(summary.run_dir / "checkpoints" / "step-4" / "model.safetensors"));
-  EXPECT_TRUE(std::filesystem::exists(summary.run_dir / "checkpoints" / "step-4" / "plugins.json"));
+  // Asked for in on_eval of the last step: a full checkpoint of that step (the plugins' state is in
+  // its manifest).
+  EXPECT_TRUE(std::filesystem::exists(summary.run_dir / "checkpoints" / "step-4" / "manifest.json"));
+  EXPECT_EQ(summary.last_checkpoint, summary.run_dir / "checkpoints" / "step-4");
 }
 
 TEST(PluginsInTraining, SetLrAppliesFromTheStepItIsAskedIn) {

@@ -1,0 +1,145 @@
+// Exact resume in one process: a run cut after step k (TrainOptions::stop_after) and resumed to
+// step N is the straight N-step run, bit for bit (every logged loss, learning rate, gradient norm,
+// loss scale and validation loss, and the final weights file), at every ZeRO stage (at world 1 the
+// stage still changes the plan the state is kept in), in fp32, bf16 and fp16 whose loss scale
+// backs off and grows across the cut, with and without gradient accumulation. And what resuming
+// refuses (a changed model) and accepts with a note (more steps, another schedule), and plugins:
+// engine.request_checkpoint writes a full checkpoint, on_checkpoint sees it committed, and `saved`
+// comes back on resume.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "../temp_dir.h"
+#include "checkpoint/manifest.h"
+#include "core/error.h"
+#include "resume_util.h"
+
+namespace engine::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Case {
+  int stage;
+  std::string precision;
+  int accumulation;
+};
+
+void PrintTo(const Case& c, std::ostream* out) {
+  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
+         std::to_string(info.param.accumulation);
+}
+
+class ExactResume : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
+  const Case c = GetParam();
+  const TempDir dir("resume");
+  std::vector<std::string> overrides = precision_overrides(c.precision);
+  overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
+  overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
+  std::ostringstream log;
+
+  train(tiny_recipe(dir / "straight", overrides), log);
+  const Trajectory straight = trajectory(dir / "straight" / "run");
+  ASSERT_EQ(step_lines(straight.lines), size_t(kSteps)) << log.str();
+
+  TrainOptions cut;
+  cut.stop_after = kCut;
+  const TrainSummary first = train(tiny_recipe(dir / "cut", overrides), log, cut);
+  EXPECT_EQ(first.steps, kCut);
+  EXPECT_FALSE(first.interrupted);
+  EXPECT_EQ(first.last_checkpoint, dir / "cut" / "run" / "checkpoints" / ("step-" + std::to_string(kCut)));
+  ASSERT_TRUE(fs::exists(first.last_checkpoint / kManifestName)) << log.str();
+
+  TrainOptions resume;
+  resume.resume = "latest";
+  const TrainSummary second = train(tiny_recipe(dir / "cut", overrides), log, resume);
+  EXPECT_EQ(second.resumed_from, kCut);
+  EXPECT_EQ(second.steps, kSteps);
+  expect_same_run(trajectory(dir / "cut" / "run"), straight, "cut at step " + std::to_string(kCut) + " and resumed");
+  EXPECT_EQ(second.skipped_steps, overflows(straight.lines));
+  if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const char* precision : {"fp32", "bf16", "fp16"})
+      for (int accumulation : {1, 2}) cases.push_back({stage, precision, accumulation});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResume, ::testing::ValuesIn(all_cases()), case_name);
+
+// A checkpoint written at one stage resumes at another: the state is kept whole, whatever the plan.
+TEST(Reshard, StageThreeCheckpointResumesAtStageZero) {
+  const TempDir dir("restage");
+  std::ostringstream log;
+  train(tiny_recipe(dir / "straight", {"distributed.zero_stage=3"}), log);
+  TrainOptions cut;
+  cut.stop_after = kCut;
+  train(tiny_recipe(dir / "cut", {"distributed.zero_stage=3"}), log, cut);
+  TrainOptions resume;
+  resume.resume = "latest";
+  train(tiny_recipe(dir / "cut", {"distributed.zero_stage=0"}), log, resume);
+  expect_same_run(trajectory(dir / "cut" / "run"), trajectory(dir / "straight" / "run"), "stage 3 -> stage 0");
+}
+
+// ---- what a resumed run may change ----
+
+// Cuts a default tiny run at step kCut and returns the message of the UserError the resume with
+// `overrides` throws ("" when it trains), and what it printed.
+struct Outcome {
+  std::string error;
+  std::string log;
+};
+Outcome resume_with(const TempDir& dir, const std::vector<std::string>& overrides) {
+  std::ostringstream log;
+  TrainOptions cut;
+  cut.stop_after = kCut;
+  train(tiny_recipe(dir / "cut", {}), log, cut);
+  TrainOptions resume;
+  resume.resume = "latest";
+  std::ostringstream resumed;
+  try {
+    train(tiny_recipe(dir / "cut", overrides), resumed, resume);
+  } catch (const UserError& e) {
+    return {e.what(), resumed.str()};
+  }
+  return {"", resumed.str()};
+}
+
+TEST(RecipeChange, ANewModelWidthIsRefusedNamingTheKeyAndBothValues) {
+  const TempDir dir("refused");
+  const Outcome o = resume_with(dir, {"model.n_embd=64"});
+  EXPECT_NE(o.error.find("model.n_embd: 32 -> 64"), std::string::npos) << o.error;
+  EXPECT_NE(o.error.find("the checkpoint holds another model"), std::string::npos) << o.error;
+}
+
+TEST(RecipeChange, MoreStepsAndAnotherScheduleAreAcceptedWithANote) {
+  const TempDir dir("accepted");
+  const Outcome o = resume_with(dir, {"train.steps=10", "scheduler.min_lr=0.0001"});
+  EXPECT_EQ(o.error, "");
+  EXPECT_NE(o.log.find("resume: train.steps: 8 -> 10"), std::string::npos) << o.log;
+  EXPECT_NE(o.log.find("resume: scheduler.min_lr: 3e-04 -> 1e-04"), std::string::npos) << o.log;
+  const Trajectory t = trajectory(dir / "cut" / "run");
+  ASSERT_FALSE(t.lines.empty());
+  EXPECT_EQ(t.lines.back().at("step"), 10);
+}
+
+// The micro-batch size counts the saved data position: changing it would replay or skip data.
+TEST(RecipeChange, AnotherMicroBatchSizeIsRefused) {
+  const TempDir dir("micro");
+  const Outcome o = resume_with(dir, {"train.micro_batch_size=2", "train.gradient_accumulation_steps=2"});
+  EXPECT_NE(o.error.find("train.micro_batch_size: 4 -> 2"), std::string::npos) << o.error;
+}
+
+}  // namespace
+}  // namespace engine::testing

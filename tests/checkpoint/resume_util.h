@@ -1,0 +1,144 @@
+// What the resume tests compare: a run's logged trajectory (every metrics.jsonl line but the
+// checkpoint events, without its timings) and its final weights file, byte for byte; and the tiny
+// quick-start recipe they train, small enough that a straight run, a run cut at step k and its
+// resumption take a few hundred milliseconds.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "recipe/load.h"
+#include "trainer/train.h"
+
+namespace engine::testing {
+
+inline const std::filesystem::path kSourceDir = ENGINE_SOURCE_DIR;
+
+// The straight run's length and where the cut runs stop.
+inline constexpr int64_t kSteps = 8;
+inline constexpr int64_t kCut = 3;
+
+// fp16 that overflows in its first steps (the scale backs off from 2^24, after the hysteresis's
+// first one), grows after two clean steps and overflows again (in one process: steps 1-5 skipped,
+// the scale doubled at 7, step 8 skipped): the scale changes after the cut and steps after it
+// overflow, so a resumed run that lost the scaler's state (scale, hysteresis, clean-step count)
+// would log other scales and other losses.
+inline const std::vector<std::string> kFp16 = {"precision.mode=fp16", "precision.initial_scale_power=24",
+                                               "precision.growth_interval=2"};
+
+inline std::vector<std::string> precision_overrides(const std::string& precision) {
+  if (precision == "fp16") return kFp16;
+  return {"precision.mode=" + precision};
+}
+
+// The quick start shrunk: one layer of width 32, 16 tokens of context, micro-batches of 4; every
+// step logged, an evaluation every 4 steps (so evaluations fall after the cut too).
+inline recipe::LoadedRecipe tiny_recipe(const std::filesystem::path& output_dir, std::vector<std::string> overrides,
+                                        int64_t world = 1) {
+  std::vector<std::string> all = {"run.name=run",
+                                  "run.output_dir=" + output_dir.string(),
+                                  "model.n_layer=1",
+                                  "model.n_embd=32",
+                                  "model.context_length=16",
+                                  "train.micro_batch_size=4",
+                                  "train.steps=" + std::to_string(kSteps),
+                                  "train.log_every=1",
+                                  "train.eval_every=4",
+                                  "train.eval_batches=2",
+                                  "scheduler.warmup_steps=2"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  recipe::LoadOptions options;
+  options.overrides = std::move(all);
+  options.world = {world, "the test"};
+  return recipe::load_recipe(kSourceDir / "recipes/quickstart.yaml", options);
+}
+
+inline std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Trajectory {
+  std::vector<nlohmann::json> lines;  // metrics.jsonl without checkpoint events and timings
+  std::string weights;                // model.safetensors
+};
+
+inline Trajectory trajectory(const std::filesystem::path& run_dir) {
+  Trajectory t;
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("event")) continue;  // where checkpoints went differs between the runs by design
+    j.erase("tokens_per_second");
+    j.erase("elapsed_s");
+    t.lines.push_back(j);
+  }
+  t.weights = read_bytes(run_dir / "model.safetensors");
+  return t;
+}
+
+// The lines of steps after `step` (a run resumed elsewhere logs only those).
+inline std::vector<nlohmann::json> after(const std::vector<nlohmann::json>& lines, int64_t step) {
+  std::vector<nlohmann::json> kept;
+  for (const nlohmann::json& j : lines)
+    if (j.at("step").get<int64_t>() > step) kept.push_back(j);
+  return kept;
+}
+
+// Same lines (losses, learning rates, gradient norms, loss scales, overflows, validation losses,
+// in order and as the same doubles) and the same weights file, byte for byte.
+inline void expect_same_run(const Trajectory& got, const Trajectory& want, const std::string& what) {
+  ASSERT_FALSE(want.weights.empty()) << what << ": the straight run wrote no weights";
+  ASSERT_EQ(got.lines.size(), want.lines.size()) << what;
+  for (size_t i = 0; i < want.lines.size(); ++i) EXPECT_EQ(got.lines[i], want.lines[i]) << what << ", line " << i;
+  EXPECT_TRUE(got.weights == want.weights) << what << ": the final weights differ";
+}
+
+// How many per-step lines (loss, lr, gradient norm) the run logged: one a step with log_every 1.
+inline size_t step_lines(const std::vector<nlohmann::json>& lines) {
+  size_t n = 0;
+  for (const nlohmann::json& j : lines) n += j.contains("grad_norm") && !j.contains("overflow");
+  return n;
+}
+
+// The loss scales the run logged by step, for the fp16 cases' claim that the scale moved.
+inline std::vector<std::pair<int64_t, double>> loss_scales(const std::vector<nlohmann::json>& lines) {
+  std::vector<std::pair<int64_t, double>> scales;
+  for (const nlohmann::json& j : lines)
+    if (j.contains("loss_scale") && !j.contains("overflow"))
+      scales.emplace_back(j.at("step").get<int64_t>(), j.at("loss_scale").get<double>());
+  return scales;
+}
+
+inline int64_t overflows(const std::vector<nlohmann::json>& lines) {
+  int64_t n = 0;
+  for (const nlohmann::json& j : lines) n += j.contains("overflow");
+  return n;
+}
+
+// The fp16 cases only prove the scaler is restored (scale, hysteresis, clean steps) if the scale
+// moves and a step overflows after the cut.
+inline void expect_scale_changes_after_cut(const std::vector<nlohmann::json>& lines) {
+  const auto scales = loss_scales(lines);
+  double at_cut = -1;
+  bool changed = false;
+  for (const auto& [step, scale] : scales) {
+    if (step == kCut) at_cut = scale;
+    if (step > kCut && at_cut > 0 && scale != at_cut) changed = true;
+  }
+  EXPECT_GT(at_cut, 0) << "no loss scale logged at step " << kCut;
+  EXPECT_TRUE(changed) << "the loss scale stays " << at_cut << " after step " << kCut;
+  int64_t overflows_after_cut = 0;
+  for (const nlohmann::json& j : lines) overflows_after_cut += j.contains("overflow") && j.at("step") > kCut;
+  EXPECT_GE(overflows_after_cut, 1) << "no step after " << kCut << " overflowed";
+}
+
+}  // namespace engine::testing
