@@ -226,8 +226,11 @@ TEST(PluginsInTraining, PluginMetricsCannotPassForTheEngines) {
     ASSERT_TRUE(line.contains("step")) << text;
     EXPECT_GE(line["step"].get<int64_t>(), 1) << text;
     EXPECT_LE(line["step"].get<int64_t>(), 4) << text;
-    for (const char* key : {"loss", "val_loss"})
-      if (line.contains(key)) EXPECT_NE(line[key], 12345) << text;
+    for (const char* key : {"loss", "val_loss"}) {
+      if (line.contains(key)) {
+        EXPECT_NE(line[key], 12345) << text;
+      }
+    }
     if (text.find("\"loss\"") != std::string::npos) ++lines_with_loss_text;
     if (line.contains("loss")) ++engine_losses;
     if (line.contains("plugin/p/loss")) {
