@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -65,20 +66,34 @@ std::string checksum_hex(uint64_t sum) {
 uint64_t read_file_chunks(const fs::path& path, const std::function<void(const std::byte*, size_t, int64_t)>& chunk) {
   Descriptor file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (file.fd < 0) fail("cannot open", path, errno);
+  ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
   XXH3_64bits_reset(state.get());
-  std::vector<std::byte> buffer(size_t(16) << 20);
-  int64_t offset = 0;
-  while (true) {
-    const ssize_t n = ::pread(file.fd, buffer.data(), buffer.size(), offset);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("cannot read", path, errno);
+  // Double-buffered: the next chunk is read while this one is hashed and handed on.
+  constexpr size_t kChunk = size_t(16) << 20;
+  std::vector<std::byte> buffers[2] = {std::vector<std::byte>(kChunk), std::vector<std::byte>(kChunk)};
+  auto read_at = [&](std::vector<std::byte>& buffer, int64_t offset) -> int64_t {
+    size_t done = 0;
+    while (done < buffer.size()) {
+      const ssize_t n = ::pread(file.fd, buffer.data() + done, buffer.size() - done, offset + int64_t(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return -int64_t(errno);
+      if (n == 0) break;
+      done += size_t(n);
     }
+    return int64_t(done);
+  };
+  int64_t offset = 0;
+  std::future<int64_t> next = std::async(std::launch::async, read_at, std::ref(buffers[0]), 0);
+  for (int current = 0;; current ^= 1) {
+    const int64_t n = next.get();
+    if (n < 0) fail("cannot read", path, int(-n));
     if (n == 0) break;
-    XXH3_64bits_update(state.get(), buffer.data(), size_t(n));
-    chunk(buffer.data(), size_t(n), offset);
+    if (size_t(n) == kChunk) next = std::async(std::launch::async, read_at, std::ref(buffers[current ^ 1]), offset + n);
+    XXH3_64bits_update(state.get(), buffers[current].data(), size_t(n));
+    chunk(buffers[current].data(), size_t(n), offset);
     offset += n;
+    if (size_t(n) < kChunk) break;
   }
   return XXH3_64bits_digest(state.get());
 }
