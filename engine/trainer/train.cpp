@@ -1,15 +1,11 @@
 #include "trainer/train.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -30,7 +26,9 @@
 #include "data/loader.h"
 #include "recipe/export.h"
 #include "trainer/plugin_driver.h"
+#include "trainer/run_state.h"
 #include "trainer/session.h"
+#include "trainer/stop_signals.h"
 #include "trainer/telemetry.h"
 
 namespace engine {
@@ -39,64 +37,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Preemption: the first SIGTERM, SIGINT or SIGUSR1 asks for a checkpoint and a stop after the
-// step; a second one ends the process at once (only committed checkpoints remain, all intact).
-std::atomic<int> g_stop_signals{0};
-std::atomic<int64_t> g_first_signal_ns{0};
-constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGUSR1};
-
-int64_t monotonic_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
-  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
-}
-
-std::atomic<bool> g_launched_rank{false};
-
-extern "C" void on_stop_signal(int) {
-  if (g_stop_signals.fetch_add(1) > 0) _exit(kExitRequeue);
-  g_first_signal_ns = monotonic_ns();
-  // A launcher being stopped (mpirun on SIGTERM) stops reading the ranks' output at once: a rank
-  // whose next progress line fills the pipe would block in write() and never reach its checkpoint.
-  // From here on, output that cannot be written at once is dropped. (Not for a process on the
-  // user's own terminal, whose file flags the shell shares.)
-  if (g_launched_rank)
-    for (int fd : {STDOUT_FILENO, STDERR_FILENO})
-      if (const int flags = fcntl(fd, F_GETFL); flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
-
-// Installs the handlers for the lifetime of the training loop, and puts the previous ones back.
-class StopSignals {
- public:
-  explicit StopSignals(bool launched_rank) {
-    g_stop_signals = 0;
-    g_launched_rank = launched_rank;
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    action.sa_flags = SA_RESTART;  // file writes and MPI's polling carry on
-    sigemptyset(&action.sa_mask);
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
-  }
-  ~StopSignals() {
-    // Once a stop was asked for, the process is on its way to exit 75: a signal arriving while it
-    // tears down must end it with 75 too (the handler's second-signal path), not with 128 + signal.
-    if (received()) return;
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
-  }
-  static bool received() { return g_stop_signals.load() > 0; }
-  static double seconds_since() { return received() ? double(monotonic_ns() - g_first_signal_ns.load()) * 1e-9 : 0; }
-
- private:
-  struct sigaction previous_[std::size(kStopSignals)];
-};
-
 void write_text_atomically(const fs::path& path, const std::string& text) {
   write_file_atomically(path, [&](std::ostream& out) { out << text; });
 }
-
-}  // namespace
-
-namespace {
 
 // Under the names and in the layout of the weights files (GPT-2's Conv1D weights (in, out), Llama's
 // q/k/v split), so a gradient lines up with the weight it belongs to in an exported file.
@@ -134,81 +77,6 @@ std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& optio
   return [&session, arch, files] {
     for (const fs::path& file : files) save_gradients(file, session.store, arch);
   };
-}
-
-}  // namespace
-
-namespace {
-
-// Everything but the rank files: the state that determines the rest of the run.
-Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plugins, const std::string& recipe_yaml,
-                             const TrainSummary& summary, double elapsed, const std::vector<StateKind>& kinds) {
-  const recipe::Recipe& r = session.recipe;
-  Manifest m;
-  m.step = steps;
-  m.world_size = session.world;
-  m.zero_stage = int(r.distributed.zero_stage);
-  m.engine_version = std::string(kVersion) + " " + kGitRevision;
-  m.recipe = recipe_yaml;
-  std::vector<std::string> names;
-  for (const StateKind& k : kinds) names.push_back(k.name);
-  m.tensors = describe_tensors(session.model.graph, session.world, names);
-  const LossScaler::State scaler = session.scaler.state();
-  m.state = {{"step", steps},
-             {"updates", session.updates},
-             {"skipped_steps", summary.skipped_steps},
-             {"micro_batches", steps * session.accumulation * session.world},
-             {"micro_batch_size", session.micro_batch},
-             {"gradient_accumulation_steps", session.accumulation},
-             {"world_size", session.world},
-             {"global_batch_size", session.micro_batch * session.accumulation * session.world},
-             {"compute_dtype", dtype_name(session.model.graph.param_dtype())},
-             {"loss_scaler",
-              {{"enabled", scaler.enabled},
-               {"scale", scaler.scale},
-               {"hysteresis_left", scaler.hysteresis_left},
-               {"clean_steps", scaler.clean_steps},
-               {"skipped", scaler.skipped}}},
-             {"last_loss", summary.final_loss},
-             {"elapsed_s", elapsed},
-             {"plugins", plugins.save_state()},
-             {"rng",
-              {{"seed", r.run.seed},
-               {"streams",
-                "counter-based: initialisation (seed, parameter), data order (seed, micro-batch index), dropout "
-                "(seed, step, global micro-batch); nothing else draws"}}}};
-  return m;
-}
-
-// Puts a run back in the state of checkpoint `m` (read from `dir`), at this run's world size and stage.
-void restore_checkpoint(Session& session, PluginDriver& plugins, const std::filesystem::path& dir, const Manifest& m) {
-  const nlohmann::json& state = m.state;
-  load_sharded_state(dir, m, session.store, state_kinds(session.store, *session.optimizer));
-  session.updates = state.at("updates").get<int64_t>();
-  session.optimizer->set_steps(session.updates);
-  if (state.at("compute_dtype").get<std::string>() != dtype_name(session.model.graph.param_dtype()))
-    session.fall_back_to_bf16();  // the run had left fp16 for bf16
-  const nlohmann::json& s = state.at("loss_scaler");
-  session.scaler.restore({s.at("enabled").get<bool>(), s.at("scale").get<double>(),
-                          s.at("hysteresis_left").get<int64_t>(), s.at("clean_steps").get<int64_t>(),
-                          s.at("skipped").get<int64_t>()});
-  session.zero.finish_update();  // the compute copies from the restored masters
-  plugins.restore_state(state.at("plugins"));
-}
-
-// metrics.jsonl as it was at the checkpoint: lines of later steps (from the run that was cut off)
-// would repeat once the resumed run logs them again.
-void truncate_metrics(const fs::path& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept, line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
-    kept += line + "\n";
-  }
-  in.close();
-  write_text_atomically(path, kept);
 }
 
 }  // namespace

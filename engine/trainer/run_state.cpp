@@ -1,0 +1,82 @@
+#include "trainer/run_state.h"
+
+#include <fstream>
+#include <string>
+
+#include "checkpoint/sharded_state.h"
+#include "core/atomic_file.h"
+#include "core/dtype.h"
+#include "core/version.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+
+Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plugins, const std::string& recipe_yaml,
+                             const TrainSummary& summary, double elapsed, const std::vector<StateKind>& kinds) {
+  const recipe::Recipe& r = session.recipe;
+  Manifest m;
+  m.step = steps;
+  m.world_size = session.world;
+  m.zero_stage = int(r.distributed.zero_stage);
+  m.engine_version = std::string(kVersion) + " " + kGitRevision;
+  m.recipe = recipe_yaml;
+  std::vector<std::string> names;
+  for (const StateKind& k : kinds) names.push_back(k.name);
+  m.tensors = describe_tensors(session.model.graph, session.world, names);
+  const LossScaler::State scaler = session.scaler.state();
+  m.state = {{"step", steps},
+             {"updates", session.updates},
+             {"skipped_steps", summary.skipped_steps},
+             {"micro_batches", steps * session.accumulation * session.world},
+             {"micro_batch_size", session.micro_batch},
+             {"gradient_accumulation_steps", session.accumulation},
+             {"world_size", session.world},
+             {"global_batch_size", session.micro_batch * session.accumulation * session.world},
+             {"compute_dtype", dtype_name(session.model.graph.param_dtype())},
+             {"loss_scaler",
+              {{"enabled", scaler.enabled},
+               {"scale", scaler.scale},
+               {"hysteresis_left", scaler.hysteresis_left},
+               {"clean_steps", scaler.clean_steps},
+               {"skipped", scaler.skipped}}},
+             {"last_loss", summary.final_loss},
+             {"elapsed_s", elapsed},
+             {"plugins", plugins.save_state()},
+             {"rng",
+              {{"seed", r.run.seed},
+               {"streams",
+                "counter-based: initialisation (seed, parameter), data order (seed, micro-batch index), dropout "
+                "(seed, step, global micro-batch); nothing else draws"}}}};
+  return m;
+}
+
+void restore_checkpoint(Session& session, PluginDriver& plugins, const std::filesystem::path& dir, const Manifest& m) {
+  const nlohmann::json& state = m.state;
+  load_sharded_state(dir, m, session.store, state_kinds(session.store, *session.optimizer));
+  session.updates = state.at("updates").get<int64_t>();
+  session.optimizer->set_steps(session.updates);
+  if (state.at("compute_dtype").get<std::string>() != dtype_name(session.model.graph.param_dtype()))
+    session.fall_back_to_bf16();  // the run had left fp16 for bf16
+  const nlohmann::json& s = state.at("loss_scaler");
+  session.scaler.restore({s.at("enabled").get<bool>(), s.at("scale").get<double>(),
+                          s.at("hysteresis_left").get<int64_t>(), s.at("clean_steps").get<int64_t>(),
+                          s.at("skipped").get<int64_t>()});
+  session.zero.finish_update();  // the compute copies from the restored masters
+  plugins.restore_state(state.at("plugins"));
+}
+
+void truncate_metrics(const fs::path& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].is_number() && j["step"].get<int64_t>() > step) continue;
+    kept += line + "\n";
+  }
+  in.close();
+  write_file_atomically(path, [&](std::ostream& out) { out << kept; });
+}
+
+}  // namespace engine
