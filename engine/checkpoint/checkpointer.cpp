@@ -21,17 +21,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::optional<int64_t> step_of(const fs::path& dir) {
-  const std::string name = dir.filename().string();
-  if (name.rfind("step-", 0) != 0 || name.size() == 5) return std::nullopt;
-  int64_t step = 0;
-  for (char c : name.substr(5)) {
-    if (c < '0' || c > '9') return std::nullopt;
-    step = step * 10 + (c - '0');
-  }
-  return step;
-}
-
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char text[32];
@@ -40,6 +29,17 @@ std::string utc_now() {
 }
 
 }  // namespace
+
+std::optional<int64_t> checkpoint_step_in_name(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18)
+    return std::nullopt;
+  int64_t step = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
 
 fs::path checkpoint_directory(const recipe::Recipe& r) {
   if (!r.checkpoint.dir.empty()) return r.checkpoint.dir;
@@ -50,7 +50,7 @@ std::vector<fs::path> committed_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
-    const auto step = step_of(entry.path());
+    const auto step = checkpoint_step_in_name(entry.path().filename().string());
     if (step && entry.is_directory() && fs::exists(entry.path() / kManifestName))
       found.emplace_back(*step, entry.path());
   }

@@ -36,6 +36,8 @@ class ZeroStep;
 
 // The checkpoint directory of a run: checkpoint.dir, or <run dir>/checkpoints.
 std::filesystem::path checkpoint_directory(const recipe::Recipe& r);
+// N for a directory named `prefix`N (step-N, .tmp-step-N), else none.
+std::optional<int64_t> checkpoint_step_in_name(const std::string& name, const std::string& prefix = "step-");
 // Committed checkpoints in `dir` (step-N with a manifest), oldest first.
 std::vector<std::filesystem::path> committed_checkpoints(const std::filesystem::path& dir);
 

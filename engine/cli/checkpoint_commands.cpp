@@ -23,18 +23,6 @@ using Json = nlohmann::json;
 
 namespace {
 
-// N for a directory named `prefix`N, else none.
-std::optional<int64_t> step_in_name(const std::string& name, const std::string& prefix) {
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18)
-    return std::nullopt;
-  int64_t step = 0;
-  for (char c : name.substr(prefix.size())) {
-    if (c < '0' || c > '9') return std::nullopt;
-    step = step * 10 + (c - '0');
-  }
-  return step;
-}
-
 bool is_checkpoint(const fs::path& path) { return fs::exists(path / kManifestName); }
 
 std::string pad(std::string text, size_t width, bool right = false) {
@@ -105,7 +93,7 @@ int checkpoint_list(const fs::path& path) {
   if (is_checkpoint(dir)) throw UserError(dir.string() + " is one checkpoint: see `engine checkpoint inspect`");
   std::vector<std::pair<int64_t, std::string>> rows;  // by step; committed before unfinished
   for (const fs::path& checkpoint : committed_checkpoints(dir)) {
-    const int64_t step = step_in_name(checkpoint.filename().string(), "step-").value_or(0);
+    const int64_t step = checkpoint_step_in_name(checkpoint.filename().string(), "step-").value_or(0);
     try {
       const Manifest m = read_manifest(checkpoint);
       rows.emplace_back(step, pad(std::to_string(m.step), 8, true) + pad(std::to_string(m.world_size), 7, true) +
@@ -119,7 +107,8 @@ int checkpoint_list(const fs::path& path) {
   std::vector<std::pair<int64_t, std::string>> unfinished;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error))
-    if (auto step = step_in_name(entry.path().filename().string(), ".tmp-step-"); step && entry.is_directory())
+    if (auto step = checkpoint_step_in_name(entry.path().filename().string(), ".tmp-step-");
+        step && entry.is_directory())
       unfinished.emplace_back(*step,
                               entry.path().filename().string() + ": incomplete, ignored (a write that did not finish)");
   std::sort(unfinished.begin(), unfinished.end());
