@@ -117,8 +117,9 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
       }
     }
   }
-  for (auto& [file, list] : copies) {
-    const CheckpointFile& f = manifest.files[size_t(file)];
+  for (auto& entry : copies) {
+    std::vector<Copy>& list = entry.second;  // a plain reference: lambdas may not capture bindings (C++20)
+    const CheckpointFile& f = manifest.files[size_t(entry.first)];
     const fs::path path = dir / f.name;
     std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
     int64_t size = 0;

@@ -27,6 +27,9 @@ Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed
 void Executor::add_plan(const std::string& name, Plan plan) {
   if (plan.arena_bytes > arena_.bytes()) arena_ = Buffer(plan.arena_bytes);
   if (plan.scratch_bytes > scratch_.bytes()) scratch_ = Buffer(plan.scratch_bytes);
+  // A plan made before a later one added values to the graph (stage 3's gathered parameters of the
+  // evaluation plan) does not place those values.
+  plan.offsets.resize(graph_.values().size(), -1);
   plans_[name] = std::move(plan);
 }
 
@@ -104,6 +107,7 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
                    StepCommunication* communication) {
   const Plan& plan = plans_.at(name);
   ENGINE_CHECK(plan.actions.empty() || communication, "plan " + name + " communicates but has no communicator");
+  ENGINE_CHECK(plan.offsets.size() == graph_.values().size(), "plan " + name + " was made for another graph");
   KernelContext ctx;
   ctx.graph = &graph_;
   ctx.seed = seed_;
