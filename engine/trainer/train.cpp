@@ -137,6 +137,20 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   const int64_t baseline_rss = resident_bytes();  // before the session allocates anything
   if (comm.size() > 1)
     require_same_run_on_every_rank(comm, recipe_yaml + "\nresume from step " + std::to_string(first_step));
+  if (lead && resume_dir) {
+    // Checkpoints past the one resumed from belong to a run that went on from there: they are set
+    // aside (renamed, not deleted), so that a later --resume or checkpoint.resume: auto can never
+    // pick one of them up in place of this run's own.
+    for (const fs::path& newer : committed_checkpoints(checkpoint_dir)) {
+      if (checkpoint_step_in_name(newer.filename().string()).value_or(0) <= first_step) continue;
+      const fs::path aside = checkpoint_dir / ("abandoned-" + newer.filename().string());
+      std::error_code error;
+      fs::remove_all(aside, error);
+      fs::rename(newer, aside, error);
+      if (error) throw UserError(newer.string() + ": cannot set it aside before resuming: " + error.message());
+      out << "set aside " << newer.string() << " (past the step resumed from) as " << aside.filename().string() << "\n";
+    }
+  }
   CompiledStep compiled = compile_step(r, comm.size());
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;

@@ -104,6 +104,24 @@ TEST(CheckpointPolicy, AutoResumeContinuesAndNeverResumesPastTheEnd) {
   }
 }
 
+// Resuming from an older checkpoint starts another timeline: the newer checkpoints of the old one
+// must never be what a later resume picks.
+TEST(CheckpointPolicy, ResumingFromAnOlderCheckpointSetsTheNewerOnesAside) {
+  const testing::TempDir scratch("policy");
+  std::ostringstream out;
+  const fs::path dir = scratch.path() / "t" / "checkpoints";
+  train(tiny(scratch.path(), {"train.steps=8", "checkpoint.every_steps=2", "checkpoint.keep_last=0"}), out);
+  ASSERT_EQ(committed_steps(dir), (std::vector<int64_t>{2, 4, 6, 8}));
+  TrainOptions from_two;
+  from_two.resume = (dir / "step-2").string();
+  from_two.stop_after = 3;
+  train(tiny(scratch.path(), {"train.steps=8", "checkpoint.every_steps=0", "checkpoint.resume=auto"}), out, from_two);
+  EXPECT_EQ(committed_steps(dir), (std::vector<int64_t>{2, 3}));
+  for (int step : {4, 6, 8}) EXPECT_TRUE(fs::exists(dir / ("abandoned-step-" + std::to_string(step)))) << step;
+  // checkpoint.resume: auto now continues this timeline, from step 3.
+  EXPECT_EQ(train(tiny(scratch.path(), {"train.steps=8", "checkpoint.resume=auto"}), out).resumed_from, 3);
+}
+
 TEST(ResumeRules, AcceptedChangesAreNotedAndRefusedOnesListedWithBothValues) {
   const testing::TempDir scratch("policy");
   auto yaml = [&](std::vector<std::string> o) {
