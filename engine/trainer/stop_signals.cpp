@@ -1,6 +1,7 @@
 #include "trainer/stop_signals.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,7 +29,10 @@ int64_t monotonic_ns() {
 std::atomic<bool> g_launched_rank{false};
 
 extern "C" void on_stop_signal(int) {
-  if (g_stop_signals.fetch_add(1) > 0) _exit(kExitRequeue);
+  // A second signal ends the process at once, as _exit() would. exit_group goes through syscall(),
+  // which is not declared noreturn: the sanitizer build precedes calls to noreturn functions with a
+  // stack cleanup that is not safe in a handler running on another thread's stack.
+  if (g_stop_signals.fetch_add(1) > 0) syscall(SYS_exit_group, kExitRequeue);
   g_first_signal_ns = monotonic_ns();
   // A launcher being stopped (mpirun on SIGTERM) stops reading the ranks' output at once: a rank
   // whose next progress line fills the pipe would block in write() and never reach its checkpoint.
