@@ -7,6 +7,9 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "trainer/train.h"
 
@@ -43,14 +46,43 @@ extern "C" void on_stop_signal(int) {
       if (const int flags = fcntl(fd, F_GETFL); flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
+// Once per thread. The stacks are never freed (a signal may still arrive while the process exits)
+// but stay reachable, from a list that is itself never destroyed.
+void use_alternate_signal_stack() {
+  static thread_local bool installed = false;
+  if (installed) return;
+  stack_t current{};
+  if (sigaltstack(nullptr, &current) == 0 && !(current.ss_flags & SS_DISABLE)) {
+    installed = true;  // the thread has one already (the sanitizers install theirs): any will do
+    return;
+  }
+  static std::mutex mutex;
+  static auto* stacks = new std::vector<std::unique_ptr<char[]>>();
+  constexpr size_t kBytes = size_t(1) << 16;
+  stack_t alternate{};
+  {
+    std::lock_guard lock(mutex);
+    stacks->push_back(std::make_unique<char[]>(kBytes));
+    alternate.ss_sp = stacks->back().get();
+  }
+  alternate.ss_size = kBytes;
+  installed = sigaltstack(&alternate, nullptr) == 0;
+}
+
 }  // namespace
 
 StopSignals::StopSignals(bool launched_rank) {
   g_stop_signals = 0;
   g_launched_rank = launched_rank;
+  // The handler runs on a stack of its own on the threads that run kernels: the kernel then never
+  // writes a signal frame below the stack pointer of the code it interrupts. oneDNN's JIT-compiled
+  // GEMM keeps data there, and a frame written over it corrupted the heap (seen with one thread).
+  use_alternate_signal_stack();
+#pragma omp parallel
+  use_alternate_signal_stack();
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
-  action.sa_flags = SA_RESTART;  // file writes and MPI's polling carry on
+  action.sa_flags = SA_RESTART | SA_ONSTACK;  // file writes and MPI's polling carry on
   sigemptyset(&action.sa_mask);
   for (size_t i = 0; i < kSignals; ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
 }
