@@ -51,29 +51,12 @@ TrainSummary train_here(const recipe::LoadedRecipe& loaded, std::ostream& log, T
   return train(loaded, log, options);
 }
 
-struct Case {
-  int stage;
-  std::string precision;
-  int accumulation;
-};
-
-void PrintTo(const Case& c, std::ostream* out) {
-  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
-}
-
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
-         std::to_string(info.param.accumulation);
-}
-
 class ExactResumeWorldTwo : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExactResumeWorldTwo, CutAndResumedIsTheStraightRun) {
   const Case c = GetParam();
   const SharedDir dir("resume_w2");
-  std::vector<std::string> overrides = precision_overrides(c.precision);
-  overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
-  overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
+  const std::vector<std::string> overrides = case_overrides(c);
   std::ostringstream log;
   train_here(tiny_recipe(dir / "straight", overrides, 2), log);
   TrainOptions cut;
@@ -88,14 +71,6 @@ TEST_P(ExactResumeWorldTwo, CutAndResumedIsTheStraightRun) {
   ASSERT_EQ(step_lines(straight.lines), size_t(kSteps)) << log.str();
   expect_same_run(trajectory(dir / "cut" / "run"), straight, "world 2, cut and resumed");
   if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines);
-}
-
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (int stage = 0; stage <= 3; ++stage)
-    for (const char* precision : {"fp32", "bf16", "fp16"})
-      for (int accumulation : {1, 2}) cases.push_back({stage, precision, accumulation});
-  return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResumeWorldTwo, ::testing::ValuesIn(all_cases()),

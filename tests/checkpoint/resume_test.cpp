@@ -21,29 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Case {
-  int stage;
-  std::string precision;
-  int accumulation;
-};
-
-void PrintTo(const Case& c, std::ostream* out) {
-  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
-}
-
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
-         std::to_string(info.param.accumulation);
-}
-
 class ExactResume : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
   const Case c = GetParam();
   const TempDir dir("resume");
-  std::vector<std::string> overrides = precision_overrides(c.precision);
-  overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
-  overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
+  const std::vector<std::string> overrides = case_overrides(c);
   std::ostringstream log;
 
   train(tiny_recipe(dir / "straight", overrides), log);
@@ -66,14 +49,6 @@ TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
   expect_same_run(trajectory(dir / "cut" / "run"), straight, "cut at step " + std::to_string(kCut) + " and resumed");
   EXPECT_EQ(second.skipped_steps, overflows(straight.lines));
   if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines);
-}
-
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
-  for (int stage = 0; stage <= 3; ++stage)
-    for (const char* precision : {"fp32", "bf16", "fp16"})
-      for (int accumulation : {1, 2}) cases.push_back({stage, precision, accumulation});
-  return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResume, ::testing::ValuesIn(all_cases()), case_name);

@@ -37,6 +37,39 @@ inline std::vector<std::string> precision_overrides(const std::string& precision
   return {"precision.mode=" + precision};
 }
 
+// One cell of the exact-resume matrix: a ZeRO stage x a precision x an accumulation.
+struct Case {
+  int stage;
+  std::string precision;
+  int accumulation;
+};
+
+inline void PrintTo(const Case& c, std::ostream* out) {
+  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
+}
+
+inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
+         std::to_string(info.param.accumulation);
+}
+
+// Every stage 0-3 x fp32/bf16/fp16 x accumulation 1/2.
+inline std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const char* precision : {"fp32", "bf16", "fp16"})
+      for (int accumulation : {1, 2}) cases.push_back({stage, precision, accumulation});
+  return cases;
+}
+
+// The recipe overrides of a case.
+inline std::vector<std::string> case_overrides(const Case& c) {
+  std::vector<std::string> overrides = precision_overrides(c.precision);
+  overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
+  overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
+  return overrides;
+}
+
 // The quick start shrunk: one layer of width 32, 16 tokens of context, micro-batches of 4; every
 // step logged, an evaluation every 4 steps (so evaluations fall after the cut too).
 inline recipe::LoadedRecipe tiny_recipe(const std::filesystem::path& output_dir, std::vector<std::string> overrides,
