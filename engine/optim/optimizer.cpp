@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "optim/update_kernels.h"
 
 namespace engine {
 
@@ -64,26 +65,11 @@ class AdamW : public Optimizer {
 
   void step(double lr) override {
     ++t_;
-    const double beta1 = config_.betas[0], beta2 = config_.betas[1];
-    const double correction1 = 1.0 - std::pow(beta1, double(t_));
-    const double correction2 = 1.0 - std::pow(beta2, double(t_));
-    const float b1 = float(beta1), b2 = float(beta2), eps = float(config_.eps);
-    const float step_size = float(lr / correction1), denom_scale = float(1.0 / std::sqrt(correction2));
-    for (const Segment& s : segments_) {
-      float* w = store_.master(s.unit) + s.begin;
-      const float* g = store_.opt_grad(s.unit) + s.begin;
-      float* m = m_[s.unit].f32() + s.begin;
-      float* v = v_[s.unit].f32() + s.begin;
-      const float decay = s.decay ? float(lr * config_.weight_decay) : 0.0f;
-      const int64_t n = s.end - s.begin;
-#pragma omp parallel for simd schedule(static)
-      for (int64_t k = 0; k < n; ++k) {
-        m[k] = b1 * m[k] + (1.0f - b1) * g[k];
-        v[k] = b2 * v[k] + (1.0f - b2) * g[k] * g[k];
-        w[k] -= decay * w[k];
-        w[k] -= step_size * m[k] / (std::sqrt(v[k]) * denom_scale + eps);
-      }
-    }
+    const AdamWScalars with_decay = adamw_scalars(config_, lr, t_, true);
+    const AdamWScalars without_decay = adamw_scalars(config_, lr, t_, false);
+    for (const Segment& s : segments_)
+      adamw_update(store_.master(s.unit) + s.begin, store_.opt_grad(s.unit) + s.begin, m_[s.unit].f32() + s.begin,
+                   v_[s.unit].f32() + s.begin, s.end - s.begin, s.decay ? with_decay : without_decay);
   }
 
   int64_t state_bytes() const override {
@@ -114,22 +100,14 @@ class Sgd : public Optimizer {
   void step(double lr) override {
     ++t_;
     for (const Segment& s : segments_) {
-      float* w = store_.master(s.unit) + s.begin;
-      const float* g = store_.opt_grad(s.unit) + s.begin;
       float* buf = momentum_.empty() ? nullptr : momentum_[s.unit].f32() + s.begin;
-      const float decay = s.decay ? float(config_.weight_decay) : 0.0f;
-      const float mu = float(config_.momentum), rate = float(lr);
-      const bool nesterov = config_.nesterov, first = t_ == 1;
-      const int64_t n = s.end - s.begin;
-#pragma omp parallel for schedule(static)
-      for (int64_t k = 0; k < n; ++k) {
-        float d = g[k] + decay * w[k];
-        if (buf) {
-          buf[k] = first ? d : mu * buf[k] + d;  // PyTorch starts the buffer at the first gradient
-          d = nesterov ? d + mu * buf[k] : buf[k];
-        }
-        w[k] -= rate * d;
-      }
+      // PyTorch starts the momentum buffer at the first step's gradient.
+      const SgdScalars scalars{.lr = float(lr),
+                               .decay = s.decay ? float(config_.weight_decay) : 0.0f,
+                               .momentum = float(config_.momentum),
+                               .nesterov = config_.nesterov,
+                               .first = t_ == 1};
+      sgd_update(store_.master(s.unit) + s.begin, store_.opt_grad(s.unit) + s.begin, buf, s.end - s.begin, scalars);
     }
   }
 
