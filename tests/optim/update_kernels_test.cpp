@@ -218,7 +218,9 @@ TEST(SgdUpdate, MatchesADoubleReference) {
 TEST(UpdateKernels, TheBestPathIsTheWidestThisCpuRuns) {
   const Isa best = update_isa::best();
   EXPECT_TRUE(update_isa::supported(best));
-  if (__builtin_cpu_supports("avx512f")) EXPECT_EQ(best, Isa::avx512);
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(best, Isa::avx512);
+  }
   EXPECT_TRUE(update_isa::supported(Isa::scalar));
 }
 
