@@ -4,7 +4,7 @@
 // when those bytes have arrived. The offload plan decides the offsets; this class only moves bytes.
 //
 //   SwapFile swap({.path = "/nvme/run-7/rank-0.swap", .bytes = 3 * (int64_t{1} << 30)});
-//   AlignedBuffer moments(64 << 20);                          // the host side, aligned for O_DIRECT
+//   AlignedBuffer moments(64 << 20), next(64 << 20);          // the host side, aligned for O_DIRECT
 //   SwapFile::Ticket out = swap.write(0, moments.data(), moments.bytes());
 //   SwapFile::Ticket in = swap.read(64 << 20, next.data(), next.bytes());   // prefetch the next unit
 //   swap.wait(out);                                           // moments may be reused now
@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 struct io_uring;  // liburing's, kept out of this header
@@ -58,6 +59,13 @@ class AlignedBuffer {
  public:
   AlignedBuffer() = default;
   explicit AlignedBuffer(int64_t bytes);
+  AlignedBuffer(AlignedBuffer&& other) noexcept
+      : data_(std::move(other.data_)), bytes_(std::exchange(other.bytes_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
+    data_ = std::move(other.data_);
+    bytes_ = std::exchange(other.bytes_, 0);
+    return *this;
+  }
 
   std::byte* data() { return data_.get(); }
   const std::byte* data() const { return data_.get(); }
@@ -76,8 +84,9 @@ class AlignedBuffer {
 class SwapFile {
  public:
   // Creates and preallocates the file (fallocate), opens it with O_DIRECT and sets up the ring.
-  // A file left at `path` by a run that died is replaced; one that another live process holds
-  // (two ranks given the same path) is a UserError.
+  // A file already at `path` is a UserError and stays untouched: it may be another rank's swap
+  // file (two ranks given one path) or a user's file behind a mistyped path. A run killed with
+  // SIGKILL leaves its swap file behind, and the message says to remove it.
   explicit SwapFile(const SwapSpec& spec);
   // Waits for requests in flight, then closes and unlinks the file (unless another file has taken
   // its name since).

@@ -43,8 +43,8 @@ constexpr int64_t KiB = 1024, MiB = 1024 * 1024;
 // where this process may not mount (no CAP_SYS_ADMIN), and the test skips.
 class Mount {
  public:
-  Mount(const char* type, const char* options) : dir_(type) {
-    mounted_ = ::mount(type, dir_.path().c_str(), type, 0, options) == 0;
+  Mount(const char* type, const char* options, unsigned long flags = 0) : dir_(type) {
+    mounted_ = ::mount(type, dir_.path().c_str(), type, flags, options) == 0;
     if (!mounted_) reason_ = std::string("mount -t ") + type + ": " + std::strerror(errno);
   }
   ~Mount() {
@@ -101,7 +101,7 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
   wait_shuffled(swap, tickets, rng);
 
   // Reads of the even regions in flight beside new writes to the odd ones.
-  std::vector<AlignedBuffer> got(regions.size());
+  std::vector<AlignedBuffer> got(regions.size());  // moved into below: a moved-from buffer is empty
   tickets.clear();
   for (size_t i = 0; i < regions.size(); ++i) {
     const auto [offset, bytes] = regions[i];
@@ -176,6 +176,21 @@ TEST(SwapFile, TheDestructorWaitsForRequestsInFlightAndRemovesTheFile) {
   EXPECT_FALSE(fs::exists(path));
 }
 
+TEST(AlignedBuffer, IsAlignedZeroFilledAndMovable) {
+  AlignedBuffer buffer(10000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kSwapAlignment, 0u);
+  EXPECT_EQ(buffer.bytes(), 10000);
+  EXPECT_TRUE(std::all_of(buffer.data(), buffer.data() + 3 * kSwapAlignment, [](std::byte b) {
+    return b == std::byte{0};
+  })) << "zero-filled up to the rounded size";
+  buffer.f32()[1] = 2.5f;
+  AlignedBuffer moved = std::move(buffer);
+  EXPECT_EQ(moved.f32()[1], 2.5f);
+  EXPECT_EQ(moved.bytes(), 10000);
+  EXPECT_EQ(buffer.data(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is defined
+  EXPECT_EQ(buffer.bytes(), 0);
+}
+
 TEST(SwapFile, ZeroByteAndFinishedTicketsReturnAtOnce) {
   TempDir dir("swap");
   SwapFile swap({.path = dir / "z.swap", .bytes = MiB});
@@ -224,6 +239,15 @@ TEST(SwapFileErrors, AMissingDirectoryIsNamed) {
   const std::string not_dir = user_error([&] { SwapFile swap({.path = under_file, .bytes = MiB}); });
   EXPECT_NE(not_dir.find(under_file.string()), std::string::npos) << not_dir;
   EXPECT_NE(not_dir.find("is not a directory"), std::string::npos) << not_dir;
+}
+
+TEST(SwapFileErrors, AReadOnlyDirectoryIsNamed) {
+  Mount readonly("tmpfs", "size=1m", MS_RDONLY);  // root may write anywhere else
+  if (!readonly.mounted()) GTEST_SKIP() << "needs a read-only tmpfs: " << readonly.reason();
+  const fs::path path = readonly.path() / "x.swap";
+  const std::string message = user_error([&] { SwapFile swap({.path = path, .bytes = 4096}); });
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("directory " + readonly.path().string() + " is not writable"), std::string::npos) << message;
 }
 
 TEST(SwapFileErrors, AnExistingFileIsNeitherTruncatedNorRemoved) {
