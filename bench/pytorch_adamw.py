@@ -3,7 +3,7 @@ each implementation this torch offers (foreach=True; fused=True where torch supp
 
     OMP_NUM_THREADS=2 python3 bench/pytorch_adamw.py N R
 
-Prints one tab-separated line per implementation: name, parameters per second (or "-" and why not).
+Prints its thread count, then one tab-separated line per implementation: name, parameters per second (or "-" and why not).
 """
 import sys
 import time
@@ -26,7 +26,7 @@ def best_step_seconds(n, repeats, **options):
 
 def main():
     n, repeats = int(sys.argv[1]), int(sys.argv[2])
-    torch.set_num_threads(int(torch.get_num_threads()))
+    print(f"threads\t{torch.get_num_threads()}", flush=True)
     for name, options in (("foreach", {"foreach": True}), ("fused", {"fused": True})):
         try:
             seconds = best_step_seconds(n, repeats, **options)
