@@ -76,15 +76,27 @@ Checkpointer::~Checkpointer() {
   if (writer_.joinable()) writer_.join();
 }
 
-void Checkpointer::start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot) {
+void Checkpointer::begin(Manifest manifest) {
   while (in_flight()) settle(true);
   manifest_ = std::move(manifest);
-  snapshot(image_);
   tmp_ = dir_ / (".tmp-step-" + std::to_string(manifest_.step));
   started_ = now_seconds();
   status_ = 0;
   error_.clear();
+  file_bytes_ = 0;
   pending_ = true;
+}
+
+void Checkpointer::start_streamed(Manifest manifest, const std::function<void(const Sink&)>& produce) {
+  begin(std::move(manifest));
+  produce_ = produce;
+  write_rank_file();
+  produce_ = nullptr;
+}
+
+void Checkpointer::start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot) {
+  begin(std::move(manifest));
+  snapshot(image_);
   if (config_.async)
     writer_ = std::thread([this] { write_rank_file(); });
   else
@@ -97,8 +109,13 @@ void Checkpointer::write_rank_file() {
     std::error_code error;
     fs::create_directories(tmp_, error);  // every rank: whoever comes first creates it
     if (error) throw CheckpointIoError(tmp_.string() + ": cannot create the checkpoint directory: " + error.message());
-    checksum_ = checksum(image_.data(), image_.size());
-    write_durably(tmp_ / rank_file_name(comm_.rank()), image_.data(), image_.size());
+    DurableWriter file(tmp_ / rank_file_name(comm_.rank()));
+    if (produce_)
+      produce_([&](const std::byte* data, size_t size) { file.append(data, size); });
+    else
+      file.append(image_.data(), image_.size());
+    checksum_ = file.finish();
+    file_bytes_ = file.bytes();
     sync_directory(tmp_);
     write_seconds_ = now_seconds() - begin;
     status_ = 1;
@@ -106,7 +123,6 @@ void Checkpointer::write_rank_file() {
     error_ = e.what();
     status_ = -1;
   }
-  file_bytes_ = int64_t(image_.size());
 }
 
 std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {

@@ -53,6 +53,11 @@ class Checkpointer {
   // file image (a buffer kept between checkpoints: no allocation, no page faults after the first),
   // and starts writing it as checkpoint `manifest.step`. `manifest` needs no files: they are added.
   void start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot);
+  // The same for state that must not be staged in memory (offloaded to a swap file): `produce` hands
+  // the rank file's bytes to its sink in order, and the write is synchronous (the state changes at
+  // the next step), whatever checkpoint.async says.
+  using Sink = std::function<void(const std::byte*, size_t)>;
+  void start_streamed(Manifest manifest, const std::function<void(const Sink&)>& produce);
   bool in_flight() const { return writer_.joinable() || pending_; }
 
   struct Committed {
@@ -72,6 +77,7 @@ class Checkpointer {
 
  private:
   void write_rank_file();
+  void begin(Manifest manifest);
   void commit(Committed& done);
   void prune();
 
@@ -83,6 +89,7 @@ class Checkpointer {
   bool pending_ = false;
   Manifest manifest_;
   std::vector<std::byte> image_;
+  std::function<void(const Sink&)> produce_;  // set for a streamed write
   std::filesystem::path tmp_;
   double started_ = 0;
   // What the writer thread reports: 0 writing, 1 durable, -1 failed (error_ says why).

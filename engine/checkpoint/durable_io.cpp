@@ -31,22 +31,44 @@ struct Descriptor {
 }  // namespace
 
 void write_durably(const fs::path& path, const void* data, size_t size) {
-  Descriptor file{::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (file.fd < 0) fail("cannot create", path, errno);
+  DurableWriter file(path);
+  file.append(data, size);
+  file.finish();
+}
+
+DurableWriter::DurableWriter(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create", path, errno);
+  hash_ = XXH3_createState();
+  XXH3_64bits_reset(hash_);
+}
+
+DurableWriter::~DurableWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  XXH3_freeState(hash_);
+}
+
+void DurableWriter::append(const void* data, size_t size) {
   const auto* bytes = static_cast<const char*>(data);
+  XXH3_64bits_update(hash_, bytes, size);
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::write(file.fd, bytes + done, std::min<size_t>(size - done, size_t(1) << 30));
+    const ssize_t n = ::write(fd_, bytes + done, std::min<size_t>(size - done, size_t(1) << 30));
     if (n < 0) {
       if (errno == EINTR) continue;
-      fail("cannot write", path, errno);
+      fail("cannot write", path_, errno);
     }
     done += size_t(n);
   }
-  if (::fsync(file.fd) != 0) fail("cannot flush to disk", path, errno);
-  const int fd = file.fd;
-  file.fd = -1;
-  if (::close(fd) != 0) fail("cannot close", path, errno);
+  bytes_ += int64_t(size);
+}
+
+uint64_t DurableWriter::finish() {
+  if (::fsync(fd_) != 0) fail("cannot flush to disk", path_, errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("cannot close", path_, errno);
+  return XXH3_64bits_digest(hash_);
 }
 
 void sync_directory(const fs::path& dir) {

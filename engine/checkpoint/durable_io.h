@@ -18,6 +18,8 @@
 
 #include "core/error.h"
 
+struct XXH3_state_s;  // libxxhash's, kept out of this header
+
 namespace engine {
 
 class CheckpointIoError : public UserError {
@@ -27,6 +29,25 @@ class CheckpointIoError : public UserError {
 
 // Writes `size` bytes to `path` (created or truncated) and fsyncs the file.
 void write_durably(const std::filesystem::path& path, const void* data, size_t size);
+
+// A file written a piece at a time (state streamed from where it lives), checksummed on the way and
+// fsynced by finish(); errors throw CheckpointIoError naming the path, like write_durably.
+class DurableWriter {
+ public:
+  explicit DurableWriter(const std::filesystem::path& path);
+  ~DurableWriter();
+  DurableWriter(const DurableWriter&) = delete;
+  DurableWriter& operator=(const DurableWriter&) = delete;
+  void append(const void* data, size_t size);
+  uint64_t finish();  // fsync and close; the checksum of everything appended
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  int64_t bytes_ = 0;
+  ::XXH3_state_s* hash_ = nullptr;
+};
 void sync_directory(const std::filesystem::path& dir);
 
 uint64_t checksum(const void* data, size_t size);

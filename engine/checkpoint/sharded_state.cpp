@@ -7,17 +7,37 @@
 
 #include "checkpoint/durable_io.h"
 #include "core/error.h"
+#include "offload/offloaded_state.h"
 
 namespace engine {
 
 namespace fs = std::filesystem;
 
+void StateKind::read(size_t unit, int64_t first, int64_t count, float* out) const {
+  if (offloaded)
+    offloaded->read(offloaded_kind, unit, first, count, out);
+  else
+    std::memcpy(out, units[unit] + first, size_t(count) * 4);
+}
+
+void StateKind::write(size_t unit, int64_t first, int64_t count, const float* in) const {
+  if (offloaded)
+    offloaded->write(offloaded_kind, unit, first, count, in);
+  else
+    std::memcpy(units[unit] + first, in, size_t(count) * 4);
+}
+
 std::vector<StateKind> state_kinds(const ParameterStore& store, Optimizer& optimizer) {
   std::vector<StateKind> kinds;
   StateKind master{"master", {}};
-  for (size_t u = 0; u < store.graph().units().size(); ++u) master.units.push_back(store.master(u));
+  if (store.masters_offloaded()) {
+    master.offloaded = store.offloaded();
+    master.offloaded_kind = store.offloaded()->kind("master");
+  } else {
+    for (size_t u = 0; u < store.graph().units().size(); ++u) master.units.push_back(store.master(u));
+  }
   kinds.push_back(std::move(master));
-  for (Optimizer::StateTensor& t : optimizer.state()) kinds.push_back({t.name, t.units});
+  for (Optimizer::StateTensor& t : optimizer.state()) kinds.push_back({t.name, t.units, t.offloaded, t.offloaded_kind});
   return kinds;
 }
 
@@ -36,10 +56,32 @@ void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& ki
   image.resize(size_t(layout.total_shard()) * kinds.size() * 4);
   std::byte* out = image.data();
   for (size_t u = 0; u < layout.units(); ++u) {
-    const int64_t skip = layout.begin(u) - store.range_begin(u), bytes = layout.shard(u) * 4;
+    const int64_t skip = layout.begin(u) - store.range_begin(u), count = layout.shard(u);
     for (const StateKind& kind : kinds) {
-      std::memcpy(out, kind.units[u] + skip, size_t(bytes));
-      out += bytes;
+      kind.read(u, skip, count, reinterpret_cast<float*>(out));
+      out += count * 4;
+    }
+  }
+}
+
+void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kinds,
+                 const std::function<void(const std::byte*, size_t)>& sink) {
+  constexpr int64_t kPiece = int64_t(1) << 20;  // elements
+  std::vector<float> piece;
+  const ShardLayout& layout = store.layout();
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const int64_t skip = layout.begin(u) - store.range_begin(u), count = layout.shard(u);
+    for (const StateKind& kind : kinds) {
+      if (!kind.offloaded) {
+        sink(reinterpret_cast<const std::byte*>(kind.units[u] + skip), size_t(count) * 4);
+        continue;
+      }
+      piece.resize(size_t(std::min(kPiece, count)));
+      for (int64_t first = 0; first < count; first += kPiece) {
+        const int64_t n = std::min(kPiece, count - first);
+        kind.read(u, skip + first, n, piece.data());
+        sink(reinterpret_cast<const std::byte*>(piece.data()), size_t(n) * 4);
+      }
     }
   }
 }
@@ -71,10 +113,13 @@ std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, co
 
 namespace {
 
-// Bytes [offset, offset + count * 4) of one file go to `destination`.
+// Bytes [offset, offset + count * 4) of one file go to elements [first, first + count) of unit
+// `unit`'s optimizer range of `kind`.
 struct Copy {
   int64_t offset, count;
-  float* destination;
+  const StateKind* kind;
+  size_t unit;
+  int64_t first;
 };
 
 std::string shape_text(const std::vector<int64_t>& dims) {
@@ -109,11 +154,11 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
       if (t->shape != dims)
         throw UserError(dir.string() + ": parameter " + p.name + " is " + shape_text(t->shape) +
                         " in the checkpoint and " + shape_text(dims) + " in this recipe's model");
-      float* base = kind.units[u] + (p.offset - range_begin);  // element 0 of the parameter
+      const int64_t base = p.offset - range_begin;  // element 0 of the parameter in the range
       for (const CheckpointPiece& piece : t->pieces) {
         const int64_t begin = std::max(first, piece.first), end = std::min(last, piece.first + piece.count);
         if (begin >= end) continue;
-        copies[piece.file].push_back({piece.offset + (begin - piece.first) * 4, end - begin, base + begin});
+        copies[piece.file].push_back({piece.offset + (begin - piece.first) * 4, end - begin, &kind, u, base + begin});
       }
     }
   }
@@ -127,9 +172,9 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
       size = at + int64_t(bytes);
       for (const Copy& c : list) {
         const int64_t begin = std::max(c.offset, at), end = std::min(c.offset + c.count * 4, size);
-        if (begin < end)
-          std::memcpy(reinterpret_cast<std::byte*>(c.destination) + (begin - c.offset), data + (begin - at),
-                      size_t(end - begin));
+        if (begin < end)  // file chunks and pieces are whole fp32 values
+          c.kind->write(c.unit, c.first + (begin - c.offset) / 4, (end - begin) / 4,
+                        reinterpret_cast<const float*>(data + (begin - at)));
       }
     });
     if (size != f.bytes)

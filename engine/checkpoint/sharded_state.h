@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,16 @@
 
 namespace engine {
 
-// One kind of per-parameter state: its per-unit fp32 buffers over the optimizer range.
+// One kind of per-parameter state over each unit's optimizer range: per-unit fp32 buffers in
+// memory, or kind `offloaded_kind` of an OffloadedState (read and written in pieces, never staged).
 struct StateKind {
   std::string name;
   std::vector<float*> units;
+  class OffloadedState* offloaded = nullptr;
+  size_t offloaded_kind = 0;
+
+  void read(size_t unit, int64_t first, int64_t count, float* out) const;
+  void write(size_t unit, int64_t first, int64_t count, const float* in) const;
 };
 std::vector<StateKind> state_kinds(const ParameterStore& store, Optimizer& optimizer);
 
@@ -37,6 +44,10 @@ int64_t rank_file_bytes(const Graph& graph, int world, size_t kinds);
 
 // This rank's file image (what the checkpoint memory plan accounts for), into `image` (resized).
 void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds, std::vector<std::byte>& image);
+// The same bytes in order, handed to `sink` a piece at a time (offloaded state: read from where it
+// lives through one bounded buffer).
+void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kinds,
+                 const std::function<void(const std::byte*, size_t)>& sink);
 
 std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds);
 

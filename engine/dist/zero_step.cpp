@@ -3,32 +3,89 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "offload/offloaded_state.h"
 #include "optim/optimizer.h"
 
 namespace engine {
 
 namespace {
 
-std::string unit_label(const ParameterStore& store, int unit) { return "unit " + store.graph().units()[size_t(unit)].name; }
+std::string unit_label(const ParameterStore& store, int unit) {
+  return "unit " + store.graph().units()[size_t(unit)].name;
+}
 
 }  // namespace
 
 WholeParameters::WholeParameters(const ParameterStore& store, dist::Communicator& comm) : store_(store) {
   if (store.masters_whole()) return;
   const ShardLayout& layout = store.layout();
+  std::vector<Buffer> shards;  // offloaded masters: this rank's, read for the gather
   std::vector<dist::Work> works;
   for (size_t u = 0; u < layout.units(); ++u) {
     gathered_.emplace_back(layout.padded(u) * 4);
-    works.push_back(comm.all_gather(store.master(u), gathered_.back().data(), layout.shard(u) * 4,
+    const float* mine = store.master(u);
+    if (store.masters_offloaded()) {
+      shards.emplace_back(layout.shard(u) * 4);
+      store.offloaded()->read(store.offloaded()->kind("master"), u, 0, layout.shard(u), shards.back().f32());
+      mine = shards.back().f32();
+    }
+    works.push_back(comm.all_gather(mine, gathered_.back().data(), layout.shard(u) * 4,
                                     "all-gather of " + unit_label(store, int(u)) + "'s weights"));
   }
   for (dist::Work& w : works) w.wait();
 }
 
 const float* WholeParameters::param(int index) const {
-  if (gathered_.empty()) return store_.param(index);
   const Param& p = store_.graph().params()[size_t(index)];
-  return gathered_[size_t(p.unit)].f32() + p.offset;
+  if (!gathered_.empty()) return gathered_[size_t(p.unit)].f32() + p.offset;
+  if (!store_.masters_offloaded()) return store_.param(index);
+  if (unit_index_ != p.unit) {
+    const auto u = size_t(p.unit);
+    unit_ = Buffer(store_.range_size(u) * 4);
+    store_.offloaded()->read(store_.offloaded()->kind("master"), u, 0, store_.range_size(u), unit_.f32());
+    unit_index_ = p.unit;
+  }
+  return unit_.f32() + (p.offset - store_.range_begin(size_t(p.unit)));
+}
+
+std::vector<int> gather_sequence(const Plan& plan) {
+  std::vector<int> units;
+  for (const auto& list : plan.actions)
+    for (const StepAction& a : list)
+      if (a.kind == StepAction::Kind::gather) units.push_back(a.unit);
+  return units;
+}
+
+void ZeroStep::begin_pass(const std::vector<int>& gathers) {
+  if (!store_.shard_offloaded()) return;
+  ChunkStore& shard = *store_.offloaded()->params();
+  if (slots_ == 0) {
+    // Gathers in flight (prefetch + 1, at most every gather) and the one read ahead.
+    slots_ = int(prefetch_) + 2;
+    int64_t largest = 0;
+    for (size_t u = 0; u < store_.layout().units(); ++u)
+      largest = std::max(largest, store_.offloaded()->param_bytes(store_.layout().shard(u)));
+    shard.reserve_fetch_slots(slots_, largest);
+  }
+  sequence_ = gathers;
+  position_ = fetched_ = 0;
+  if (!sequence_.empty()) fetch(0);
+}
+
+void ZeroStep::fetch(size_t gather) {
+  const auto u = size_t(sequence_[gather]);
+  OffloadedState& state = *store_.offloaded();
+  state.params()->fetch(int(gather % size_t(slots_)), state.param_bytes(state.unit_base(u)),
+                        state.param_bytes(store_.layout().shard(u)));
+  fetched_ = gather + 1;
+}
+
+const std::byte* ZeroStep::fetched_source(int unit) {
+  ENGINE_CHECK(position_ < sequence_.size() && sequence_[position_] == unit,
+               "a gather the plan did not announce (begin_pass)");
+  if (fetched_ <= position_) fetch(position_);
+  if (position_ + 1 < sequence_.size() && fetched_ <= position_ + 1) fetch(position_ + 1);
+  return store_.offloaded()->params()->view(int(position_++ % size_t(slots_)));
 }
 
 void ZeroStep::run(const StepAction& action, std::byte* buffer) {
@@ -37,8 +94,9 @@ void ZeroStep::run(const StepAction& action, std::byte* buffer) {
   switch (action.kind) {
     case StepAction::Kind::gather: {
       const int64_t bytes = layout.shard(u) * int64_t(dtype_size(store_.param_dtype()));
-      gathers_[action.buffer] = comm_.all_gather(store_.gather_source(u), buffer, bytes,
-                                                 "all-gather of " + unit_label(store_, action.unit) + "'s parameters");
+      const std::byte* source = store_.shard_offloaded() ? fetched_source(action.unit) : store_.gather_source(u);
+      gathers_[action.buffer] =
+          comm_.all_gather(source, buffer, bytes, "all-gather of " + unit_label(store_, action.unit) + "'s parameters");
       break;
     }
     case StepAction::Kind::use_params: {
@@ -50,10 +108,10 @@ void ZeroStep::run(const StepAction& action, std::byte* buffer) {
     }
     case StepAction::Kind::reduce: {
       const std::byte* send = buffer ? buffer : store_.micro_grad(u);
-      reductions_[action.unit] = comm_.reduce_scatter(
-          send, store_.grad_shard(u), layout.shard(u), store_.grad_dtype(),
-          first_micro_ ? dist::Reduction::overwrite : dist::Reduction::accumulate,
-          "reduce-scatter of " + unit_label(store_, action.unit) + "'s gradients");
+      reductions_[action.unit] =
+          comm_.reduce_scatter(send, store_.grad_shard(u), layout.shard(u), store_.grad_dtype(),
+                               first_micro_ ? dist::Reduction::overwrite : dist::Reduction::accumulate,
+                               "reduce-scatter of " + unit_label(store_, action.unit) + "'s gradients");
       break;
     }
     case StepAction::Kind::wait: {
@@ -106,8 +164,8 @@ double ZeroStep::gradient_norm() {
   return sum_norm_partials(ordered);
 }
 
-void ZeroStep::finish_update() {
-  store_.refresh_copies();
+void ZeroStep::finish_update(bool refresh) {
+  if (refresh) store_.refresh_copies();
   gather_parameters();
 }
 

@@ -24,7 +24,8 @@
 namespace engine {
 
 // The whole fp32 parameters: views of the masters at stage 0 or on one rank, else gathered from
-// every rank's shard (so creating one is a collective: every rank must).
+// every rank's shard (so creating one is a collective: every rank must). Offloaded masters on one
+// rank are read a unit at a time, as param() asks for them.
 class WholeParameters {
  public:
   WholeParameters(const ParameterStore& store, dist::Communicator& comm);
@@ -33,18 +34,26 @@ class WholeParameters {
  private:
   const ParameterStore& store_;
   std::vector<Buffer> gathered_;  // per unit, when sharded
+  mutable Buffer unit_;           // offloaded masters on one rank: the unit last read
+  mutable int unit_index_ = -1;
 };
 
 class ZeroStep : public StepCommunication {
  public:
-  ZeroStep(ParameterStore& store, dist::Communicator& comm) : store_(store), comm_(comm) {}
+  // prefetch: gathers in flight ahead of the one in use (distributed.prefetch).
+  ZeroStep(ParameterStore& store, dist::Communicator& comm, int64_t prefetch = 1)
+      : store_(store), comm_(comm), prefetch_(prefetch) {}
 
   void begin_micro_batch(int64_t local_micro) { first_micro_ = local_micro == 0; }
+  // Before each run of a plan: the units its gathers read, in order (gather_sequence()), so that an
+  // offloaded shard is read one gather ahead of its use.
+  void begin_pass(const std::vector<int>& gathers);
   void run(const StepAction& action, std::byte* buffer) override;
 
   void finish_gradients();
   double gradient_norm();
-  void finish_update();  // refresh_copies() and gather_parameters()
+  // refresh_copies() (unless the optimizer wrote the copies) and gather_parameters()
+  void finish_update(bool refresh = true);
   // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.
   void gather_parameters();
   // The step's mean loss from each rank's per-micro-batch losses, summed in global micro-batch
@@ -59,9 +68,19 @@ class ZeroStep : public StepCommunication {
  private:
   ParameterStore& store_;
   dist::Communicator& comm_;
+  int64_t prefetch_;
   bool first_micro_ = true;
   std::map<ValueId, dist::Work> gathers_;
   std::map<int, dist::Work> reductions_;
+  // The offloaded shard's reads: gather i of the pass reads into fetch slot i % slots.
+  const std::byte* fetched_source(int unit);
+  void fetch(size_t gather);
+  std::vector<int> sequence_;
+  size_t position_ = 0, fetched_ = 0;
+  int slots_ = 0;
 };
+
+// The units a plan's gathers read, in the order they start.
+std::vector<int> gather_sequence(const Plan& plan);
 
 }  // namespace engine

@@ -11,42 +11,6 @@ namespace engine {
 
 namespace {
 
-// A run of elements of one unit's optimizer range with one weight-decay setting.
-struct Segment {
-  size_t unit;
-  int64_t begin, end;  // elements from the start of the unit's optimizer range
-  bool decay;
-};
-
-// The optimizer range of every unit cut where weight decay changes: parameters that decay, and
-// everything else (parameters that do not, the padding between and after them).
-std::vector<Segment> segments(const ParameterStore& store, const recipe::OptimizerSection& config) {
-  std::vector<Segment> out;
-  const Graph& g = store.graph();
-  for (size_t u = 0; u < g.units().size(); ++u) {
-    const int64_t first = store.range_begin(u), last = first + store.range_size(u);
-    int64_t at = first;
-    auto add = [&](int64_t end, bool decay) {
-      if (end <= at) return;
-      if (!out.empty() && out.back().unit == u && out.back().decay == decay)
-        out.back().end = end - first;
-      else
-        out.push_back({u, at - first, end - first, decay});
-      at = end;
-    };
-    for (size_t i = 0; i < g.params().size(); ++i) {
-      const Param& p = g.params()[i];
-      if (size_t(p.unit) != u) continue;
-      const int64_t begin = std::clamp(p.offset, first, last);
-      const int64_t end = std::clamp(p.offset + store.numel(int(i)), first, last);
-      add(begin, false);
-      add(end, config.decay_norms_and_biases || p.decay);
-    }
-    add(last, false);
-  }
-  return out;
-}
-
 std::vector<float*> pointers(std::vector<Buffer>& buffers) {
   std::vector<float*> out;
   for (Buffer& b : buffers) out.push_back(b.f32());
@@ -56,7 +20,7 @@ std::vector<float*> pointers(std::vector<Buffer>& buffers) {
 class AdamW : public Optimizer {
  public:
   AdamW(const recipe::OptimizerSection& config, ParameterStore& store)
-      : config_(config), store_(store), segments_(segments(store, config)) {
+      : config_(config), store_(store), segments_(decay_segments(store, config)) {
     for (size_t u = 0; u < store.graph().units().size(); ++u) {
       m_.emplace_back(store.range_size(u) * 4);
       v_.emplace_back(store.range_size(u) * 4);
@@ -92,7 +56,7 @@ class AdamW : public Optimizer {
 class Sgd : public Optimizer {
  public:
   Sgd(const recipe::OptimizerSection& config, ParameterStore& store)
-      : config_(config), store_(store), segments_(segments(store, config)) {
+      : config_(config), store_(store), segments_(decay_segments(store, config)) {
     if (config.momentum > 0)
       for (size_t u = 0; u < store.graph().units().size(); ++u) momentum_.emplace_back(store.range_size(u) * 4);
   }
@@ -132,6 +96,33 @@ class Sgd : public Optimizer {
 };
 
 }  // namespace
+
+std::vector<Segment> decay_segments(const ParameterStore& store, const recipe::OptimizerSection& config) {
+  std::vector<Segment> out;
+  const Graph& g = store.graph();
+  for (size_t u = 0; u < g.units().size(); ++u) {
+    const int64_t first = store.range_begin(u), last = first + store.range_size(u);
+    int64_t at = first;
+    auto add = [&](int64_t end, bool decay) {
+      if (end <= at) return;
+      if (!out.empty() && out.back().unit == u && out.back().decay == decay)
+        out.back().end = end - first;
+      else
+        out.push_back({u, at - first, end - first, decay});
+      at = end;
+    };
+    for (size_t i = 0; i < g.params().size(); ++i) {
+      const Param& p = g.params()[i];
+      if (size_t(p.unit) != u) continue;
+      const int64_t begin = std::clamp(p.offset, first, last);
+      const int64_t end = std::clamp(p.offset + store.numel(int(i)), first, last);
+      add(begin, false);
+      add(end, config.decay_norms_and_biases || p.decay);
+    }
+    add(last, false);
+  }
+  return out;
+}
 
 std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config, ParameterStore& store) {
   if (config.type == recipe::OptimizerType::sgd) return std::make_unique<Sgd>(config, store);

@@ -27,14 +27,19 @@ class Optimizer {
   virtual int64_t state_bytes() const = 0;
   // The state tensors by their PyTorch names, each one fp32 buffer per unit over the unit's
   // optimizer range: AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer (none without momentum).
+  // Offloaded state has no buffers in memory: kind `offloaded_kind` of `offloaded` holds it.
   struct StateTensor {
     std::string name;
     std::vector<float*> units;
+    class OffloadedState* offloaded = nullptr;
+    size_t offloaded_kind = 0;
   };
   virtual std::vector<StateTensor> state() = 0;
   // Updates applied so far (AdamW's bias correction, SGD's first-step buffer), for resuming.
   virtual int64_t steps() const = 0;
   virtual void set_steps(int64_t steps) = 0;
+  // Whether step() also writes the parameter copies (then the caller skips refresh_copies()).
+  virtual bool writes_copies() const { return false; }
 };
 
 // How many fp32 state tensors per parameter the optimizer keeps (AdamW 2, SGD 1 with momentum, else 0).
@@ -42,6 +47,16 @@ inline int optimizer_state_tensors(const recipe::OptimizerSection& o) {
   if (o.type == recipe::OptimizerType::adamw) return 2;  // first and second moments
   return o.momentum > 0 ? 1 : 0;                         // momentum buffer
 }
+
+// A run of elements of one unit's optimizer range with one weight-decay setting.
+struct Segment {
+  size_t unit;
+  int64_t begin, end;  // elements from the start of the unit's optimizer range
+  bool decay;
+};
+// The optimizer range of every unit cut where weight decay changes: parameters that decay, and
+// everything else (parameters that do not, the padding between and after them).
+std::vector<Segment> decay_segments(const ParameterStore& store, const recipe::OptimizerSection& config);
 
 std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config, ParameterStore& store);
 

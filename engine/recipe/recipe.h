@@ -152,6 +152,19 @@ struct CheckpointSection {
   double preemption_budget;  // seconds from a stop signal to a durable checkpoint
 };
 
+// Where a kind of state lives: in memory as today, in host memory through the offload path, or
+// in a swap file on a local disk (NVMe).
+enum class OffloadDevice { none, cpu, nvme };
+
+struct OffloadSection {
+  OffloadDevice optimizer;   // fp32 master weights and optimizer state
+  OffloadDevice parameters;  // zero_stage 3: each rank's parameter shard, fetched before its gather
+  std::string nvme_path;     // the swap directory (one file per rank and kind)
+  int64_t queue_depth;       // I/O requests in flight
+  int64_t block_size;        // bytes per I/O request
+  int64_t chunk_size;        // parameters per chunk of the streamed optimizer step
+};
+
 struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
@@ -173,6 +186,7 @@ struct Recipe {
   ActivationCheckpointingSection activation_checkpointing;
   DistributedSection distributed;
   CheckpointSection checkpoint;
+  OffloadSection offload;
 };
 
 }  // namespace engine::recipe

@@ -216,6 +216,34 @@ void check_precision(RuleContext& c) {
             std::string("gradients accumulate in fp32 or in the 16-bit type of precision.mode (") + mode + ")");
 }
 
+const char* device_name(OffloadDevice d) {
+  return d == OffloadDevice::nvme ? "nvme" : d == OffloadDevice::cpu ? "cpu" : "none";
+}
+
+void check_offload(RuleContext& c) {
+  const OffloadSection& o = c.r.offload;
+  if (o.parameters != OffloadDevice::none && c.r.distributed.zero_stage != 3)
+    c.error({"offload.parameters", "distributed.zero_stage"},
+            std::string("offload.parameters ") + device_name(o.parameters) +
+                " moves each rank's parameter shard, which exists at zero_stage 3 (now " +
+                str(c.r.distributed.zero_stage) + ")",
+            {"set distributed.zero_stage: 3, or offload only the optimizer state (offload.optimizer) at stages 0-2"});
+  if ((o.optimizer == OffloadDevice::nvme || o.parameters == OffloadDevice::nvme) && o.nvme_path.empty())
+    c.error({"offload.nvme_path", "offload.optimizer", "offload.parameters"},
+            "offload to nvme needs offload.nvme_path, the directory of the swap files");
+  if (o.block_size % 4096 != 0)
+    c.error({"offload.block_size"}, "block_size " + str(o.block_size) + " is not a multiple of 4096 (direct I/O)");
+  if (o.chunk_size % 2048 != 0)
+    c.error({"offload.chunk_size"},
+            "chunk_size " + str(o.chunk_size) + " is not a multiple of 2048 (a 4 KiB block of 16-bit parameters)");
+  // This engine steps on the CPU: host memory is the memory the step computes in.
+  for (auto [key, device] : {std::pair{"optimizer", o.optimizer}, std::pair{"parameters", o.parameters}})
+    if (device == OffloadDevice::cpu)
+      c.note(std::string("offload.") + key +
+             " cpu: on a CPU run that state already lives in host memory, so memory use does not change; it takes "
+             "the offload path (the chunked CPU update a GPU run uses). Use nvme to hold it outside memory");
+}
+
 }  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
@@ -236,6 +264,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"optimizer"}, check_optimizer},
       {{"train", "data"}, check_evaluation},
       {{"precision"}, check_precision},
+      {{"offload", "distributed"}, check_offload},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

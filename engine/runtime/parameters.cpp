@@ -5,6 +5,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "offload/offloaded_state.h"
 
 namespace engine {
 
@@ -14,28 +15,41 @@ namespace {
 // wrote (the single-process path, as fast as it ever was).
 bool gradient_alias(const ShardingSpec& spec) { return spec.world == 1 && spec.accumulation == 1 && spec.stage < 2; }
 
+// Values into a parameter copy of type `dtype` (fp32: copied).
+void store_copy(const float* values, std::byte* target, DType dtype, int64_t count) {
+  if (dtype == DType::f32)
+    std::copy_n(values, count, reinterpret_cast<float*>(target));
+  else
+    narrow(values, target, dtype, count);
+}
 
 }  // namespace
 
-ParameterStore::UnitSizes ParameterStore::unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param,
-                                                     DType grad, size_t u) {
+ParameterStore::UnitSizes ParameterStore::unit_sizes(const ShardLayout& layout, const ShardingSpec& spec,
+                                                     const OffloadSpec& offload, DType param, DType grad, size_t u) {
   const int64_t csize = int64_t(dtype_size(param)), gsize = int64_t(dtype_size(grad));
   const int64_t padded = layout.padded(u), shard = layout.shard(u), range = range_size(layout, spec, u);
+  const bool masters_offloaded = offload.masters_offloaded(param, spec.stage);
   UnitSizes s;
   if (spec.stage < 3) s.compute = padded * csize;
-  if (spec.stage == 3 || param != DType::f32) s.master = range * 4;  // else a view into compute
-  if (spec.stage == 3 && param != DType::f32) s.shard16 = shard * csize;
+  // Else a view into compute; offloaded masters live in the OffloadedState.
+  if ((spec.stage == 3 || param != DType::f32) && !masters_offloaded) s.master = range * 4;
+  // Stage 3's gathers read a shard copy when the master is not it (16-bit, or offloaded), unless the
+  // copy is offloaded too.
+  if (spec.stage == 3 && (param != DType::f32 || masters_offloaded) && offload.parameters == OffloadTier::none)
+    s.shard16 = shard * csize;
   if (spec.stage < 2) s.micro_grad = padded * gsize;
   if (!gradient_alias(spec)) s.grad_shard = shard * gsize;
   if (grad != DType::f32) s.opt_grad = range * 4;  // else a view into the reduced gradient
   return s;
 }
 
-ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const ShardingSpec& spec) {
+ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const ShardingSpec& spec,
+                                                    const OffloadSpec& offload) {
   const ShardLayout layout(graph.units(), spec.world, 0);
   Bytes bytes;
   for (size_t u = 0; u < layout.units(); ++u) {
-    UnitSizes s = unit_sizes(layout, spec, graph.param_dtype(), graph.grad_dtype(), u);
+    UnitSizes s = unit_sizes(layout, spec, offload, graph.param_dtype(), graph.grad_dtype(), u);
     bytes.parameters += s.compute + s.master + s.shard16;
     bytes.gradients += s.micro_grad + s.grad_shard + s.opt_grad;
     bytes.optimizer_elements += range_size(layout, spec, u);
@@ -50,9 +64,29 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec)
       param_dtype_(graph.param_dtype()),
       grad_dtype_(graph.grad_dtype()),
       grad_alias_(gradient_alias(spec)) {
-  units_.resize(graph.units().size());
+  allocate({});
+}
+
+ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const OffloadSpec& offload,
+                               OffloadedState* offloaded)
+    : graph_(graph),
+      spec_(spec),
+      layout_(graph.units(), spec.world, spec.rank),
+      param_dtype_(graph.param_dtype()),
+      grad_dtype_(graph.grad_dtype()),
+      grad_alias_(gradient_alias(spec)),
+      masters_offloaded_(offload.masters_offloaded(param_dtype_, spec.stage)),
+      shard_offloaded_(spec.stage == 3 && offload.parameters != OffloadTier::none),
+      offloaded_(offloaded) {
+  ENGINE_CHECK(!(masters_offloaded_ || shard_offloaded_) || offloaded, "offloaded state needs its store");
+  allocate(offload);
+}
+
+void ParameterStore::allocate(const OffloadSpec& offload) {
+  units_.resize(graph_.units().size());
   for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitSizes sizes = unit_sizes(layout_, spec, param_dtype_, grad_dtype_, u);
+    const ShardingSpec& spec = spec_;
+    const UnitSizes sizes = unit_sizes(layout_, spec, offload, param_dtype_, grad_dtype_, u);
     UnitBuffers& b = units_[u];
     b.compute = Buffer(sizes.compute);
     b.master = Buffer(sizes.master);
@@ -60,7 +94,7 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec)
     b.micro_grad = Buffer(sizes.micro_grad);
     b.grad_shard = Buffer(sizes.grad_shard);
     b.opt_grad = Buffer(sizes.opt_grad);
-    b.master_ptr = sizes.master ? b.master.f32() : b.compute.f32() + range_begin(u);
+    b.master_ptr = sizes.master ? b.master.f32() : masters_offloaded_ ? nullptr : b.compute.f32() + range_begin(u);
     b.grad_shard_ptr = grad_alias_ ? b.micro_grad.data() : b.grad_shard.data();
     b.opt_grad_ptr = sizes.opt_grad ? b.opt_grad.f32() : reinterpret_cast<float*>(reduced_grad(u));
   }
@@ -113,17 +147,64 @@ void ParameterStore::set_param_part(int index, int64_t first, const float* value
   const int64_t begin = std::max(at, range_begin(u));
   const int64_t end = std::min(at + count, range_begin(u) + range_size(u));
   if (begin >= end) return;
-  std::copy(values + (begin - at), values + (end - at), b.master_ptr + (begin - range_begin(u)));
-  if (spec_.stage == 3 && param_dtype_ != DType::f32)
-    narrow(values + (begin - at), b.shard16.data() + (begin - range_begin(u)) * 2, param_dtype_, end - begin);
+  const float* part = values + (begin - at);
+  const int64_t in_range = begin - range_begin(u), n = end - begin;
+  if (masters_offloaded_)
+    offloaded_->write(offloaded_->kind("master"), u, in_range, n, part);
+  else
+    std::copy_n(part, n, b.master_ptr + in_range);
+  if (spec_.stage != 3) return;
+  const int64_t csize = int64_t(dtype_size(param_dtype_));
+  if (shard_offloaded_) {
+    std::vector<std::byte> copy(size_t(n * csize));
+    store_copy(part, copy.data(), param_dtype_, n);
+    offloaded_->params()->write((offloaded_->unit_base(u) + in_range) * csize, n * csize, copy.data());
+  } else if (b.shard16.bytes()) {
+    store_copy(part, b.shard16.data() + in_range * csize, param_dtype_, n);
+  }
 }
 
 void ParameterStore::refresh_copies() {
+  if (masters_offloaded_) {
+    // The masters stream through memory once; the copies are written from each chunk.
+    offloaded_->update(
+        [&](const OffloadedState::Chunk& c) {
+          write_copies(c.first, c.count, c.kinds[offloaded_->kind("master")],
+                       shard_offloaded_ ? offloaded_->params()->put(c.index) : nullptr);
+          if (shard_offloaded_) offloaded_->params()->commit(c.index);
+        },
+        false);
+    if (shard_offloaded_) offloaded_->params()->wait();
+    return;
+  }
+  if (shard_offloaded_) {
+    offloaded_->for_each_chunk([&](const OffloadedState::Chunk& c) {
+      write_copies(c.first, c.count, nullptr, offloaded_->params()->put(c.index));
+      offloaded_->params()->commit(c.index);
+    });
+    offloaded_->params()->wait();
+    return;
+  }
   if (param_dtype_ == DType::f32) return;
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitBuffers& b = units_[u];
     std::byte* target = spec_.stage == 3 ? b.shard16.data() : b.compute.data() + range_begin(u) * 2;
     narrow(b.master_ptr, target, param_dtype_, range_size(u));
+  }
+}
+
+void ParameterStore::write_copies(int64_t first, int64_t count, const float* masters, std::byte* shard_chunk) {
+  const int64_t csize = int64_t(dtype_size(param_dtype_));
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t base = offloaded_->unit_base(u);
+    const int64_t lo = std::max(first, base), hi = std::min(first + count, base + range_size(u));
+    if (lo >= hi) continue;
+    const float* source = masters ? masters + (lo - first) : units_[u].master_ptr + (lo - base);
+    std::byte* target = shard_chunk        ? shard_chunk + (lo - first) * csize
+                        : spec_.stage == 3 ? units_[u].shard16.data() + (lo - base) * csize
+                                           : units_[u].compute.data() + (range_begin(u) + lo - base) * csize;
+    if (spec_.stage < 3 && param_dtype_ == DType::f32) continue;  // the master is the parameter
+    store_copy(source, target, param_dtype_, hi - lo);
   }
 }
 
@@ -134,6 +215,7 @@ void ParameterStore::widen_gradients() {
 
 void ParameterStore::retype(DType from, DType to) {
   if (param_dtype_ == from) param_dtype_ = to;
+  if (offloaded_ && offloaded_->param_dtype() == from) offloaded_->retype_params(to);
   if (grad_dtype_ == from) grad_dtype_ = to;
   refresh_copies();
 }

@@ -18,6 +18,10 @@
 //   opt_grad    fp32 gradient over the optimizer range, what clipping and the optimizer read.
 // In 16-bit precision, refresh_copies() rounds the masters into the 16-bit compute values (or, at
 // stage 3, into a 16-bit shard that the gathers read) after each update.
+//
+// With offload (offload/offloaded_state.h) the masters that are separate from the parameters live in
+// the OffloadedState with the optimizer state (master() is null), and at stage 3 the shard the
+// gathers read may live there too; the offloaded optimizer writes the copies as it streams.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,7 @@
 
 #include "dist/shard_layout.h"
 #include "graph/graph.h"
+#include "offload/offload_spec.h"
 #include "runtime/buffer.h"
 
 namespace engine {
@@ -39,13 +44,16 @@ struct ShardingSpec {
 class ParameterStore {
  public:
   explicit ParameterStore(const Graph& graph, ShardingSpec spec = {});
+  // With offloaded state: `offloaded` holds the masters (kind "master") when masters_offloaded() and
+  // the parameter shard when shard_offloaded(); it outlives the store.
+  ParameterStore(const Graph& graph, ShardingSpec spec, const OffloadSpec& offload, class OffloadedState* offloaded);
 
   // What a store for `graph` at `spec` allocates on one rank (what `engine plan` prints).
   struct Bytes {
     int64_t parameters = 0, gradients = 0;
     int64_t optimizer_elements = 0;  // what this rank updates: the optimizer state's size in elements
   };
-  static Bytes planned_bytes(const Graph& graph, const ShardingSpec& spec);
+  static Bytes planned_bytes(const Graph& graph, const ShardingSpec& spec, const OffloadSpec& offload = {});
 
   // Fills every parameter from its ParamInit, drawing normals in parameter order from the seed's
   // init stream: the same seed gives the same model at every world size and stage.
@@ -70,7 +78,14 @@ class ParameterStore {
   // Per unit, over the optimizer range [range_begin(u), range_begin(u) + range_size(u)):
   int64_t range_begin(size_t unit) const { return spec_.stage == 0 ? 0 : layout_.begin(unit); }
   int64_t range_size(size_t unit) const { return range_size(layout_, spec_, unit); }
-  float* master(size_t unit) const { return units_[unit].master_ptr; }
+  float* master(size_t unit) const { return units_[unit].master_ptr; }  // null when offloaded
+  bool masters_offloaded() const { return masters_offloaded_; }
+  bool shard_offloaded() const { return shard_offloaded_; }
+  class OffloadedState* offloaded() const {
+    return offloaded_;
+  }
+  // Stage 3: the compute-dtype shard the gathers read, when it is separate from the master.
+  std::byte* shard_copy(size_t unit) const { return units_[unit].shard16.data(); }
   float* opt_grad(size_t unit) const { return units_[unit].opt_grad_ptr; }
   // The whole unit in the compute dtype (stages 0-2), the gather source of stage 3 (its shard).
   std::byte* compute(size_t unit) const { return units_[unit].compute.data(); }
@@ -85,6 +100,10 @@ class ParameterStore {
   // Rounds the fp32 masters into the 16-bit compute values or shard (after initialisation,
   // loading and each update; at stages 1-2 the caller then all-gathers `compute`).
   void refresh_copies();
+  // The copies of elements [first, first + count) of the flat optimizer run (offloaded_state.h), from
+  // `masters` (that run's masters) or, when null, from master(): what refresh_copies does per chunk.
+  // `shard_chunk` receives the offloaded shard's values of the same elements.
+  void write_copies(int64_t first, int64_t count, const float* masters, std::byte* shard_chunk);
   // Widens reduced_grad into opt_grad when the gradient dtype is 16-bit.
   void widen_gradients();
   // Follows a change of the graph's 16-bit type (fp16 -> bf16 fallback): same sizes, new rounding.
@@ -100,7 +119,9 @@ class ParameterStore {
   struct UnitSizes {
     int64_t compute = 0, master = 0, shard16 = 0, micro_grad = 0, grad_shard = 0, opt_grad = 0;
   };
-  static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, DType param, DType grad, size_t u);
+  static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
+                              DType param, DType grad, size_t u);
+  void allocate(const OffloadSpec& offload);
   // The whole unit at stage 0, this rank's shard at stages 1-3.
   static int64_t range_size(const ShardLayout& layout, const ShardingSpec& spec, size_t u) {
     return spec.stage == 0 ? layout.padded(u) : layout.shard(u);
@@ -116,6 +137,8 @@ class ParameterStore {
   ShardLayout layout_;
   DType param_dtype_ = DType::f32, grad_dtype_ = DType::f32;
   bool grad_alias_ = false;
+  bool masters_offloaded_ = false, shard_offloaded_ = false;
+  class OffloadedState* offloaded_ = nullptr;
   std::vector<UnitBuffers> units_;
 };
 

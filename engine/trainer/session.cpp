@@ -7,10 +7,11 @@
 
 #include "checkpoint/sharded_state.h"
 #include "core/error.h"
-#include "graph/autodiff.h"
 #include "dist/zero_plan.h"
+#include "graph/autodiff.h"
 #include "graph/precision.h"
 #include "graph/wrap.h"
+#include "offload/offloaded_optimizer.h"
 #include "trainer/telemetry.h"
 
 namespace engine {
@@ -88,6 +89,63 @@ TrafficPlan plan_traffic(const Graph& g, const ShardLayout& layout, const Shardi
   return t;
 }
 
+constexpr int64_t kBounce = int64_t(4) << 20;       // ChunkStore's cold-access buffer
+constexpr int64_t kStreamPiece = int64_t(4) << 20;  // stream_rank's buffer for offloaded state
+
+int64_t round_up_4k(int64_t n) { return (n + 4095) / 4096 * 4096; }
+
+// Where offload moves memory (MemoryPlan) and how many bytes it moves per step (TrafficPlan), from
+// the same sizes OffloadedState and ChunkStore allocate.
+void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& layout, CompiledStep& c) {
+  const OffloadSpec& o = c.offload;
+  if (!o.any()) return;
+  MemoryPlan& m = c.memory;
+  const int stage = c.sharding.stage;
+  int64_t elements = 0, largest_shard = 0;
+  std::vector<int64_t> base;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    base.push_back(elements);
+    elements += stage == 0 ? layout.padded(u) : layout.shard(u);
+    largest_shard = std::max(largest_shard, layout.shard(u));
+  }
+  const int64_t chunks = (elements + o.chunk_size - 1) / o.chunk_size;
+  const int64_t psize = int64_t(dtype_size(g.param_dtype()));
+  if (o.optimizer != OffloadTier::none) {
+    const auto kinds = int64_t(offloaded_kinds(r.optimizer, o.masters_offloaded(g.param_dtype(), stage)).size());
+    const int64_t bytes = chunks * kinds * o.chunk_size * 4;
+    m.optimizer_state = 0;  // the moments; offloaded masters were never in m.parameters
+    if (o.optimizer == OffloadTier::host) {
+      m.optimizer_state = bytes;
+    } else if (kinds > 0) {
+      m.swap += bytes;
+      m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + kBounce;
+      c.traffic.swap_read += bytes;
+      c.traffic.swap_written += bytes;
+      m.checkpoint_snapshot = kStreamPiece;  // streamed from the swap file, not snapshotted
+    }
+  }
+  if (stage == 3 && o.parameters != OffloadTier::none) {
+    const int64_t bytes = chunks * o.chunk_size * psize;
+    if (o.parameters == OffloadTier::host) {
+      m.parameters += bytes;
+    } else {
+      m.swap += bytes;
+      m.offload_buffers += kChunkSlots * o.chunk_size * psize + kBounce;
+      m.offload_buffers += (r.distributed.prefetch + 2) * (round_up_4k(largest_shard * psize) + 4096);
+      c.traffic.swap_written += bytes;
+      // Each gather reads the unit's shard, widened to the 4 KiB grid, in every micro-batch.
+      int64_t per_micro = 0;
+      for (const auto& list : c.train.actions)
+        for (const StepAction& a : list)
+          if (a.kind == StepAction::Kind::gather) {
+            const int64_t first = base[size_t(a.unit)] * psize;
+            per_micro += round_up_4k(first + layout.shard(size_t(a.unit)) * psize) - first / 4096 * 4096;
+          }
+      c.traffic.swap_read += per_micro * c.sharding.accumulation;
+    }
+  }
+}
+
 // Whether gradients go through reduce-scatters (else the optimizer reads what the backward wrote).
 bool gradients_reduced(const ShardingSpec& spec) { return spec.world > 1 || spec.accumulation > 1 || spec.stage >= 2; }
 
@@ -111,7 +169,8 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   c.eval.training = false;
   c.traffic = plan_traffic(g, layout, c.sharding, c.train);
   MemoryPlan& m = c.memory;
-  const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding);
+  c.offload = offload_spec(r, 0);
+  const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding, c.offload);
   m.parameters = store.parameters;
   m.gradients = store.gradients;
   m.optimizer_state = optimizer_state_bytes(r.optimizer, store.optimizer_elements * 4);
@@ -136,6 +195,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
   }
+  plan_offload(r, g, layout, c);
   return c;
 }
 
@@ -150,13 +210,31 @@ void check_memory_available(const MemoryPlan& memory, int local_ranks) {
     if (needed > kilobytes * 1024)
       throw UserError("the plan needs " + format_bytes(needed) +
                       (local_ranks > 1 ? " for " + std::to_string(local_ranks) + " ranks on this machine" : "") +
-                      " (per rank: parameters " +
-                      format_bytes(memory.parameters) + ", activations " + format_bytes(memory.activations) +
-                      ", checkpoint snapshot " + format_bytes(memory.checkpoint_snapshot) +
-                      ") but only " + format_bytes(kilobytes * 1024) +
+                      " (per rank: parameters " + format_bytes(memory.parameters) + ", activations " +
+                      format_bytes(memory.activations) + ", checkpoint snapshot " +
+                      format_bytes(memory.checkpoint_snapshot) + ") but only " + format_bytes(kilobytes * 1024) +
                       " is available; see `engine plan` and reduce the model or the micro-batch");
     return;
   }
+}
+
+OffloadSpec offload_spec(const recipe::Recipe& r, int rank) {
+  auto tier = [](recipe::OffloadDevice d) {
+    return d == recipe::OffloadDevice::nvme  ? OffloadTier::nvme
+           : d == recipe::OffloadDevice::cpu ? OffloadTier::host
+                                             : OffloadTier::none;
+  };
+  OffloadSpec spec;
+  spec.optimizer = tier(r.offload.optimizer);
+  spec.parameters = tier(r.offload.parameters);
+  spec.directory = r.offload.nvme_path;
+  char stem[32];
+  std::snprintf(stem, sizeof stem, ".rank-%05d", rank);
+  spec.file_stem = r.run.name + stem;
+  spec.queue_depth = int(r.offload.queue_depth);
+  spec.block_size = r.offload.block_size;
+  spec.chunk_size = r.offload.chunk_size;
+  return spec;
 }
 
 Session::Session(const recipe::Recipe& r) : Session(r, compile_step(r)) {}
@@ -170,6 +248,20 @@ ShardingSpec rank_sharding(ShardingSpec spec, const dist::Communicator& comm) {
   return spec;
 }
 
+std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, const Graph& g, const OffloadSpec& spec,
+                                                     const ShardingSpec& sharding) {
+  if (!spec.any()) return nullptr;
+  const ShardLayout layout(g.units(), sharding.world, sharding.rank);
+  std::vector<int64_t> ranges;
+  for (size_t u = 0; u < layout.units(); ++u)
+    ranges.push_back(sharding.stage == 0 ? layout.padded(u) : layout.shard(u));
+  std::vector<std::string> kinds;
+  if (spec.optimizer != OffloadTier::none)
+    kinds = offloaded_kinds(r.optimizer, spec.masters_offloaded(g.param_dtype(), sharding.stage));
+  const bool shard = sharding.stage == 3 && spec.parameters != OffloadTier::none;
+  return std::make_unique<OffloadedState>(spec, ranges, kinds, g.param_dtype(), shard);
+}
+
 }  // namespace
 
 Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communicator* communicator)
@@ -180,14 +272,19 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communica
       world(comm.size()),
       data(make_dataset(r)),
       model(std::move(compiled.model)),
-      store(model.graph, rank_sharding(compiled.sharding, comm)),
-      optimizer(make_optimizer(r.optimizer, store)),
+      offload(offload_spec(r, rank)),
+      offloaded(make_offloaded_state(r, model.graph, offload, rank_sharding(compiled.sharding, comm))),
+      store(model.graph, rank_sharding(compiled.sharding, comm), offload, offloaded.get()),
+      optimizer(offload.optimizer != OffloadTier::none ? make_offloaded_optimizer(r.optimizer, store, *offloaded)
+                                                       : make_optimizer(r.optimizer, store)),
       executor(model.graph, store, uint64_t(r.run.seed)),
-      zero(store, comm),
+      zero(store, comm, r.distributed.prefetch),
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps),
       scaler(r.precision),
       memory_(compiled.memory) {
+  train_gathers_ = gather_sequence(compiled.train);
+  eval_gathers_ = gather_sequence(compiled.eval);
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
 }
@@ -212,12 +309,14 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   if (store.sharding().stage < 2) store.zero_micro_grads();
   load_batch(batch);
   zero.begin_micro_batch(micro);
+  zero.begin_pass(train_gathers_);
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
   return mean_loss("train");
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
+  if (offloaded) offloaded->check_present();  // a deleted swap file stops the run before its reads go wrong
   zero.finish_gradients();
   if (hooks.after_backward) hooks.after_backward();
   StepResult result;
@@ -254,7 +353,7 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
   }
   if (factor != 1.0) scale_gradients(store, factor);
   optimizer->step(result.lr);
-  zero.finish_update();
+  zero.finish_update(!optimizer->writes_copies());
   scaler.update(false);
   ++updates;
   return result;
@@ -264,7 +363,7 @@ void Session::fall_back_to_bf16() {
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
   store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
-  zero.gather_parameters();                // ... and the other ranks' slices arrive (every rank falls back)
+  zero.gather_parameters();               // ... and the other ranks' slices arrive (every rank falls back)
   scaler.disable();
 }
 
@@ -277,6 +376,7 @@ double Session::evaluate(int64_t batches) {
   for (int64_t k = 0; k < rounds; ++k) {
     data->fill(Split::validation, std::min(k * world + rank, batches - 1), batch);
     load_batch(batch);
+    zero.begin_pass(eval_gathers_);
     executor.run("eval", 0, 0, 1.0f, &zero);
     mine.push_back(mean_loss("eval"));
   }

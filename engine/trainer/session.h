@@ -25,6 +25,7 @@
 #include "dist/zero_step.h"
 #include "graph/recompute.h"
 #include "models/model.h"
+#include "offload/offloaded_state.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
 #include "recipe/load.h"
@@ -46,8 +47,13 @@ struct MemoryPlan {
   // This rank's checkpoint file, snapshotted while a checkpoint is written (not in total(): it
   // exists only then; check_memory_available counts it).
   int64_t checkpoint_snapshot = 0;
+  // Offload (offload section): the chunks of the streamed optimizer step, the shard reads ahead of
+  // the gathers and the bounce buffer, in memory; the swap files, on disk (not in total()). State
+  // offloaded to cpu stays in host memory and is counted where it would be without offload.
+  int64_t offload_buffers = 0;
+  int64_t swap = 0;
   int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging;
+    return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging + offload_buffers;
   }
   int64_t model_states() const { return parameters + gradients + optimizer_state; }
 };
@@ -56,6 +62,8 @@ struct MemoryPlan {
 struct TrafficPlan {
   int64_t gradients = 0, parameters = 0;  // reduce-scatters (+ stage 0's gather); gathers
   int64_t total() const { return gradients + parameters; }
+  // Bytes each rank reads from and writes to its swap files per optimizer step (offload to nvme).
+  int64_t swap_read = 0, swap_written = 0;
 };
 
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
@@ -68,6 +76,7 @@ struct CompiledStep {
   RecomputeReport recompute;
   ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
   TrafficPlan traffic;
+  OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
 };
 CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1);
 
@@ -124,6 +133,8 @@ class Session {
   int rank, world;
   std::unique_ptr<Dataset> data;
   ModelGraph model;
+  OffloadSpec offload;
+  std::unique_ptr<OffloadedState> offloaded;  // null without offload
   ParameterStore store;
   std::unique_ptr<Optimizer> optimizer;
   Executor executor;
@@ -141,6 +152,10 @@ class Session {
   void load_batch(const Batch& batch);
   double mean_loss(const std::string& plan);
   MemoryPlan memory_;
+  std::vector<int> train_gathers_, eval_gathers_;
 };
+
+// The recipe's offload section for rank `rank` (its swap files are <nvme_path>/<run name>.rank-<r>.*).
+OffloadSpec offload_spec(const recipe::Recipe& recipe, int rank);
 
 }  // namespace engine

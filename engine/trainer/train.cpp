@@ -25,6 +25,7 @@
 #include "core/version.h"
 #include "data/loader.h"
 #include "recipe/export.h"
+#include "trainer/offload_report.h"
 #include "trainer/plugin_driver.h"
 #include "trainer/run_state.h"
 #include "trainer/session.h"
@@ -186,6 +187,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total()) << " (activations "
       << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
       << " while a checkpoint is written)\n";
+  if (session.offloaded) describe_offload(out, session, traffic);
 
   std::ofstream metrics;
   if (lead) {
@@ -236,7 +238,12 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       m = checkpoint_manifest(steps_done, session, plugins, recipe_yaml, summary, elapsed(), kinds);
     else
       m.step = steps_done;
-    checkpoints.start(std::move(m), [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
+    if (session.offload.optimizer == OffloadTier::nvme)  // streamed from the swap file, never staged
+      checkpoints.start_streamed(std::move(m), [&](const Checkpointer::Sink& sink) {
+        stream_rank(session.store, kinds, sink);
+      });
+    else
+      checkpoints.start(std::move(m), [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
     last_checkpoint_time = std::chrono::steady_clock::now();
   };
   // What every rank must agree on at a step end (signals reach the ranks at different times, plugins
@@ -257,6 +264,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   StopSignals signals(comm.size() > 1);
   auto window_start = start;
   int64_t window_rows = 0;
+  SwapWindow swap_window(session.offloaded.get(), first_step);
   plugins.train_start();
   for (int64_t step = first_step; step < r.train.steps; ++step) {
     plugins.step_start(step);
@@ -314,6 +322,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       window_rows = 0;
       nlohmann::json line{{"step", step + 1},          {"loss", loss},          {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_second", rate}, {"elapsed_s", elapsed()}};
+      if (session.offloaded) swap_window.log(*session.offloaded, step + 1, line);
       if (session.scaler.enabled()) line["loss_scale"] = result.loss_scale;
       metrics << line.dump() << "\n";
       metrics.flush();

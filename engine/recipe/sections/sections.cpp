@@ -14,9 +14,9 @@ void declare_all_sections(Schema& schema) {
   declare_activation_checkpointing(schema);
   declare_distributed(schema);
   declare_checkpoint(schema);
+  declare_offload(schema);
 
   // Planned sections: refused with a clear message until their feature is built.
-  schema.reserve("offload", "CPU and NVMe offload");
   schema.reserve("logging", "logging and telemetry settings");
 }
 

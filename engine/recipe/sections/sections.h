@@ -17,6 +17,7 @@ void declare_precision(Schema& schema);
 void declare_activation_checkpointing(Schema& schema);
 void declare_distributed(Schema& schema);
 void declare_checkpoint(Schema& schema);
+void declare_offload(Schema& schema);
 
 void declare_all_sections(Schema& schema);
 
