@@ -57,8 +57,8 @@ Change classify(const std::string& key) {
     if (key == k) return Change::silent;
   for (const char* k :
        {"train.steps", "train.gradient_clipping", "scheduler.", "optimizer.lr", "optimizer.weight_decay",
-        "distributed.", "activation_checkpointing.", "plugins", "precision.growth_interval", "precision.scale_factor",
-        "precision.hysteresis", "precision.min_scale", "precision.on_min_scale"})
+        "distributed.", "offload.", "activation_checkpointing.", "plugins", "precision.growth_interval",
+        "precision.scale_factor", "precision.hysteresis", "precision.min_scale", "precision.on_min_scale"})
     if (starts_with(key, k)) return Change::noted;
   return Change::refused;
 }

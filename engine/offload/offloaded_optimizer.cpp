@@ -32,8 +32,11 @@ class OffloadedOptimizer : public Optimizer {
   void step(double lr) override {
     ++t_;
     const bool adamw = config_.type == recipe::OptimizerType::adamw;
-    const AdamWScalars with_decay = adamw_scalars(config_, lr, t_, true);
-    const AdamWScalars without_decay = adamw_scalars(config_, lr, t_, false);
+    AdamWScalars with_decay{}, without_decay{};
+    if (adamw) {
+      with_decay = adamw_scalars(config_, lr, t_, true);
+      without_decay = adamw_scalars(config_, lr, t_, false);
+    }
     const int first_kind = store_.masters_offloaded() ? 1 : 0;
     ChunkStore* shard = store_.shard_offloaded() ? state_.params() : nullptr;
     size_t next = 0;  // the first segment that may reach into the chunk

@@ -106,7 +106,7 @@ std::byte* ParameterStore::reduced_grad(size_t unit) const {
 
 const std::byte* ParameterStore::gather_source(size_t unit) const {
   const UnitBuffers& b = units_[unit];
-  return param_dtype_ == DType::f32 ? reinterpret_cast<const std::byte*>(b.master_ptr) : b.shard16.data();
+  return b.shard16.bytes() ? b.shard16.data() : reinterpret_cast<const std::byte*>(b.master_ptr);
 }
 
 void* ParameterStore::param_storage(int index) const {

@@ -602,4 +602,62 @@ TEST(CheckpointCrash, ASecondSignalExitsAt75AtOnceLeavingNoDamagedCheckpoint) {
   }
 }
 
+// ---- Offload's swap files (the NVMe tier) and the checkpoints beside them ----
+
+// A swap directory that does not exist stops the run before its first step, naming the directory.
+TEST(OffloadErrors, MissingSwapDirectoryIsAUserErrorNamingIt) {
+  const engine::testing::TempDir out("offload-missing");
+  const fs::path missing = out / "no-such-dir";
+  Child child(tiny_recipe(out.path(), 4, {"offload.optimizer=nvme", "offload.nvme_path=" + missing.string()}),
+              out / "log");
+  EXPECT_EQ(child.wait(), kExitUser) << child.output();
+  EXPECT_NE(child.output().find(missing.string()), std::string::npos) << child.output();
+  EXPECT_NE(child.output().find("does not exist"), std::string::npos) << child.output();
+  EXPECT_FALSE(fs::exists(out / "run" / "model.safetensors"));
+}
+
+// A swap disk without room for the swap file: a run resumed with offload onto it stops before
+// training, naming the file and the sizes; the checkpoint it resumed from is untouched and resumes
+// without offload to the end.
+TEST(OffloadErrors, FullSwapDiskStopsBeforeTrainingAndLosesNoCheckpoint) {
+  const engine::testing::TempDir out("offload-full");
+  const SmallDisk disk(out / "swap", 16 * 1024);
+  if (!disk.error().empty()) GTEST_SKIP() << disk.error();
+  ASSERT_EQ(run(tiny_recipe(out.path(), 8, {"checkpoint.every_steps=4", "--stop-after", "4"}), out / "log"), 0)
+      << read_text(out / "log");
+  Child offloaded(tiny_recipe(out.path(), 8,
+                              {"--resume", "offload.optimizer=nvme", "offload.nvme_path=" + (out / "swap").string()}),
+                  out / "log-offload");
+  EXPECT_EQ(offloaded.wait(), kExitUser) << offloaded.output();
+  EXPECT_NE(offloaded.output().find((out / "swap").string()), std::string::npos) << offloaded.output();
+  EXPECT_NE(offloaded.output().find("not enough space"), std::string::npos) << offloaded.output();
+  EXPECT_EQ(verify_committed(out / "run" / "checkpoints"), std::vector<int64_t>{4});
+  Child resumed(tiny_recipe(out.path(), 8, {"--resume"}), out / "log-resume");
+  EXPECT_EQ(resumed.wait(), 0) << resumed.output();
+}
+
+// The swap file deleted under a running job (a scratch directory cleaned): the run stops at the
+// next step with an error naming the file, and every checkpoint it committed verifies.
+TEST(OffloadErrors, SwapFileDeletedMidRunStopsNamingItAndLosesNoCheckpoint) {
+  const engine::testing::TempDir out("offload-deleted");
+  fs::create_directories(out / "swap");
+  const fs::path swap = out / "swap" / "run.rank-00000.optimizer.swap";
+  Child child(tiny_recipe(out.path(), 100000,
+                          {"checkpoint.every_steps=20", "offload.optimizer=nvme",
+                           "offload.nvme_path=" + (out / "swap").string()}),
+              out / "log");
+  const fs::path checkpoints = out / "run" / "checkpoints";
+  const auto launched = Clock::now();
+  while (engine::committed_checkpoints(checkpoints).size() < 2 && !child.poll() && seconds_since(launched) < 120)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_FALSE(child.poll()) << child.output();
+  ASSERT_TRUE(fs::exists(swap)) << child.output();
+  fs::remove(swap);
+  EXPECT_EQ(child.wait(), kExitUser) << child.output();
+  EXPECT_NE(child.output().find(swap.string()), std::string::npos) << child.output();
+  EXPECT_NE(child.output().find("deleted"), std::string::npos) << child.output();
+  EXPECT_GE(verify_committed(checkpoints).size(), 2u);
+  EXPECT_FALSE(has_unfinished_write(checkpoints));
+}
+
 }  // namespace

@@ -16,40 +16,12 @@
 #include "../temp_dir.h"
 #include "core/error.h"
 #include "dist/communicator.h"
-#include "resume_util.h"
+#include "mpi_test_util.h"
 
 namespace engine::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-dist::Communicator* comm = nullptr;
-
-// A scratch directory every rank sees: rank 0 makes it and sends its name; it is removed after
-// every rank is done with it.
-class SharedDir {
- public:
-  explicit SharedDir(const std::string& tag) {
-    std::array<char, 4096> name{};
-    if (comm->rank() == 0) {
-      owned_.emplace(tag);
-      std::strncpy(name.data(), owned_->path().c_str(), name.size() - 1);
-    }
-    comm->broadcast(name.data(), int64_t(name.size()), 0, "the scratch directory's name").wait();
-    path_ = name.data();
-  }
-  ~SharedDir() { comm->barrier("done with the scratch directory").wait(); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::optional<TempDir> owned_;
-  fs::path path_;
-};
-
-TrainSummary train_here(const recipe::LoadedRecipe& loaded, std::ostream& log, TrainOptions options = {}) {
-  options.comm = comm;
-  return train(loaded, log, options);
-}
 
 class ExactResumeWorldTwo : public ::testing::TestWithParam<Case> {};
 
@@ -127,18 +99,4 @@ TEST(Reshard, AWorldThatCannotKeepTheGlobalBatchIsRefused) {
 }  // namespace
 }  // namespace engine::testing
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  auto owned = engine::dist::make_communicator(engine::dist::CommunicatorOptions{.timeout_seconds = 120});
-  engine::testing::comm = owned.get();
-  // Only rank 0 reports, so the log reads as one run's.
-  if (owned->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS();
-  // A rank whose test failed fails the job: mpirun reports the highest exit status.
-  owned->barrier("end of tests").wait();
-  owned.reset();  // MPI_Finalize
-  return failed;
-}
+ENGINE_MPI_TEST_MAIN

@@ -1,0 +1,70 @@
+// What the offload equivalence tests run: every offload choice (where the optimizer state and the
+// ZeRO-3 parameter shard live) at the ZeRO stages where it applies, in fp32 and bf16, each compared
+// with the same run without offload, bit for bit. Small chunks (2048 parameters) so the streamed
+// update crosses chunk and unit boundaries many times in the tiny quick-start model.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "../checkpoint/resume_util.h"
+
+namespace engine::testing {
+
+struct OffloadCase {
+  int stage;
+  std::string optimizer, parameters, precision;
+};
+
+inline void PrintTo(const OffloadCase& c, std::ostream* out) {
+  *out << "stage " << c.stage << ", optimizer " << c.optimizer << ", parameters " << c.parameters << ", "
+       << c.precision;
+}
+
+inline std::string offload_case_name(const ::testing::TestParamInfo<OffloadCase>& info) {
+  const OffloadCase& c = info.param;
+  return "stage" + std::to_string(c.stage) + "_optimizer_" + c.optimizer + "_parameters_" + c.parameters + "_" +
+         c.precision;
+}
+
+inline std::vector<OffloadCase> offload_cases() {
+  std::vector<OffloadCase> cases;
+  for (const char* precision : {"fp32", "bf16"}) {
+    cases.push_back({0, "nvme", "none", precision});
+    cases.push_back({0, "cpu", "none", precision});
+    cases.push_back({2, "nvme", "none", precision});
+    cases.push_back({3, "nvme", "none", precision});
+    cases.push_back({3, "none", "nvme", precision});
+    cases.push_back({3, "none", "cpu", precision});
+    cases.push_back({3, "nvme", "nvme", precision});
+    cases.push_back({3, "cpu", "cpu", precision});
+  }
+  return cases;
+}
+
+// The case's recipe overrides without offload (the reference) and with it.
+inline std::vector<std::string> reference_overrides(const OffloadCase& c) {
+  return {"precision.mode=" + c.precision, "distributed.zero_stage=" + std::to_string(c.stage),
+          "train.gradient_accumulation_steps=2"};
+}
+
+inline std::vector<std::string> offload_overrides(const OffloadCase& c, const std::filesystem::path& swap) {
+  std::vector<std::string> o = reference_overrides(c);
+  o.push_back("offload.optimizer=" + c.optimizer);
+  o.push_back("offload.parameters=" + c.parameters);
+  o.push_back("offload.nvme_path=" + swap.string());
+  o.push_back("offload.chunk_size=2048");
+  o.push_back("offload.block_size=8192");
+  o.push_back("offload.queue_depth=4");
+  return o;
+}
+
+// A run's trajectory without the swap counters that only offloaded runs log.
+inline Trajectory offload_trajectory(const std::filesystem::path& run_dir) {
+  Trajectory t = trajectory(run_dir);
+  for (nlohmann::json& j : t.lines)
+    for (const char* key : {"swap_read_per_step", "swap_written_per_step", "swap_wait_s_per_step"}) j.erase(key);
+  return t;
+}
+
+}  // namespace engine::testing
