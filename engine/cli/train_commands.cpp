@@ -138,6 +138,7 @@ int plan(const RecipeArgs& args) {
   if (m.scratch) row("fp32 scratch", m.scratch);
   if (m.host) row("host activations", m.host);
   if (m.staging) row("reduce staging", m.staging);
+  if (m.offload_buffers) row("offload buffers", m.offload_buffers);
   row("total", m.total());
   row("checkpoint snapshot", m.checkpoint_snapshot);
   const Plan& train_plan = session.train;
@@ -149,6 +150,13 @@ int plan(const RecipeArgs& args) {
     std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s)\n",
                 format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),
                 format_bytes(session.traffic.parameters).c_str());
+  }
+  if (m.swap) {
+    std::printf(
+        "\noffload (docs/offload.md): swap files %s per rank in %s; each optimizer step reads %s and writes %s of "
+        "them\n",
+        format_bytes(m.swap).c_str(), r.offload.nvme_path.c_str(), format_bytes(session.traffic.swap_read).c_str(),
+        format_bytes(session.traffic.swap_written).c_str());
   }
   print_stage_table(r, world, g.param_count());
   return kExitOk;
