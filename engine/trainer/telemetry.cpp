@@ -52,6 +52,7 @@ int64_t status_field(const std::string& field) {
 
 int64_t resident_bytes() { return status_field("VmRSS"); }
 int64_t peak_resident_bytes() { return status_field("VmHWM"); }
+int64_t peak_virtual_bytes() { return status_field("VmPeak"); }
 
 ProgressLine::ProgressLine(std::ostream& out, bool terminal, int64_t total)
     : out_(out), terminal_(terminal), total_(total) {}

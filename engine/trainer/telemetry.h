@@ -15,6 +15,7 @@ std::string format_fixed(double value, int digits);  // "1.4821"
 std::string format_duration(double seconds);         // "1:02:03", "0:07"
 int64_t resident_bytes();                            // current resident memory of this process
 int64_t peak_resident_bytes();                       // its high-water mark (VmHWM)
+int64_t peak_virtual_bytes();                        // its address space's high-water mark (VmPeak)
 
 class ProgressLine {
  public:

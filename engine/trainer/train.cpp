@@ -398,7 +398,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                               {"planned_bytes", memory.total()},
                               {"planned_checkpoint_snapshot_bytes", memory.checkpoint_snapshot},
                               {"baseline_rss_bytes", baseline_rss},
-                              {"peak_rss_bytes", peak_rss}};
+                              {"peak_rss_bytes", peak_rss},
+                              {"peak_virtual_bytes", peak_virtual_bytes()}};
   if (summary.preempted) {
     // Within the budget, the checkpoint is what matters; the weights can be exported from it.
     if (lead) {

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -145,6 +147,48 @@ std::string case_name(const ::testing::TestParamInfo<OffloadPlan::ParamType>& in
 INSTANTIATE_TEST_SUITE_P(Choices, OffloadPlan,
                          ::testing::Combine(::testing::ValuesIn(kChoices), ::testing::Values("fp32", "bf16")),
                          case_name);
+
+// `engine train` under an address-space limit (ulimit -v, RLIMIT_AS); its exit status and output.
+std::pair<int, std::string> train_limited(const fs::path& dir, const std::string& name,
+                                          const std::vector<std::string>& choice, int64_t limit_bytes) {
+  std::vector<std::string> overrides = kShape;
+  overrides.insert(overrides.end(), choice.begin(), choice.end());
+  for (const std::string& o : {std::string("precision.mode=bf16"), "offload.nvme_path=" + dir.string(),
+                               "run.name=" + name, "run.output_dir=" + dir.string()})
+    overrides.push_back(o);
+  const fs::path log = dir / (name + ".log");
+  std::string command = "ulimit -v " + std::to_string(limit_bytes / 1024) + " && OMP_NUM_THREADS=1 exec '" +
+                        ENGINE_BINARY "' train '" + (kSource / "recipes/quickstart.yaml").string() + "'";
+  for (const std::string& o : overrides) command += " '" + o + "'";
+  command += " > '" + log.string() + "' 2>&1";
+  const int status = std::system(command.c_str());
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), text.str()};
+}
+
+// A model whose optimizer state (bf16: fp32 masters and AdamW's two moments, 12 bytes a parameter,
+// 240 MB) does not fit the address space the process is allowed, while everything else does: it
+// trains with the state in a swap file and does not without (a clear user error, status 2, never a
+// crash). The limit is set between the two runs' peak address space measured without a limit, so
+// it holds whatever the process's own footprint on this machine.
+TEST(OffloadBudget, StateBeyondTheMemoryLimitTrainsOnlyWithNvmeOffload) {
+  const testing::TempDir scratch("offload_budget");
+  const TrainedRun offloaded = train(scratch.path(), "offloaded", "bf16", {"offload.optimizer=nvme"});
+  const TrainedRun whole = train(scratch.path(), "whole", "bf16", {});
+  const double offloaded_peak = offloaded.summary["peak_virtual_bytes"], whole_peak = whole.summary["peak_virtual_bytes"];
+  const double state = double(whole.plan.memory.optimizer_state);  // the moments; the masters add half again
+  ASSERT_GT(whole_peak - offloaded_peak, 0.5 * state) << "offload saves less address space than the state";
+  const auto limit = int64_t((offloaded_peak + whole_peak) / 2);
+  const auto [offloaded_status, offloaded_log] = train_limited(scratch.path(), "limited-offloaded",
+                                                               {"offload.optimizer=nvme"}, limit);
+  EXPECT_EQ(offloaded_status, 0) << offloaded_log;
+  const auto [whole_status, whole_log] = train_limited(scratch.path(), "limited-whole", {}, limit);
+  EXPECT_EQ(whole_status, 2) << whole_log;
+  EXPECT_EQ(whole_log.find("internal error"), std::string::npos) << whole_log;
+  EXPECT_FALSE(fs::exists(scratch.path() / "limited-whole" / "model.safetensors"));
+}
 
 }  // namespace
 }  // namespace engine
