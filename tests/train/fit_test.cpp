@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -72,6 +73,24 @@ TEST(OutOfMemory, ASmallAddressSpaceLimitIsAUserErrorNamingIt) {
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "ulimit -v (RLIMIT_AS)")) << r.output;
   EXPECT_FALSE(contains(r.output, "This is a bug")) << r.output;
+  EXPECT_FALSE(contains(r.output, "internal error")) << r.output;
+}
+
+// The plan fits, then loading 400 MB of tokens (800 MB once widened) does not: the std::bad_alloc
+// inside the session's construction is a user error naming the limit.
+TEST(OutOfMemory, AnAllocationThatFailsAfterThePlanFittedIsAUserError) {
+  TempDir dir("fit_bad_alloc");
+  const fs::path tokens = dir / "tokens.bin";
+  { std::ofstream(tokens).put('\0'); }
+  fs::resize_file(tokens, 400 << 20);  // sparse: no disk space used
+  const Result r =
+      run_shell("OMP_NUM_THREADS=1 bash -c \"ulimit -v 700000; exec '" ENGINE_BINARY "' train " + kRecipe +
+                " model.vocab_size=256 model.n_layer=1 model.n_embd=64 model.n_head=2 data.source=tokens"
+                " data.path=" +
+                tokens.string() + " '~data.order' train.steps=2 run.output_dir=" + (dir / "runs").string() + "\"");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "out of memory: an allocation failed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the limit in force is ulimit -v (RLIMIT_AS)")) << r.output;
   EXPECT_FALSE(contains(r.output, "internal error")) << r.output;
 }
 
