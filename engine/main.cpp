@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <new>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "core/launcher.h"
 #include "core/log.h"
+#include "core/memory_limit.h"
 #include "core/openmp_wait.h"
 #include "core/version.h"
 #include "recipe/diagnostic.h"
@@ -100,6 +103,28 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   RecipeArgs plan_args;
   auto* plan = app.add_subcommand("plan", "Print parameters per wrap unit, FLOPs and the exact memory plan");
   add_recipe_args(plan, plan_args);
+  engine::cli::FitArgs fit_args;
+  plan->add_option("--host-memory", fit_args.host_memory,
+                   "Host memory budget for the ranks on this machine (16GiB, 400MB, bytes; default: the memory "
+                   "limit in force: MemAvailable, the cgroup's or ulimit's): prints every ZeRO stage x offload x "
+                   "activation checkpointing x micro-batch against the budgets")
+      ->type_name("SIZE");
+  plan->add_option("--device-memory", fit_args.device_memory,
+                   "Device memory budget; this engine runs on the CPU, so the device is the host and this is a "
+                   "host budget")
+      ->type_name("SIZE");
+  plan->add_option("--nvme", fit_args.nvme,
+                   "Swap space budget for offload to nvme (default: free space of offload.nvme_path, else of the "
+                   "temporary directory the proposal uses)")
+      ->type_name("SIZE");
+  plan->add_flag("--fit", fit_args.fit,
+                 "Propose the fastest configuration that fits the budgets, as overrides for `engine train`");
+  plan->add_option("--flops-per-second", fit_args.flops_per_second,
+                   "--fit's cost model: the compute rate (default 5e10)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--swap-bandwidth", fit_args.swap_bandwidth,
+                   "--fit's cost model: swap bytes read and written per second (default 1GB)")
+      ->type_name("SIZE");
 
   std::filesystem::path export_run, export_destination;
   auto* export_cmd = app.add_subcommand(
@@ -200,7 +225,7 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   }
   if (*validate) return engine::cli::validate(recipe_args);
   if (*train) return engine::cli::train(train_args);
-  if (*plan) return engine::cli::plan(plan_args);
+  if (*plan) return engine::cli::plan(plan_args, fit_args);
   if (*golden) {
     using Action = engine::cli::GoldenArgs::Action;
     golden_args.action = *golden_record       ? Action::record
@@ -245,6 +270,14 @@ int main(int argc, char** argv) {
     return engine::cli::kExitUser;
   } catch (const engine::UserError& e) {
     spdlog::error("{}", e.what());
+    return engine::cli::kExitUser;
+  } catch (const std::bad_alloc&) {
+    // Not a bug: the machine, its cgroup or ulimit gave less memory than the run needed.
+    try {
+      spdlog::error("{}", engine::out_of_memory_message());
+    } catch (...) {  // too little memory even for the message
+      std::fputs("error: out of memory (std::bad_alloc)\n", stderr);
+    }
     return engine::cli::kExitUser;
   } catch (const std::exception& e) {
     verbatim(Level::error,

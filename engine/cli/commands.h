@@ -37,6 +37,18 @@ struct RecipeArgs {
   recipe::LoadOptions load_options() const;
 };
 
+// engine plan's budgets per memory tier and --fit (docs/offload.md, "Fitting a run to the machine").
+// Sizes are as the user wrote them ("16GiB"); empty: the default.
+struct FitArgs {
+  std::string host_memory;      // default: the memory limit (core/memory_limit.h)
+  std::string device_memory;    // a CPU run's device is the host: a host budget
+  std::string nvme;             // default: free space of offload.nvme_path (else of the temporary directory)
+  bool fit = false;             // propose the fastest configuration that fits
+  double flops_per_second = 0;  // 0: CostModel's default
+  std::string swap_bandwidth;   // bytes per second; empty: CostModel's default
+  bool any() const { return fit || !host_memory.empty() || !device_memory.empty() || !nvme.empty(); }
+};
+
 struct GenerateArgs {
   std::filesystem::path run_dir;
   std::string prompt;
@@ -68,7 +80,9 @@ int checkpoint_verify(const std::filesystem::path& checkpoint_or_dir);
 std::filesystem::path checkpoints_in(const std::filesystem::path& path);
 int generate(const GenerateArgs& args);
 int train(const RecipeArgs& args);
-int plan(const RecipeArgs& args);
+int plan(const RecipeArgs& args, const FitArgs& fit = {});
+// engine plan with budgets or --fit: the configurations table, and with --fit the proposal.
+void print_fit(const RecipeArgs& args, const FitArgs& fit, const recipe::LoadedRecipe& loaded);
 int config(const RecipeArgs& args, bool only_changed);
 int schema(bool markdown);
 int help(const std::string& topic);

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/memory_limit.h"
 #include "dist/communicator.h"
 
 #include <spdlog/spdlog.h>
@@ -21,6 +22,25 @@ namespace {
 int exit_status_of(const std::exception& e) {
   if (dynamic_cast<const dist::CommunicationError*>(&e)) return kExitRankLost;
   return dynamic_cast<const UserError*>(&e) ? kExitUser : kExitInternal;
+}
+
+// "bench/gpt-bench.yaml train.steps=2": the recipe and overrides as given, for hints to rerun them.
+std::string recipe_command(const RecipeArgs& args) {
+  std::string text = args.recipe.string();
+  for (const std::string& o : args.overrides) text += " " + o;
+  if (args.world_size > 0) text += " --world-size " + std::to_string(args.world_size);
+  return text;
+}
+
+// engine::train, with memory failures as user errors that name this recipe in their hint.
+TrainSummary train_naming_memory(const LoadedRecipe& loaded, const RecipeArgs& args, const TrainOptions& options) {
+  try {
+    return engine::train(loaded, std::cout, options);
+  } catch (const MemoryShortfall& e) {
+    throw UserError(e.with_recipe(recipe_command(args)));
+  } catch (const std::bad_alloc&) {
+    throw UserError(out_of_memory_message(recipe_command(args)));
+  }
 }
 
 }  // namespace
@@ -44,9 +64,9 @@ int train(const RecipeArgs& args) {
   options.resume = args.resume;
   options.stop_after = args.stop_after;
   if (comm->rank() == 0) std::cout << summary(loaded) << "\n";
-  if (comm->size() == 1) return engine::train(loaded, std::cout, options).preempted ? kExitRequeue : kExitOk;
+  if (comm->size() == 1) return train_naming_memory(loaded, args, options).preempted ? kExitRequeue : kExitOk;
   try {
-    if (engine::train(loaded, std::cout, options).preempted) return kExitRequeue;
+    if (train_naming_memory(loaded, args, options).preempted) return kExitRequeue;
   } catch (const std::exception& e) {
     // The other ranks may be waiting in a collective this rank will never join: end the job.
     const int status = exit_status_of(e);
@@ -88,8 +108,13 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
 
 }  // namespace
 
-int plan(const RecipeArgs& args) {
+int plan(const RecipeArgs& args, const FitArgs& fit) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
+  if (fit.fit) {  // the table and the proposal, without the plan's details
+    std::cout << summary(loaded) << "\n";
+    print_fit(args, fit, loaded);
+    return kExitOk;
+  }
   const Recipe& r = loaded.recipe;
   const int world = int(loaded.world.size);
   CompiledStep session = compile_step(r, world);  // sizes and FLOPs only: nothing is allocated
@@ -159,6 +184,7 @@ int plan(const RecipeArgs& args) {
         format_bytes(session.traffic.swap_written).c_str());
   }
   print_stage_table(r, world, g.param_count());
+  if (fit.any()) print_fit(args, fit, loaded);
   return kExitOk;
 }
 

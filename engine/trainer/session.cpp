@@ -7,11 +7,13 @@
 
 #include "checkpoint/sharded_state.h"
 #include "core/error.h"
+#include "core/memory_limit.h"
 #include "dist/zero_plan.h"
 #include "graph/autodiff.h"
 #include "graph/precision.h"
 #include "graph/wrap.h"
 #include "offload/offloaded_optimizer.h"
+#include "trainer/fit.h"
 #include "trainer/telemetry.h"
 
 namespace engine {
@@ -200,22 +202,32 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
 }
 
 void check_memory_available(const MemoryPlan& memory, int local_ranks) {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kilobytes = 0;
-  std::string unit;
-  while (meminfo >> key >> kilobytes >> unit) {
-    if (key != "MemAvailable:") continue;
-    const int64_t needed = (memory.total() + memory.checkpoint_snapshot) * local_ranks;
-    if (needed > kilobytes * 1024)
-      throw UserError("the plan needs " + format_bytes(needed) +
-                      (local_ranks > 1 ? " for " + std::to_string(local_ranks) + " ranks on this machine" : "") +
-                      " (per rank: parameters " + format_bytes(memory.parameters) + ", activations " +
-                      format_bytes(memory.activations) + ", checkpoint snapshot " +
-                      format_bytes(memory.checkpoint_snapshot) + ") but only " + format_bytes(kilobytes * 1024) +
-                      " is available; see `engine plan` and reduce the model or the micro-batch");
-    return;
-  }
+  const MemoryLimit limit = memory_limit();
+  const int64_t needed = host_bytes_needed(memory, local_ranks);
+  if (!limit.known() || needed <= limit.bytes) return;
+  // Every line of the plan that holds memory, so the message says what to shrink.
+  std::string lines;
+  auto line = [&](const char* what, int64_t bytes) {
+    if (bytes > 0) lines += std::string(lines.empty() ? "" : ", ") + what + " " + format_bytes(bytes);
+  };
+  line("parameters", memory.parameters);
+  line("gradients", memory.gradients);
+  line("optimizer state", memory.optimizer_state);
+  line("activations", memory.activations);
+  line("inputs", memory.inputs);
+  line("fp32 scratch", memory.scratch);
+  line("host activations", memory.host);
+  line("reduce staging", memory.staging);
+  line("offload buffers", memory.offload_buffers);
+  line("checkpoint snapshot", memory.checkpoint_snapshot);
+  const int64_t per_rank = host_bytes_needed(memory, 1);
+  throw MemoryShortfall(
+      "the plan needs " + format_bytes(per_rank) + " per rank (" + lines + ")" +
+          (local_ranks > 1
+               ? ", " + format_bytes(needed) + " for the " + std::to_string(local_ranks) + " ranks on this machine"
+               : "") +
+          ", but the limit in force is " + limit.describe() + ": " + format_bytes(needed - limit.bytes) + " short",
+      limit.bytes);
 }
 
 OffloadSpec offload_spec(const recipe::Recipe& r, int rank) {

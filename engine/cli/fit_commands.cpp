@@ -1,0 +1,170 @@
+// engine plan's budgets and --fit: every memory-saving configuration of the recipe against the
+// host-memory and swap budgets, and the fastest that fits as a command line (trainer/fit.h).
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <system_error>
+
+#include "cli/commands.h"
+#include "core/memory_limit.h"
+#include "trainer/fit.h"
+#include "trainer/telemetry.h"
+
+namespace engine::cli {
+
+using namespace engine::recipe;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string budget_text(int64_t bytes) { return bytes == kUnlimitedBytes ? "unlimited" : format_bytes(bytes); }
+
+// A word the shell passes through as written; anything else goes in single quotes.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word[0] != '~' && std::all_of(word.begin(), word.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./=:+-,@%", c);
+  });
+  if (plain) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+const char* policy_text(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::full:
+      return "full";
+    case CheckpointPolicy::every_k:
+      return "every_k";
+    case CheckpointPolicy::selective:
+      return "selective";
+    case CheckpointPolicy::none:
+      break;
+  }
+  return "none";
+}
+
+std::string fits_text(const FitRow& row, const FitBudgets& b) {
+  if (row.fits(b)) return "yes";
+  if (!row.fits_host(b) && !row.fits_nvme(b)) return "no: host, nvme";
+  return row.fits_host(b) ? "no: nvme" : "no: host";
+}
+
+std::string describe(const FitRow& row) {
+  char text[160];
+  std::snprintf(text, sizeof text, "stage %d, offload %s, activation checkpointing %s, micro-batch %lld x %lld",
+                row.stage, row.offload_name().c_str(), policy_text(row.policy), (long long)row.micro,
+                (long long)row.accumulation);
+  return text;
+}
+
+std::string needs(const FitRow& row, const FitBudgets& b) {
+  return format_bytes(row.host_needed) + " of host memory (budget " + budget_text(b.host) + ")" +
+         (row.swap_needed ? ", " + format_bytes(row.swap_needed) + " of swap (budget " + budget_text(b.nvme) + ")"
+                          : "");
+}
+
+FitBudgets budgets_from(const FitArgs& args, const FitSearch& search, std::ostream& out) {
+  FitBudgets b;
+  if (!args.host_memory.empty()) {
+    b.host = parse_byte_size(args.host_memory, "--host-memory");
+    b.host_source = "--host-memory";
+  } else if (const MemoryLimit limit = memory_limit(); limit.known()) {
+    b.host = limit.bytes;
+    b.host_source = limit.describe();
+  } else {
+    b.host_source = "no memory limit found";
+  }
+  if (!args.device_memory.empty()) {
+    const int64_t device = parse_byte_size(args.device_memory, "--device-memory");
+    out << "note: this engine runs on the CPU: the device is the host, so --device-memory is a host budget\n";
+    if (args.host_memory.empty() || device < b.host) {
+      b.host = device;
+      b.host_source = "--device-memory";
+    }
+  }
+  if (!args.nvme.empty()) {
+    b.nvme = parse_byte_size(args.nvme, "--nvme");
+    b.nvme_source = "--nvme";
+  } else {
+    std::error_code error;
+    const fs::space_info space = fs::space(search.nvme_path, error);
+    if (!error) {
+      b.nvme = int64_t(std::min<uintmax_t>(space.available, uintmax_t(kUnlimitedBytes)));
+      b.nvme_source = "free space of " + search.nvme_path.string();
+    } else {
+      b.nvme_source = search.nvme_path.string() + ": " + error.message() + "; no limit assumed";
+    }
+  }
+  return b;
+}
+
+void print_table(const FitSearch& search, const FitBudgets& b) {
+  std::printf("  %-5s %-26s %-9s %9s %10s %10s %10s %10s %10s %8s  %s\n", "stage", "offload", "ckpt", "micro", "host",
+              "needed", "swap", "swap/step", "recompute", "s/step", "fits");
+  for (const FitRow& row : search.rows) {
+    const std::string micro = std::to_string(row.micro) + "x" + std::to_string(row.accumulation);
+    std::printf("%s %-5d %-26s %-9s %9s %10s %10s %10s %10s %10.3g %8.3g  %s\n", row.is_recipe ? "*" : " ", row.stage,
+                row.offload_name().c_str(), policy_text(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
+                format_bytes(row.host_needed).c_str(), format_bytes(row.swap).c_str(),
+                format_bytes(row.swap_moved).c_str(), row.extra_flops, row.seconds, fits_text(row, b).c_str());
+  }
+}
+
+}  // namespace
+
+void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& loaded) {
+  CostModel cost;
+  if (fit.flops_per_second > 0) cost.flops_per_second = fit.flops_per_second;
+  if (!fit.swap_bandwidth.empty()) {
+    cost.swap_bytes_per_second = double(parse_byte_size(fit.swap_bandwidth, "--swap-bandwidth"));
+    if (cost.swap_bytes_per_second <= 0) throw UserError("--swap-bandwidth " + fit.swap_bandwidth + ": must be > 0");
+  }
+  // Parse the budgets before the search, so that a typo is reported at once.
+  const std::pair<std::string, const char*> sizes[] = {
+      {fit.host_memory, "--host-memory"}, {fit.device_memory, "--device-memory"}, {fit.nvme, "--nvme"}};
+  for (const auto& [text, what] : sizes)
+    if (!text.empty()) parse_byte_size(text, what);
+  const FitSearch search = fit_rows(args.recipe, args.load_options(), loaded, cost);
+  const FitBudgets b = budgets_from(fit, search, std::cout);
+  const int world = int(loaded.world.size);
+
+  std::cout << "\nfitting to the machine (" << (world > 1 ? std::to_string(world) + " ranks on it" : "one rank")
+            << "):\n  host memory  " << budget_text(b.host) << "  (" << b.host_source << ")\n  nvme swap    "
+            << budget_text(b.nvme) << "  (" << b.nvme_source << ")\n";
+  std::printf("  cost model   s/step = FLOPs per step / %.3g FLOP/s + swap bytes moved per step / %.3g B/s\n\n",
+              cost.flops_per_second, cost.swap_bytes_per_second);
+  print_table(search, b);
+  std::cout << "  (* the recipe as given; host: MemoryPlan total per rank; needed: with the checkpoint snapshot, for\n"
+               "   all ranks, as `engine train` checks it; swap/step: bytes read and written per step; recompute:\n"
+               "   extra FLOPs per step; offload to cpu is left out: on a CPU run the state is already in host\n"
+               "   memory";
+  if (world == 1) std::cout << "; at world size 1 the stages shard nothing, their rows differ only by buffers";
+  std::cout << ")\n";
+  for (const std::string& note : search.notes) std::cout << "  " << note << "\n";
+
+  const FitRow& as_given = search.rows.front();
+  std::cout << "\nthe recipe as given " << (as_given.fits(b) ? "fits" : "does not fit") << ": " << needs(as_given, b)
+            << "\n";
+  if (!fit.fit) return;
+  std::string command = "engine train " + shell_word(args.recipe.string());
+  for (const std::string& o : args.overrides) command += " " + shell_word(o);
+  if (const FitRow* best = fastest_fit(search.rows, b)) {
+    std::cout << "fastest that fits: " << describe(*best) << "; " << needs(*best, b) << "; predicted "
+              << format_fixed(best->seconds, 3) << " s per step\n";
+    for (const std::string& o : best->overrides) command += " " + shell_word(o);
+    std::cout << "  " << command << "\n";
+    if (best->swap_needed && !search.nvme_path_given)
+      std::cout << "  (offload.nvme_path: any directory on a fast local disk with room for the swap files)\n";
+    return;
+  }
+  const FitRow* closest = closest_fit(search.rows, b);
+  std::cout << "nothing fits these budgets. The closest is " << describe(*closest) << ", which needs "
+            << needs(*closest, b) << "\n";
+  for (const std::string& o : closest->overrides) command += " " + shell_word(o);
+  std::cout << "  " << command << "\n";
+}
+
+}  // namespace engine::cli

@@ -1,0 +1,89 @@
+// Fitting a run to the machine: the memory-saving choices a recipe can make, each planned exactly,
+// against budgets for host memory and swap space, and the fastest one that fits.
+//
+// A row is the recipe with overrides for four settings: distributed.zero_stage (0-3), offload
+// (none; the optimizer state to nvme; at stage 3 the parameters too), activation_checkpointing.policy
+// (none, selective, full) and the micro-batch (the recipe's and its halvings down to 1, the global
+// batch kept by gradient accumulation). Each row is loaded through load_recipe with those overrides
+// appended to the command line's, and planned by compile_step: the numbers are what `engine plan`
+// says of that recipe, and what `engine train` checks.
+//
+// The cost model ranks rows that fit (docs/offload.md, "Fitting a run to the machine"):
+//   seconds per step = FLOPs per step (recompute included) / flops_per_second
+//                    + swap bytes read and written per step / swap_bytes_per_second
+// Ties go to the row with fewer changes from the recipe, then the one with less host memory.
+//
+//   std::vector<FitRow> rows = fit_rows(path, options, loaded, {});
+//   const FitRow* best = fastest_fit(rows, budgets);
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/memory_limit.h"
+#include "recipe/load.h"
+#include "trainer/session.h"
+
+namespace engine {
+
+// What `engine train` needs in host memory: `ranks` ranks of this plan, each with its checkpoint
+// snapshot (check_memory_available refuses a run when this exceeds the memory limit).
+int64_t host_bytes_needed(const MemoryPlan& memory, int ranks);
+
+struct FitBudgets {
+  int64_t host = kUnlimitedBytes;  // for all the ranks on this machine
+  std::string host_source;         // "--host-memory", "ulimit -v (RLIMIT_AS)", ...
+  int64_t nvme = kUnlimitedBytes;  // free space for the swap files of all the ranks
+  std::string nvme_source;
+};
+
+struct CostModel {
+  double flops_per_second = 50e9;      // a few cores of a CPU, fp32
+  double swap_bytes_per_second = 1e9;  // one NVMe drive through direct I/O, reads and writes together
+};
+
+struct FitRow {
+  int stage = 0;
+  bool optimizer_nvme = false, parameters_nvme = false;
+  recipe::CheckpointPolicy policy = recipe::CheckpointPolicy::none;
+  int64_t micro = 1, accumulation = 1;
+  // The overrides that make the recipe this row (only keys whose value changes).
+  std::vector<std::string> overrides;
+  bool is_recipe = false;  // the recipe as given
+
+  int64_t host = 0;         // MemoryPlan::total() per rank
+  int64_t host_needed = 0;  // host_bytes_needed for the world's ranks (checkpoint snapshot included)
+  int64_t swap = 0;         // per rank
+  int64_t swap_needed = 0;  // all ranks
+  int64_t swap_moved = 0;   // bytes read and written per step, per rank
+  double flops = 0;         // per step and rank, recompute included
+  double extra_flops = 0;   // of which recompute
+  double seconds = 0;       // the cost model's step time
+
+  bool fits_host(const FitBudgets& b) const { return host_needed <= b.host; }
+  bool fits_nvme(const FitBudgets& b) const { return swap_needed <= b.nvme; }
+  bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b); }
+  // How far over the budgets the row is: the larger of need / budget (<= 1: it fits).
+  double overshoot(const FitBudgets& b) const;
+  std::string offload_name() const;  // "none", "optimizer nvme", "optimizer+parameters nvme"
+};
+
+struct FitSearch {
+  std::vector<FitRow> rows;
+  std::filesystem::path nvme_path;  // where the nvme rows put their swap files
+  bool nvme_path_given = false;     // the recipe's offload.nvme_path (else the temporary directory)
+  std::vector<std::string> notes;   // rows that could not be planned, and why
+};
+
+// Every row for `recipe` loaded with `options` (`loaded` is that recipe, already loaded).
+FitSearch fit_rows(const std::filesystem::path& recipe, const recipe::LoadOptions& options,
+                   const recipe::LoadedRecipe& loaded, const CostModel& cost);
+
+// The row with the least predicted time that fits both budgets; nullptr when none does.
+const FitRow* fastest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets);
+// The row that misses the budgets by the least (smallest overshoot).
+const FitRow* closest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets);
+
+}  // namespace engine

@@ -1,0 +1,174 @@
+// Fitting a run to the machine, through the engine binary: a run under a small address-space limit
+// is a user error that names the limit (exit 2, never "internal error"), and `engine plan --fit`
+// proposes a configuration that fits the budgets, which `engine plan` then confirms.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../temp_dir.h"
+#include "recipe/load.h"
+#include "trainer/fit.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using engine::testing::TempDir;
+const fs::path kSource = ENGINE_SOURCE_DIR;
+const std::string kRecipe = "bench/gpt-bench.yaml";
+
+struct Result {
+  int status;
+  std::string output;  // stdout and stderr together
+};
+
+Result run_shell(const std::string& shell_command) {
+  const std::string command = "cd '" + kSource.string() + "' && " + shell_command + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  Result result{-1, ""};
+  if (!pipe) return result;
+  std::array<char, 4096> buffer{};
+  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+Result run(const std::string& args) { return run_shell("OMP_NUM_THREADS=1 '" ENGINE_BINARY "' " + args); }
+
+// `engine train` under `ulimit -v kib`.
+Result train_under_ulimit(int64_t kib, const fs::path& output_dir) {
+  return run_shell("OMP_NUM_THREADS=1 bash -c \"ulimit -v " + std::to_string(kib) +
+                   "; exec '" ENGINE_BINARY "' train " + kRecipe +
+                   " train.steps=2 run.output_dir=" + output_dir.string() + "\"");
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The line after "fastest that fits:" or "nothing fits": the proposed command.
+std::string proposed_command(const std::string& output) {
+  std::istringstream lines(output);
+  std::string line;
+  bool next = false;
+  while (std::getline(lines, line)) {
+    if (next) return line.substr(line.find_first_not_of(' '));
+    next = line.rfind("fastest that fits:", 0) == 0 || line.rfind("nothing fits", 0) == 0;
+  }
+  return "";
+}
+
+TEST(OutOfMemory, ASmallAddressSpaceLimitIsAUserErrorNamingIt) {
+  TempDir out("fit_oom");
+  // 400000 KiB: the benchmark GPT's plan (~1.6 GB with its checkpoint snapshot) does not fit.
+  const Result r = train_under_ulimit(400000, out.path());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "ulimit -v (RLIMIT_AS)")) << r.output;
+  EXPECT_FALSE(contains(r.output, "This is a bug")) << r.output;
+  EXPECT_FALSE(contains(r.output, "internal error")) << r.output;
+}
+
+// The plan fits, then loading 400 MB of tokens (800 MB once widened) does not: the std::bad_alloc
+// inside the session's construction is a user error naming the limit.
+TEST(OutOfMemory, AnAllocationThatFailsAfterThePlanFittedIsAUserError) {
+  TempDir dir("fit_bad_alloc");
+  const fs::path tokens = dir / "tokens.bin";
+  { std::ofstream(tokens).put('\0'); }
+  fs::resize_file(tokens, 400 << 20);  // sparse: no disk space used
+  const Result r =
+      run_shell("OMP_NUM_THREADS=1 bash -c \"ulimit -v 700000; exec '" ENGINE_BINARY "' train " + kRecipe +
+                " model.vocab_size=256 model.n_layer=1 model.n_embd=64 model.n_head=2 data.source=tokens"
+                " data.path=" +
+                tokens.string() + " '~data.order' train.steps=2 run.output_dir=" + (dir / "runs").string() + "\"");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "out of memory: an allocation failed")) << r.output;
+  EXPECT_TRUE(contains(r.output, "the limit in force is ulimit -v (RLIMIT_AS)")) << r.output;
+  EXPECT_FALSE(contains(r.output, "internal error")) << r.output;
+}
+
+// Each row of the search for the benchmark GPT, planned in process to choose the budgets.
+class Fit : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    engine::recipe::LoadOptions options;
+    options.overrides = {"run.output_dir=unused"};
+    const auto loaded = engine::recipe::load_recipe(kSource / kRecipe, options);
+    rows_ = new std::vector<engine::FitRow>(engine::fit_rows(kSource / kRecipe, options, loaded, {}).rows);
+  }
+  static void TearDownTestSuite() { delete rows_; }
+  // The least host memory of the rows with (true) or without swap files.
+  static int64_t least_host(bool with_swap) {
+    int64_t least = INT64_MAX;
+    for (const engine::FitRow& row : *rows_)
+      if ((row.swap_needed > 0) == with_swap) least = std::min(least, row.host_needed);
+    return least;
+  }
+  static std::vector<engine::FitRow>* rows_;
+};
+std::vector<engine::FitRow>* Fit::rows_ = nullptr;
+
+TEST_F(Fit, ABudgetOnlyOffloadToNvmeFitsGetsItProposedAndThePlanConfirmsIt) {
+  const int64_t budget = least_host(true);
+  ASSERT_LT(budget, least_host(false)) << "offload to nvme should need the least host memory";
+  const std::string budgets = " --host-memory " + std::to_string(budget) + " --nvme 1TiB";
+  const Result fit = run("plan " + kRecipe + " --fit" + budgets);
+  ASSERT_EQ(fit.status, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "fastest that fits:")) << fit.output;
+  const std::string command = proposed_command(fit.output);
+  ASSERT_EQ(command.rfind("engine train " + kRecipe + " ", 0), 0u) << fit.output;
+  EXPECT_TRUE(contains(command, "offload.optimizer=nvme")) << command;
+
+  // The proposal, passed to `engine plan` with the same budgets: the recipe as given now fits.
+  const std::string overrides = command.substr(std::string("engine train").size());
+  const Result confirm = run("plan" + overrides + budgets);
+  ASSERT_EQ(confirm.status, 0) << confirm.output;
+  EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
+  // And without them it does not.
+  const Result before = run("plan " + kRecipe + budgets);
+  EXPECT_TRUE(contains(before.output, "the recipe as given does not fit:")) << before.output;
+}
+
+TEST_F(Fit, ABudgetNothingFitsSaysSoAndNamesTheClosest) {
+  const Result r = run("plan " + kRecipe + " --fit --host-memory 1MiB --nvme 1TiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "nothing fits these budgets. The closest is")) << r.output;
+  EXPECT_FALSE(contains(r.output, "fastest that fits")) << r.output;
+  EXPECT_EQ(proposed_command(r.output).rfind("engine train " + kRecipe, 0), 0u) << r.output;
+}
+
+// Enough host memory for the offloaded rows only, but no room for their swap files.
+TEST_F(Fit, TheNvmeBudgetBindsToo) {
+  const Result r = run("plan " + kRecipe + " --fit --host-memory " + std::to_string(least_host(true)) + " --nvme 1MiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "nothing fits these budgets")) << r.output;
+  EXPECT_TRUE(contains(r.output, "no: nvme")) << r.output;
+}
+
+TEST_F(Fit, TheRecipeFitsAnAmpleBudgetAsItIs) {
+  const Result r = run("plan " + kRecipe + " --fit --host-memory 1TiB --nvme 1TiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(proposed_command(r.output), "engine train " + kRecipe) << r.output;
+}
+
+TEST_F(Fit, SizesThatAreNotSizesAreUserErrors) {
+  const Result r = run("plan " + kRecipe + " --fit --host-memory 12XB");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--host-memory 12XB: not a size")) << r.output;
+}
+
+TEST_F(Fit, DeviceMemoryIsAHostBudgetOnTheCpu) {
+  const Result r = run("plan " + kRecipe + " --fit --device-memory 1MiB --nvme 1TiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "the device is the host")) << r.output;
+  EXPECT_TRUE(contains(r.output, "nothing fits these budgets")) << r.output;
+}
+
+}  // namespace
