@@ -239,11 +239,11 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     else
       m.step = steps_done;
     if (session.offload.optimizer == OffloadTier::nvme)  // streamed from the swap file, never staged
-      checkpoints.start_streamed(std::move(m), [&](const Checkpointer::Sink& sink) {
-        stream_rank(session.store, kinds, sink);
-      });
+      checkpoints.start_streamed(std::move(m),
+                                 [&](const Checkpointer::Sink& sink) { stream_rank(session.store, kinds, sink); });
     else
-      checkpoints.start(std::move(m), [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
+      checkpoints.start(std::move(m),
+                        [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
     last_checkpoint_time = std::chrono::steady_clock::now();
   };
   // What every rank must agree on at a step end (signals reach the ranks at different times, plugins

@@ -32,9 +32,9 @@ struct TrainSummary {
   double final_loss = 0;
   double final_val_loss = -1;
   bool interrupted = false;
-  int64_t skipped_steps = 0;  // fp16 steps whose gradients overflowed
-  bool preempted = false;     // stopped by a signal: the job should be requeued
-  int64_t resumed_from = 0;   // the step the run continued from (0: started fresh)
+  int64_t skipped_steps = 0;              // fp16 steps whose gradients overflowed
+  bool preempted = false;                 // stopped by a signal: the job should be requeued
+  int64_t resumed_from = 0;               // the step the run continued from (0: started fresh)
   std::filesystem::path last_checkpoint;  // the last checkpoint committed, if any
 };
 

@@ -46,19 +46,19 @@ inline TrainSummary train_here(const recipe::LoadedRecipe& loaded, std::ostream&
 
 }  // namespace engine::testing
 
-#define ENGINE_MPI_TEST_MAIN                                                                              \
-  int main(int argc, char** argv) {                                                                       \
-    ::testing::InitGoogleTest(&argc, argv);                                                               \
+#define ENGINE_MPI_TEST_MAIN                                                                                 \
+  int main(int argc, char** argv) {                                                                          \
+    ::testing::InitGoogleTest(&argc, argv);                                                                  \
     auto owned = engine::dist::make_communicator(engine::dist::CommunicatorOptions{.timeout_seconds = 120}); \
-    engine::testing::comm = owned.get();                                                                  \
-    /* Only rank 0 reports, so the log reads as one run's. */                                             \
-    if (owned->rank() != 0) {                                                                             \
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                                  \
-      delete listeners.Release(listeners.default_result_printer());                                      \
-    }                                                                                                     \
-    int failed = RUN_ALL_TESTS();                                                                         \
-    /* A rank whose test failed fails the job: mpirun reports the highest exit status. */                 \
-    owned->barrier("end of tests").wait();                                                                \
-    owned.reset(); /* MPI_Finalize */                                                                     \
-    return failed;                                                                                        \
+    engine::testing::comm = owned.get();                                                                     \
+    /* Only rank 0 reports, so the log reads as one run's. */                                                \
+    if (owned->rank() != 0) {                                                                                \
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                                     \
+      delete listeners.Release(listeners.default_result_printer());                                          \
+    }                                                                                                        \
+    int failed = RUN_ALL_TESTS();                                                                            \
+    /* A rank whose test failed fails the job: mpirun reports the highest exit status. */                    \
+    owned->barrier("end of tests").wait();                                                                   \
+    owned.reset(); /* MPI_Finalize */                                                                        \
+    return failed;                                                                                           \
   }

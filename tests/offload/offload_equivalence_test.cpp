@@ -65,8 +65,8 @@ TEST(OffloadResume, CheckpointsCrossOffloadChoices) {
     std::string name;
     bool first_offloaded, second_offloaded;
   };
-  for (const Leg& leg : {Leg{"nvme-to-nvme", true, true}, Leg{"nvme-to-none", true, false},
-                         Leg{"none-to-nvme", false, true}}) {
+  for (const Leg& leg :
+       {Leg{"nvme-to-nvme", true, true}, Leg{"nvme-to-none", true, false}, Leg{"none-to-nvme", false, true}}) {
     const fs::path out = dir / leg.name;
     TrainOptions cut;
     cut.stop_after = kCut;

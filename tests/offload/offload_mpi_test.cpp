@@ -26,8 +26,7 @@ TEST_P(OffloadEquivalenceWorldTwo, TrainsTheBitsOfNoOffload) {
                     "offloaded at world 2");
 }
 
-INSTANTIATE_TEST_SUITE_P(Choices, OffloadEquivalenceWorldTwo, ::testing::ValuesIn(offload_cases()),
-                         offload_case_name);
+INSTANTIATE_TEST_SUITE_P(Choices, OffloadEquivalenceWorldTwo, ::testing::ValuesIn(offload_cases()), offload_case_name);
 
 }  // namespace
 }  // namespace engine::testing

@@ -10,12 +10,12 @@
 //     (same ZeRO stage) against the saving the plan predicts.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-#include <sys/wait.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -177,16 +177,18 @@ TEST(OffloadBudget, StateBeyondTheMemoryLimitTrainsOnlyWithNvmeOffload) {
   const testing::TempDir scratch("offload_budget");
   const TrainedRun offloaded = train(scratch.path(), "offloaded", "bf16", {"offload.optimizer=nvme"});
   const TrainedRun whole = train(scratch.path(), "whole", "bf16", {});
-  const double offloaded_peak = offloaded.summary["peak_virtual_bytes"], whole_peak = whole.summary["peak_virtual_bytes"];
+  const double offloaded_peak = offloaded.summary["peak_virtual_bytes"],
+               whole_peak = whole.summary["peak_virtual_bytes"];
   const double state = double(whole.plan.memory.optimizer_state);  // the moments; the masters add half again
   ASSERT_GT(whole_peak - offloaded_peak, 0.5 * state) << "offload saves less address space than the state";
   const auto limit = int64_t((offloaded_peak + whole_peak) / 2);
-  const auto [offloaded_status, offloaded_log] = train_limited(scratch.path(), "limited-offloaded",
-                                                               {"offload.optimizer=nvme"}, limit);
+  const auto [offloaded_status, offloaded_log] =
+      train_limited(scratch.path(), "limited-offloaded", {"offload.optimizer=nvme"}, limit);
   EXPECT_EQ(offloaded_status, 0) << offloaded_log;
   const auto [whole_status, whole_log] = train_limited(scratch.path(), "limited-whole", {}, limit);
   EXPECT_EQ(whole_status, 2) << whole_log;
   EXPECT_EQ(whole_log.find("internal error"), std::string::npos) << whole_log;
+  EXPECT_NE(whole_log.find("ulimit -v (RLIMIT_AS)"), std::string::npos) << "names the limit in force: " << whole_log;
   EXPECT_FALSE(fs::exists(scratch.path() / "limited-whole" / "model.safetensors"));
 }
 
