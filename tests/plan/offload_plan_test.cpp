@@ -99,6 +99,9 @@ TrainedRun train(const fs::path& dir, const std::string& name, const std::string
 class OffloadPlan : public ::testing::TestWithParam<std::tuple<Choice, std::string>> {};
 
 TEST_P(OffloadPlan, SwapBytesAndPeakMemoryMatchThePlan) {
+#ifdef ENGINE_SANITIZED
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine are not in the plan";
+#endif
   const auto& [choice, precision] = GetParam();
   const testing::TempDir scratch("offload_plan");
   const TrainedRun run = train(scratch.path(), "offloaded", precision, choice.overrides);
@@ -174,6 +177,9 @@ std::pair<int, std::string> train_limited(const fs::path& dir, const std::string
 // crash). The limit is set between the two runs' peak address space measured without a limit, so
 // it holds whatever the process's own footprint on this machine.
 TEST(OffloadBudget, StateBeyondTheMemoryLimitTrainsOnlyWithNvmeOffload) {
+#ifdef ENGINE_SANITIZED
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than any limit this test can set";
+#endif
   const testing::TempDir scratch("offload_budget");
   const TrainedRun offloaded = train(scratch.path(), "offloaded", "bf16", {"offload.optimizer=nvme"});
   const TrainedRun whole = train(scratch.path(), "whole", "bf16", {});
