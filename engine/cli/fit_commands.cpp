@@ -32,20 +32,6 @@ std::string shell_word(const std::string& word) {
   return quoted + "'";
 }
 
-const char* policy_text(CheckpointPolicy p) {
-  switch (p) {
-    case CheckpointPolicy::full:
-      return "full";
-    case CheckpointPolicy::every_k:
-      return "every_k";
-    case CheckpointPolicy::selective:
-      return "selective";
-    case CheckpointPolicy::none:
-      break;
-  }
-  return "none";
-}
-
 std::string fits_text(const FitRow& row, const FitBudgets& b) {
   if (row.fits(b)) return "yes";
   if (!row.fits_host(b) && !row.fits_nvme(b)) return "no: host, nvme";
@@ -55,7 +41,7 @@ std::string fits_text(const FitRow& row, const FitBudgets& b) {
 std::string describe(const FitRow& row) {
   char text[160];
   std::snprintf(text, sizeof text, "stage %d, offload %s, activation checkpointing %s, micro-batch %lld x %lld",
-                row.stage, row.offload_name().c_str(), policy_text(row.policy), (long long)row.micro,
+                row.stage, row.offload_name().c_str(), policy_name(row.policy), (long long)row.micro,
                 (long long)row.accumulation);
   return text;
 }
@@ -107,7 +93,7 @@ void print_table(const FitSearch& search, const FitBudgets& b) {
   for (const FitRow& row : search.rows) {
     const std::string micro = std::to_string(row.micro) + "x" + std::to_string(row.accumulation);
     std::printf("%s %-5d %-26s %-9s %9s %10s %10s %10s %10s %10.3g %8.3g  %s\n", row.is_recipe ? "*" : " ", row.stage,
-                row.offload_name().c_str(), policy_text(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
+                row.offload_name().c_str(), policy_name(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
                 format_bytes(row.host_needed).c_str(), format_bytes(row.swap).c_str(),
                 format_bytes(row.swap_moved).c_str(), row.extra_flops, row.seconds, fits_text(row, b).c_str());
   }

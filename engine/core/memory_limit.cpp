@@ -1,4 +1,5 @@
 #include "core/memory_limit.h"
+#include "core/format.h"
 
 #include <sys/resource.h>
 
@@ -19,19 +20,6 @@ namespace {
 
 // cgroup v1 writes "no limit" as the largest page-aligned int64; anything this large is no limit.
 constexpr int64_t kNoLimitAbove = int64_t(1) << 62;
-
-std::string bytes_text(int64_t bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  double value = double(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
-  return text;
-}
 
 std::optional<std::string> read_text(const fs::path& path) {
   std::ifstream in(path);
@@ -108,8 +96,8 @@ void add_rlimit(std::vector<MemoryLimit>& out, std::optional<int64_t> limit, std
 
 std::string MemoryLimit::describe() const {
   if (!known()) return "no memory limit found";
-  std::string text = source + ": " + bytes_text(bytes) + " left";
-  if (limit > 0) text += " (limit " + bytes_text(limit) + ", " + bytes_text(used) + " in use)";
+  std::string text = source + ": " + format_bytes(bytes) + " left";
+  if (limit > 0) text += " (limit " + format_bytes(limit) + ", " + format_bytes(used) + " in use)";
   return text;
 }
 
@@ -175,7 +163,7 @@ const char* kHintRecipe = "RECIPE";
 
 std::string hint(const std::string& recipe, int64_t budget) {
   return "; `engine plan " + recipe + " --fit --host-memory " + std::to_string(budget) +
-         "` finds a ZeRO stage, offload, activation checkpointing and micro-batch that fit in " + bytes_text(budget);
+         "` finds a ZeRO stage, offload, activation checkpointing and micro-batch that fit in " + format_bytes(budget);
 }
 
 }  // namespace

@@ -29,20 +29,6 @@ std::string FitRow::offload_name() const {
 
 namespace {
 
-const char* policy_name(CheckpointPolicy p) {
-  switch (p) {
-    case CheckpointPolicy::full:
-      return "full";
-    case CheckpointPolicy::every_k:
-      return "every_k";
-    case CheckpointPolicy::selective:
-      return "selective";
-    case CheckpointPolicy::none:
-      break;
-  }
-  return "none";
-}
-
 const char* device_name(OffloadDevice d) {
   return d == OffloadDevice::nvme ? "nvme" : d == OffloadDevice::cpu ? "cpu" : "none";
 }
@@ -157,6 +143,20 @@ const FitRow* closest_fit(const std::vector<FitRow>& rows, const FitBudgets& bud
                      std::make_tuple(best->overshoot(budgets), preference(*best)))
       best = &row;
   return best;
+}
+
+const char* policy_name(recipe::CheckpointPolicy p) {
+  switch (p) {
+    case recipe::CheckpointPolicy::full:
+      return "full";
+    case recipe::CheckpointPolicy::every_k:
+      return "every_k";
+    case recipe::CheckpointPolicy::selective:
+      return "selective";
+    case recipe::CheckpointPolicy::none:
+      break;
+  }
+  return "none";
 }
 
 }  // namespace engine

@@ -82,6 +82,9 @@ FitSearch fit_rows(const std::filesystem::path& recipe, const recipe::LoadOption
                    const recipe::LoadedRecipe& loaded, const CostModel& cost);
 
 // The row with the least predicted time that fits both budgets; nullptr when none does.
+// The recipe's spelling of an activation checkpointing policy (full, every_k, selective, none).
+const char* policy_name(recipe::CheckpointPolicy p);
+
 const FitRow* fastest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets);
 // The row that misses the budgets by the least (smallest overshoot).
 const FitRow* closest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets);

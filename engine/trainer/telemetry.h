@@ -8,9 +8,10 @@
 #include <iosfwd>
 #include <string>
 
+#include "core/format.h"
+
 namespace engine {
 
-std::string format_bytes(int64_t bytes);             // "142.3 MB"
 std::string format_fixed(double value, int digits);  // "1.4821"
 std::string format_duration(double seconds);         // "1:02:03", "0:07"
 int64_t resident_bytes();                            // current resident memory of this process
