@@ -122,9 +122,10 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
 
 namespace {
 
-// Fewer changes from the recipe first, then less host memory: the order among equally fast rows.
+// Among equally fast rows: fewer changes from the recipe, then the larger micro-batch (the cost
+// model counts FLOPs, not how much faster larger matmuls run them), then less memory.
 auto preference(const FitRow& row) {
-  return std::make_tuple(row.seconds, row.overrides.size(), row.host_needed, row.swap_needed);
+  return std::make_tuple(row.seconds, row.overrides.size(), -row.micro, row.host_needed, row.swap_needed);
 }
 
 }  // namespace
