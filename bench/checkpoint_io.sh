@@ -18,15 +18,8 @@ cd "$(dirname "$0")/.."
 
 usage() { sed -n '/^#   bench/,/^#   python3-torch/s/^# \{0,1\}//p' "$0"; }
 dir="" steps=12
-while (($#)); do
-  case $1 in
-    --dir) dir=${2:?--dir needs a directory}; shift 2 ;;
-    --steps) steps=${2:?--steps needs a number}; shift 2 ;;
-    -h | --help) usage; exit 0 ;;
-    *) echo "checkpoint_io.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-  esac
-done
-[[ $steps =~ ^[0-9]+$ && $steps -ge 4 ]] || { echo "--steps must be an integer >= 4, not '$steps'" >&2; exit 2; }
+source bench/dir_and_steps.sh
+parse_dir_and_steps checkpoint_io.sh 4 "$@"
 engine=${ENGINE:-build/engine}
 python=${PYTHON:-/usr/bin/python3}
 [[ -x $engine ]] || { echo "checkpoint_io.sh: $engine not found; build the engine first" >&2; exit 2; }

@@ -21,15 +21,8 @@ cd "$(dirname "$0")/.."
 
 usage() { sed -n '/^#   bench/,/^#   BUILD/s/^# \{0,1\}//p' "$0"; }
 dir="" steps=5
-while (($#)); do
-  case $1 in
-    --dir) dir=${2:?--dir needs a directory}; shift 2 ;;
-    --steps) steps=${2:?--steps needs a number}; shift 2 ;;
-    -h | --help) usage; exit 0 ;;
-    *) echo "offload_step.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-  esac
-done
-[[ $steps =~ ^[0-9]+$ && $steps -ge 3 ]] || { echo "offload_step.sh: --steps must be an integer >= 3, not '$steps'" >&2; exit 2; }
+source bench/dir_and_steps.sh
+parse_dir_and_steps offload_step.sh 3 "$@"
 build=${BUILD:-build}
 threads=${THREADS:-2}
 for tool in engine bench/offload_plan bench/swap_io_bench; do

@@ -55,18 +55,14 @@ void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& ki
   const ShardLayout& layout = store.layout();
   image.resize(size_t(layout.total_shard()) * kinds.size() * 4);
   std::byte* out = image.data();
-  for (size_t u = 0; u < layout.units(); ++u) {
-    const int64_t skip = layout.begin(u) - store.range_begin(u), count = layout.shard(u);
-    for (const StateKind& kind : kinds) {
-      kind.read(u, skip, count, reinterpret_cast<float*>(out));
-      out += count * 4;
-    }
-  }
+  stream_rank(store, kinds, [&](const std::byte* data, size_t bytes) {
+    std::memcpy(out, data, bytes);
+    out += bytes;
+  });
 }
 
 void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kinds,
                  const std::function<void(const std::byte*, size_t)>& sink) {
-  constexpr int64_t kPiece = int64_t(1) << 20;  // elements
   std::vector<float> piece;
   const ShardLayout& layout = store.layout();
   for (size_t u = 0; u < layout.units(); ++u) {
@@ -76,9 +72,9 @@ void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kind
         sink(reinterpret_cast<const std::byte*>(kind.units[u] + skip), size_t(count) * 4);
         continue;
       }
-      piece.resize(size_t(std::min(kPiece, count)));
-      for (int64_t first = 0; first < count; first += kPiece) {
-        const int64_t n = std::min(kPiece, count - first);
+      piece.resize(size_t(std::min(kStreamPieceElements, count)));
+      for (int64_t first = 0; first < count; first += kStreamPieceElements) {
+        const int64_t n = std::min(kStreamPieceElements, count - first);
         kind.read(u, skip + first, n, piece.data());
         sink(reinterpret_cast<const std::byte*>(piece.data()), size_t(n) * 4);
       }

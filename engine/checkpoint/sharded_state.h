@@ -46,6 +46,7 @@ int64_t rank_file_bytes(const Graph& graph, int world, size_t kinds);
 void snapshot_rank(const ParameterStore& store, const std::vector<StateKind>& kinds, std::vector<std::byte>& image);
 // The same bytes in order, handed to `sink` a piece at a time (offloaded state: read from where it
 // lives through one bounded buffer).
+inline constexpr int64_t kStreamPieceElements = int64_t(1) << 20;  // stream_rank's buffer of offloaded state
 void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kinds,
                  const std::function<void(const std::byte*, size_t)>& sink);
 

@@ -47,7 +47,8 @@ TrainSummary train_naming_memory(const LoadedRecipe& loaded, const RecipeArgs& a
 
 int train(const RecipeArgs& args) {
   const LoadOptions load_options = args.load_options();
-  TrainOptions options{args.first_gradients, {}};
+  TrainOptions options;
+  options.first_gradients = args.first_gradients;
   // One file per step: a second file for the same step would silently replace the first.
   for (const auto& [step, path] : args.gradients_at)
     if (auto [it, inserted] = options.gradients_at.emplace(step, path); !inserted)

@@ -60,8 +60,7 @@ void ZeroStep::begin_pass(const std::vector<int>& gathers) {
   if (!store_.shard_offloaded()) return;
   ChunkStore& shard = *store_.offloaded()->params();
   if (slots_ == 0) {
-    // Gathers in flight (prefetch + 1, at most every gather) and the one read ahead.
-    slots_ = int(prefetch_) + 2;
+    slots_ = fetch_slots(prefetch_);
     int64_t largest = 0;
     for (size_t u = 0; u < store_.layout().units(); ++u)
       largest = std::max(largest, store_.offloaded()->param_bytes(store_.layout().shard(u)));

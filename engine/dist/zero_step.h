@@ -48,6 +48,8 @@ class ZeroStep : public StepCommunication {
   // Before each run of a plan: the units its gathers read, in order (gather_sequence()), so that an
   // offloaded shard is read one gather ahead of its use.
   void begin_pass(const std::vector<int>& gathers);
+  // Fetch slots of the offloaded shard: the gathers in flight (prefetch + 1) and the one read ahead.
+  static int fetch_slots(int64_t prefetch) { return int(prefetch) + 2; }
   void run(const StepAction& action, std::byte* buffer) override;
 
   void finish_gradients();

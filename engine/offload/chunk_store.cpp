@@ -11,14 +11,6 @@ namespace engine {
 using offload::AlignedBuffer;
 using offload::kSwapAlignment;
 
-namespace {
-
-constexpr int64_t kBounceBytes = int64_t(4) << 20;
-
-int64_t round_up(int64_t n) { return (n + kSwapAlignment - 1) / kSwapAlignment * kSwapAlignment; }
-
-}  // namespace
-
 ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_bytes, int64_t chunks)
     : chunk_bytes_(chunk_bytes), chunks_(chunks) {
   ENGINE_CHECK(chunk_bytes % kSwapAlignment == 0, "a chunk is a whole number of 4 KiB blocks");
@@ -32,7 +24,7 @@ ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_b
 }
 
 ChunkStore::Span ChunkStore::aligned(int64_t offset, int64_t bytes) {
-  return {offset / kSwapAlignment * kSwapAlignment, round_up(offset + bytes)};
+  return {offset / kSwapAlignment * kSwapAlignment, offload::round_up_to_alignment(offset + bytes)};
 }
 
 void ChunkStore::check_range(int64_t offset, int64_t bytes) const {
@@ -103,7 +95,7 @@ void ChunkStore::read(int64_t offset, int64_t bytes, std::byte* out) {
   if (bounce_.bytes() == 0) bounce_ = AlignedBuffer(kBounceBytes);
   while (bytes > 0) {
     const Span span = aligned(offset, std::min(bytes, kBounceBytes - kSwapAlignment));
-    swap_->wait(swap_->read(span.begin, bounce_.data(), span.end - span.begin));
+    swap_->wait(swap_->read(span.begin, bounce_.data(), span.bytes()));
     const int64_t n = std::min(bytes, span.end - offset);
     std::memcpy(out, bounce_.data() + (offset - span.begin), size_t(n));
     out += n;
@@ -125,9 +117,9 @@ void ChunkStore::write(int64_t offset, int64_t bytes, const std::byte* in) {
     const int64_t n = std::min(bytes, span.end - offset);
     // Only the ends of the span can hold bytes outside the range: read them before patching.
     if (offset != span.begin || offset + n != span.end)
-      swap_->wait(swap_->read(span.begin, bounce_.data(), span.end - span.begin));
+      swap_->wait(swap_->read(span.begin, bounce_.data(), span.bytes()));
     std::memcpy(bounce_.data() + (offset - span.begin), in, size_t(n));
-    swap_->wait(swap_->write(span.begin, bounce_.data(), span.end - span.begin));
+    swap_->wait(swap_->write(span.begin, bounce_.data(), span.bytes()));
     in += n;
     offset += n;
     bytes -= n;
@@ -156,7 +148,7 @@ void ChunkStore::commit(int64_t chunk) {
 void ChunkStore::reserve_fetch_slots(int slots, int64_t largest) {
   fetches_.resize(size_t(slots));
   if (!swap_) return;
-  for (Fetch& f : fetches_) f.buffer = AlignedBuffer(round_up(largest) + kSwapAlignment);
+  for (Fetch& f : fetches_) f.buffer = AlignedBuffer(fetch_slot_bytes(largest));
 }
 
 void ChunkStore::fetch(int slot, int64_t offset, int64_t bytes) {
@@ -168,8 +160,8 @@ void ChunkStore::fetch(int slot, int64_t offset, int64_t bytes) {
   }
   if (f.pending) swap_->wait(f.ticket);
   const Span span = aligned(offset, bytes);
-  ENGINE_CHECK(span.end - span.begin <= f.buffer.bytes(), "a fetch larger than its slot");
-  f.ticket = swap_->read(span.begin, f.buffer.data(), span.end - span.begin);
+  ENGINE_CHECK(span.bytes() <= f.buffer.bytes(), "a fetch larger than its slot");
+  f.ticket = swap_->read(span.begin, f.buffer.data(), span.bytes());
   f.skip = offset - span.begin;
   f.pending = true;
 }

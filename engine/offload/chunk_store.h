@@ -52,15 +52,24 @@ class ChunkStore {
   // the range into slot `slot` of `slots`; view(slot) waits and returns where the range's first
   // byte is (host: a pointer into the buffer, nothing moves).
   void reserve_fetch_slots(int slots, int64_t largest);
+  // What one fetch slot allocates for ranges of up to `largest` bytes at any offset.
+  static int64_t fetch_slot_bytes(int64_t largest) {
+    return offload::round_up_to_alignment(largest) + offload::kSwapAlignment;
+  }
   void fetch(int slot, int64_t offset, int64_t bytes);
   const std::byte* view(int slot);
 
- private:
-  // The aligned span of the file around [offset, offset + bytes), for cold and fetched access.
+  // The aligned span of the file around [offset, offset + bytes): what a cold or fetched access of
+  // that range transfers.
   struct Span {
     int64_t begin, end;
+    int64_t bytes() const { return end - begin; }
   };
   static Span aligned(int64_t offset, int64_t bytes);
+  // The buffer cold reads and writes go through (allocated at the first one).
+  static constexpr int64_t kBounceBytes = int64_t(4) << 20;
+
+ private:
   void check_range(int64_t offset, int64_t bytes) const;
   void wait_for(offload::SwapFile::Ticket ticket);  // timed
 

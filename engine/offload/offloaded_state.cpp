@@ -15,7 +15,7 @@ OffloadedState::OffloadedState(const OffloadSpec& spec, std::vector<int64_t> ran
   }
   const int64_t c = spec_.chunk_size;
   ENGINE_CHECK(c > 0 && c % 2048 == 0, "chunks are whole 4 KiB blocks of 16-bit values");
-  chunks_ = (elements_ + c - 1) / c;
+  chunks_ = chunk_count(elements_, c);
   if (!kinds_.empty())
     optimizer_ =
         std::make_unique<ChunkStore>(spec_.optimizer, swap_spec("optimizer"), c * 4 * int64_t(kinds_.size()), chunks_);

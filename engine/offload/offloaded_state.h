@@ -36,6 +36,8 @@ class OffloadedState {
   size_t kind(const std::string& name) const;  // ENGINE_CHECK that it is held
   int64_t unit_base(size_t unit) const { return base_[unit]; }
   int64_t elements() const { return elements_; }
+  // Chunks of `chunk_size` elements that hold `elements`.
+  static int64_t chunk_count(int64_t elements, int64_t chunk_size) { return (elements + chunk_size - 1) / chunk_size; }
 
   // Elements [first, first + count) of unit `unit`'s optimizer range, of one kind.
   void read(size_t kind, size_t unit, int64_t first, int64_t count, float* out);

@@ -22,8 +22,6 @@ namespace engine::offload {
 
 namespace {
 
-int64_t round_up(int64_t bytes) { return (bytes + kSwapAlignment - 1) / kSwapAlignment * kSwapAlignment; }
-
 bool aligned(int64_t value) { return value % kSwapAlignment == 0; }
 
 std::string size_text(int64_t bytes) {
@@ -58,7 +56,7 @@ void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
 AlignedBuffer::AlignedBuffer(int64_t bytes) : bytes_(bytes) {
   ENGINE_CHECK(bytes >= 0, "negative buffer size " + std::to_string(bytes));
-  const int64_t allocated = std::max(round_up(bytes), kSwapAlignment);
+  const int64_t allocated = std::max(round_up_to_alignment(bytes), kSwapAlignment);
   auto* p = static_cast<std::byte*>(std::aligned_alloc(kSwapAlignment, static_cast<size_t>(allocated)));
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, static_cast<size_t>(allocated));
@@ -66,7 +64,10 @@ AlignedBuffer::AlignedBuffer(int64_t bytes) : bytes_(bytes) {
 }
 
 SwapFile::SwapFile(const SwapSpec& spec)
-    : path_(spec.path), bytes_(round_up(spec.bytes)), queue_depth_(spec.queue_depth), block_size_(spec.block_size) {
+    : path_(spec.path),
+      bytes_(round_up_to_alignment(spec.bytes)),
+      queue_depth_(spec.queue_depth),
+      block_size_(spec.block_size) {
   ENGINE_CHECK(spec.bytes > 0, "swap file size " + std::to_string(spec.bytes));
   ENGINE_CHECK(queue_depth_ >= 1 && queue_depth_ <= 4096, "queue depth " + std::to_string(queue_depth_));
   ENGINE_CHECK(block_size_ > 0 && block_size_ <= (1 << 30) && aligned(block_size_),

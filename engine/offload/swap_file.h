@@ -46,6 +46,11 @@ namespace engine::offload {
 // size O_DIRECT needs on any current device, and the page size).
 inline constexpr int64_t kSwapAlignment = 4096;
 
+// `bytes` rounded up to the next multiple of kSwapAlignment.
+inline constexpr int64_t round_up_to_alignment(int64_t bytes) {
+  return (bytes + kSwapAlignment - 1) / kSwapAlignment * kSwapAlignment;
+}
+
 struct SwapSpec {
   std::filesystem::path path;    // the file to create (its directory must exist)
   int64_t bytes = 0;             // preallocated size (rounded up to kSwapAlignment)

@@ -58,14 +58,7 @@ ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const Sh
 }
 
 ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec)
-    : graph_(graph),
-      spec_(spec),
-      layout_(graph.units(), spec.world, spec.rank),
-      param_dtype_(graph.param_dtype()),
-      grad_dtype_(graph.grad_dtype()),
-      grad_alias_(gradient_alias(spec)) {
-  allocate({});
-}
+    : ParameterStore(graph, spec, OffloadSpec{}, nullptr) {}
 
 ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const OffloadSpec& offload,
                                OffloadedState* offloaded)
@@ -79,14 +72,9 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const Offl
       shard_offloaded_(spec.stage == 3 && offload.parameters != OffloadTier::none),
       offloaded_(offloaded) {
   ENGINE_CHECK(!(masters_offloaded_ || shard_offloaded_) || offloaded, "offloaded state needs its store");
-  allocate(offload);
-}
-
-void ParameterStore::allocate(const OffloadSpec& offload) {
   units_.resize(graph_.units().size());
   for (size_t u = 0; u < units_.size(); ++u) {
-    const ShardingSpec& spec = spec_;
-    const UnitSizes sizes = unit_sizes(layout_, spec, offload, param_dtype_, grad_dtype_, u);
+    const UnitSizes sizes = unit_sizes(layout_, spec_, offload, param_dtype_, grad_dtype_, u);
     UnitBuffers& b = units_[u];
     b.compute = Buffer(sizes.compute);
     b.master = Buffer(sizes.master);
@@ -194,6 +182,7 @@ void ParameterStore::refresh_copies() {
 }
 
 void ParameterStore::write_copies(int64_t first, int64_t count, const float* masters, std::byte* shard_chunk) {
+  if (spec_.stage < 3 && param_dtype_ == DType::f32) return;  // the masters are the parameters
   const int64_t csize = int64_t(dtype_size(param_dtype_));
   for (size_t u = 0; u < units_.size(); ++u) {
     const int64_t base = offloaded_->unit_base(u);
@@ -203,7 +192,6 @@ void ParameterStore::write_copies(int64_t first, int64_t count, const float* mas
     std::byte* target = shard_chunk        ? shard_chunk + (lo - first) * csize
                         : spec_.stage == 3 ? units_[u].shard16.data() + (lo - base) * csize
                                            : units_[u].compute.data() + (range_begin(u) + lo - base) * csize;
-    if (spec_.stage < 3 && param_dtype_ == DType::f32) continue;  // the master is the parameter
     store_copy(source, target, param_dtype_, hi - lo);
   }
 }

@@ -78,6 +78,11 @@ class ParameterStore {
   // Per unit, over the optimizer range [range_begin(u), range_begin(u) + range_size(u)):
   int64_t range_begin(size_t unit) const { return spec_.stage == 0 ? 0 : layout_.begin(unit); }
   int64_t range_size(size_t unit) const { return range_size(layout_, spec_, unit); }
+  // The same for any rank of `spec` before a store exists: the whole unit at stage 0, the rank's
+  // shard at stages 1-3.
+  static int64_t range_size(const ShardLayout& layout, const ShardingSpec& spec, size_t u) {
+    return spec.stage == 0 ? layout.padded(u) : layout.shard(u);
+  }
   float* master(size_t unit) const { return units_[unit].master_ptr; }  // null when offloaded
   bool masters_offloaded() const { return masters_offloaded_; }
   bool shard_offloaded() const { return shard_offloaded_; }
@@ -121,11 +126,6 @@ class ParameterStore {
   };
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
                               DType param, DType grad, size_t u);
-  void allocate(const OffloadSpec& offload);
-  // The whole unit at stage 0, this rank's shard at stages 1-3.
-  static int64_t range_size(const ShardLayout& layout, const ShardingSpec& spec, size_t u) {
-    return spec.stage == 0 ? layout.padded(u) : layout.shard(u);
-  }
   struct UnitBuffers {
     Buffer compute, master, shard16, micro_grad, grad_shard, opt_grad;
     float* master_ptr = nullptr;

@@ -91,11 +91,6 @@ TrafficPlan plan_traffic(const Graph& g, const ShardLayout& layout, const Shardi
   return t;
 }
 
-constexpr int64_t kBounce = int64_t(4) << 20;       // ChunkStore's cold-access buffer
-constexpr int64_t kStreamPiece = int64_t(4) << 20;  // stream_rank's buffer for offloaded state
-
-int64_t round_up_4k(int64_t n) { return (n + 4095) / 4096 * 4096; }
-
 // Where offload moves memory (MemoryPlan) and how many bytes it moves per step (TrafficPlan), from
 // the same sizes OffloadedState and ChunkStore allocate.
 void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& layout, CompiledStep& c) {
@@ -107,10 +102,10 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
   std::vector<int64_t> base;
   for (size_t u = 0; u < layout.units(); ++u) {
     base.push_back(elements);
-    elements += stage == 0 ? layout.padded(u) : layout.shard(u);
+    elements += ParameterStore::range_size(layout, c.sharding, u);
     largest_shard = std::max(largest_shard, layout.shard(u));
   }
-  const int64_t chunks = (elements + o.chunk_size - 1) / o.chunk_size;
+  const int64_t chunks = OffloadedState::chunk_count(elements, o.chunk_size);
   const int64_t psize = int64_t(dtype_size(g.param_dtype()));
   if (o.optimizer != OffloadTier::none) {
     const auto kinds = int64_t(offloaded_kinds(r.optimizer, o.masters_offloaded(g.param_dtype(), stage)).size());
@@ -120,10 +115,10 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
       m.optimizer_state = bytes;
     } else if (kinds > 0) {
       m.swap += bytes;
-      m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + kBounce;
+      m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + ChunkStore::kBounceBytes;
       c.traffic.swap_read += bytes;
       c.traffic.swap_written += bytes;
-      m.checkpoint_snapshot = kStreamPiece;  // streamed from the swap file, not snapshotted
+      m.checkpoint_snapshot = kStreamPieceElements * 4;  // streamed from the swap file, not snapshotted
     }
   }
   if (stage == 3 && o.parameters != OffloadTier::none) {
@@ -132,17 +127,17 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
       m.parameters += bytes;
     } else {
       m.swap += bytes;
-      m.offload_buffers += kChunkSlots * o.chunk_size * psize + kBounce;
-      m.offload_buffers += (r.distributed.prefetch + 2) * (round_up_4k(largest_shard * psize) + 4096);
+      m.offload_buffers += kChunkSlots * o.chunk_size * psize + ChunkStore::kBounceBytes;
+      m.offload_buffers +=
+          ZeroStep::fetch_slots(r.distributed.prefetch) * ChunkStore::fetch_slot_bytes(largest_shard * psize);
       c.traffic.swap_written += bytes;
       // Each gather reads the unit's shard, widened to the 4 KiB grid, in every micro-batch.
       int64_t per_micro = 0;
       for (const auto& list : c.train.actions)
         for (const StepAction& a : list)
-          if (a.kind == StepAction::Kind::gather) {
-            const int64_t first = base[size_t(a.unit)] * psize;
-            per_micro += round_up_4k(first + layout.shard(size_t(a.unit)) * psize) - first / 4096 * 4096;
-          }
+          if (a.kind == StepAction::Kind::gather)
+            per_micro +=
+                ChunkStore::aligned(base[size_t(a.unit)] * psize, layout.shard(size_t(a.unit)) * psize).bytes();
       c.traffic.swap_read += per_micro * c.sharding.accumulation;
     }
   }
@@ -265,8 +260,7 @@ std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, co
   if (!spec.any()) return nullptr;
   const ShardLayout layout(g.units(), sharding.world, sharding.rank);
   std::vector<int64_t> ranges;
-  for (size_t u = 0; u < layout.units(); ++u)
-    ranges.push_back(sharding.stage == 0 ? layout.padded(u) : layout.shard(u));
+  for (size_t u = 0; u < layout.units(); ++u) ranges.push_back(ParameterStore::range_size(layout, sharding, u));
   std::vector<std::string> kinds;
   if (spec.optimizer != OffloadTier::none)
     kinds = offloaded_kinds(r.optimizer, spec.masters_offloaded(g.param_dtype(), sharding.stage));
