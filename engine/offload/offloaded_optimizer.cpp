@@ -47,7 +47,7 @@ class OffloadedOptimizer : public Optimizer {
         const int64_t base = state_.unit_base(s.unit);
         if (base + s.begin >= chunk_end) break;
         const int64_t lo = std::max(c.first, base + s.begin), hi = std::min(chunk_end, base + s.end);
-        if (hi <= chunk_end && base + s.end <= chunk_end) next = i + 1;
+        if (base + s.end <= chunk_end) next = i + 1;  // done with it for later chunks
         if (lo >= hi) continue;
         const int64_t at = lo - c.first, k = lo - base, n = hi - lo;  // in the chunk, in the unit's range
         float* w = first_kind ? c.kinds[0] + at : store_.master(s.unit) + k;

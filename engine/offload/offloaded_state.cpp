@@ -41,24 +41,30 @@ size_t OffloadedState::kind(const std::string& name) const {
   return size_t(it - kinds_.begin());
 }
 
-void OffloadedState::read(size_t kind, size_t unit, int64_t first, int64_t count, float* out) {
+void OffloadedState::for_each_run(size_t kind, size_t unit, int64_t first, int64_t count,
+                                  const std::function<void(int64_t offset, int64_t bytes)>& fn) const {
   const int64_t c = spec_.chunk_size, k = int64_t(kinds_.size());
   for (int64_t e = base_[unit] + first, end = e + count; e < end;) {
     const int64_t chunk = e / c, n = std::min(end, (chunk + 1) * c) - e;
-    optimizer_->read(((chunk * k + int64_t(kind)) * c + e % c) * 4, n * 4, reinterpret_cast<std::byte*>(out));
-    out += n;
+    fn(((chunk * k + int64_t(kind)) * c + e % c) * 4, n * 4);
     e += n;
   }
 }
 
+void OffloadedState::read(size_t kind, size_t unit, int64_t first, int64_t count, float* out) {
+  auto* to = reinterpret_cast<std::byte*>(out);
+  for_each_run(kind, unit, first, count, [&](int64_t offset, int64_t bytes) {
+    optimizer_->read(offset, bytes, to);
+    to += bytes;
+  });
+}
+
 void OffloadedState::write(size_t kind, size_t unit, int64_t first, int64_t count, const float* in) {
-  const int64_t c = spec_.chunk_size, k = int64_t(kinds_.size());
-  for (int64_t e = base_[unit] + first, end = e + count; e < end;) {
-    const int64_t chunk = e / c, n = std::min(end, (chunk + 1) * c) - e;
-    optimizer_->write(((chunk * k + int64_t(kind)) * c + e % c) * 4, n * 4, reinterpret_cast<const std::byte*>(in));
-    in += n;
-    e += n;
-  }
+  const auto* from = reinterpret_cast<const std::byte*>(in);
+  for_each_run(kind, unit, first, count, [&](int64_t offset, int64_t bytes) {
+    optimizer_->write(offset, bytes, from);
+    from += bytes;
+  });
 }
 
 void OffloadedState::update(const std::function<void(const Chunk&)>& fn, bool write_back) {

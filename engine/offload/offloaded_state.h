@@ -68,6 +68,10 @@ class OffloadedState {
 
  private:
   offload::SwapSpec swap_spec(const std::string& what) const;
+  // The runs of the optimizer store (byte offset, bytes) that hold elements [first, first + count)
+  // of one kind of one unit: a kind's elements are contiguous within a chunk only.
+  void for_each_run(size_t kind, size_t unit, int64_t first, int64_t count,
+                    const std::function<void(int64_t offset, int64_t bytes)>& fn) const;
 
   OffloadSpec spec_;
   std::vector<int64_t> ranges_, base_;
