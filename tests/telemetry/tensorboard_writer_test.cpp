@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <boost/crc.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -318,25 +320,26 @@ TEST(TensorBoardWriter, DirectoryThatCannotBeCreatedIsAUserError) {
 // A write that fails (here the file-size limit, EFBIG, standing in for a full disk: both fail the
 // write(2) under the stdio buffer) is a UserError naming the file. In a child process, so the
 // limit does not outlive the test.
+// Writes under a file-size limit until a write fails; exits 0 after printing the UserError.
+[[noreturn]] void write_past_file_size_limit(const std::filesystem::path& dir) {
+  std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG
+  const rlimit limit{8192, 8192};
+  ::setrlimit(RLIMIT_FSIZE, &limit);
+  try {
+    TensorBoardWriter writer(dir);
+    for (int step = 0; step < 10000; ++step) writer.scalar("loss", step, step);
+    writer.flush();
+  } catch (const engine::UserError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(0);
+  }
+  std::_Exit(1);
+}
+
 TEST(TensorBoardWriterDeathTest, FailedWriteIsAUserErrorNamingTheFile) {
   TempDir dir("tensorboard");
-  EXPECT_EXIT(
-      {
-        std::signal(SIGXFSZ, SIG_IGN);
-        const rlimit limit{8192, 8192};
-        ::setrlimit(RLIMIT_FSIZE, &limit);
-        try {
-          TensorBoardWriter writer(dir.path());
-          for (int step = 0; step < 10000; ++step) writer.scalar("loss", step, step);
-          writer.flush();
-        } catch (const engine::UserError& e) {
-          std::fprintf(stderr, "%s\n", e.what());
-          std::_Exit(0);
-        }
-        std::_Exit(1);
-      },
-      ::testing::ExitedWithCode(0),
-      "cannot write TensorBoard event file .*events\\.out\\.tfevents\\..*: File too large");
+  EXPECT_EXIT(write_past_file_size_limit(dir.path()), ::testing::ExitedWithCode(0),
+              "cannot write TensorBoard event file .*events\\.out\\.tfevents\\..*: File too large");
 }
 
 }  // namespace
