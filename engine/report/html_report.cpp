@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "core/format.h"
@@ -107,6 +108,14 @@ class Page {
       ids_.push_back(id);
       swatches_.push_back(book_.take(int(i), 3));
     }
+    // Legends name runs by their directory's own name when that tells them apart: full paths made
+    // a legend entry wider than its chart.
+    std::set<std::string> names;
+    for (const auto& run : runs) names.insert(run.dir.lexically_normal().filename().string());
+    for (const auto& run : runs) {
+      const std::string name = run.dir.lexically_normal().filename().string();
+      short_.push_back(names.size() == runs.size() && !name.empty() ? name : run.label);
+    }
   }
 
   std::optional<std::string> line_chart(const ChartSpec& spec) {
@@ -167,7 +176,7 @@ class Page {
     for (size_t r = 0; r < runs_.size(); ++r) {
       if (!runs_[r].breakdown) continue;
       chart.ids.push_back(std::string(ops ? "op-breakdown/ops/" : "step-breakdown/categories/") + ids_[r]);
-      chart.labels.push_back(runs_[r].label + " (" + fixed(runs_[r].breakdown->step_ms, 1) + " ms/step, " +
+      chart.labels.push_back(short_[r] + " (" + fixed(runs_[r].breakdown->step_ms, 1) + " ms/step, " +
                              std::to_string(runs_[r].breakdown->steps) + " steps)");
       chart.colours.push_back(book_.take(int(r), 0));
       for (const auto& row : ops ? runs_[r].breakdown->ops : runs_[r].breakdown->categories)
@@ -197,7 +206,7 @@ class Page {
  private:
   const std::vector<RunData>& runs_;
   ColourBook book_;
-  std::vector<std::string> ids_, swatches_;
+  std::vector<std::string> ids_, swatches_, short_;
 };
 
 constexpr const char* kStyle = R"(
