@@ -205,6 +205,14 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
                    "A checkpoint, or a directory of checkpoints or a run directory (verifies every one)")
       ->required();
 
+  std::vector<std::filesystem::path> report_runs;
+  std::filesystem::path report_output;
+  auto* report = app.add_subcommand(
+      "report", "An HTML report of one or more runs (charts, summary table); several runs share the charts");
+  report->add_option("run_dirs", report_runs, "Run directories (<output_dir>/<name>), compared on one page")
+      ->required();
+  report->add_option("--output,-o", report_output, "The HTML file (default: <first run dir>/report.html)");
+
   std::string topic;
   auto* help = app.add_subcommand("help", "Explain a topic, a section or a key");
   help->add_option("topic", topic, "recipes, overrides, batch, checkpoints, exit-codes, a section or section.key");
@@ -241,6 +249,7 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   if (*checkpoint_list) return engine::cli::checkpoint_list(checkpoint_path);
   if (*checkpoint_inspect) return engine::cli::checkpoint_inspect(checkpoint_path);
   if (*checkpoint_verify) return engine::cli::checkpoint_verify(checkpoint_path);
+  if (*report) return engine::cli::report(report_runs, report_output);
   if (*help) return engine::cli::help(topic);
   if (*plugin_info) return engine::cli::plugin_info(plugin_file);
   std::cout << app.help();

@@ -87,6 +87,9 @@ int config(const RecipeArgs& args, bool only_changed);
 int schema(bool markdown);
 int help(const std::string& topic);
 int plugin_info(const std::filesystem::path& file);
+// engine report: an HTML page of the runs' metrics (default <first run>/report.html) and a summary
+// of each on stdout.
+int report(const std::vector<std::filesystem::path>& run_dirs, const std::filesystem::path& output);
 
 // Commands that run steps in one process only (generate): any other world size (--world-size, or
 // mpirun's environment) is a user error, rather than N independent copies side by side. `engine
