@@ -90,20 +90,24 @@ void Checkpointer::begin(Manifest manifest) {
 void Checkpointer::start_streamed(Manifest manifest, const std::function<void(const Sink&)>& produce) {
   begin(std::move(manifest));
   produce_ = produce;
-  write_rank_file();
+  write_rank_file(trace::Lane::compute);
   produce_ = nullptr;
 }
 
 void Checkpointer::start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot) {
   begin(std::move(manifest));
-  snapshot(image_);
+  {
+    trace::Scope event("checkpoint", "checkpoint snapshot");
+    snapshot(image_);
+  }
   if (config_.async)
-    writer_ = std::thread([this] { write_rank_file(); });
+    writer_ = std::thread([this] { write_rank_file(trace::Lane::checkpoint); });
   else
-    write_rank_file();
+    write_rank_file(trace::Lane::compute);
 }
 
-void Checkpointer::write_rank_file() {
+void Checkpointer::write_rank_file(trace::Lane lane) {
+  trace::Scope event("checkpoint", "checkpoint write", lane);
   const double begin = now_seconds();
   try {
     std::error_code error;
@@ -116,6 +120,7 @@ void Checkpointer::write_rank_file() {
       file.append(image_.data(), image_.size());
     checksum_ = file.finish();
     file_bytes_ = file.bytes();
+    if (event.active()) event.set_work(-1, double(file_bytes_));
     sync_directory(tmp_);
     write_seconds_ = now_seconds() - begin;
     status_ = 1;

@@ -29,6 +29,7 @@
 #include "checkpoint/manifest.h"
 #include "dist/communicator.h"
 #include "recipe/recipe.h"
+#include "telemetry/trace.h"
 
 namespace engine {
 
@@ -76,7 +77,7 @@ class Checkpointer {
   const std::filesystem::path& directory() const { return dir_; }
 
  private:
-  void write_rank_file();
+  void write_rank_file(trace::Lane lane);  // on the step's thread or the writer's
   void begin(Manifest manifest);
   void commit(Committed& done);
   void prune();

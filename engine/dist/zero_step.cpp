@@ -1,5 +1,6 @@
 #include "dist/zero_step.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -143,24 +144,66 @@ void ZeroStep::finish_gradients() {
   store_.widen_gradients();
 }
 
-double ZeroStep::gradient_norm() {
-  std::vector<double> partials = gradient_norm_partials(store_);
+namespace {
+
+// Per unit, the square root of the sum of its blocks' partial sums (unit-major, rank, block).
+std::vector<double> unit_norms(const ShardLayout& layout, const std::vector<double>& ordered) {
+  std::vector<double> norms;
+  size_t at = 0;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const auto blocks = size_t(layout.shard(u) / kShardBlock) * size_t(layout.world());
+    double sum = 0;
+    for (size_t k = 0; k < blocks; ++k) sum += ordered[at + k];
+    norms.push_back(std::sqrt(sum));
+    at += blocks;
+  }
+  return norms;
+}
+
+}  // namespace
+
+std::vector<double> ZeroStep::rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const {
   const ShardLayout& layout = store_.layout();
-  if (layout.world() == 1) return sum_norm_partials(partials);
   const auto world = size_t(layout.world());
-  const std::vector<double> all = gather(partials, "the gradient norm's partial sums");
-  // Rank-major as gathered; the norm sums unit-major (unit, rank, block), the order of one rank.
+  // Rank-major as gathered; norms sum unit-major (unit, rank, block), the order of one rank.
   std::vector<double> ordered;
   ordered.reserve(all.size());
   size_t unit_start = 0;
   for (size_t u = 0; u < layout.units(); ++u) {
     const auto blocks = size_t(layout.shard(u) / kShardBlock);
     for (size_t r = 0; r < world; ++r)
-      ordered.insert(ordered.end(), all.begin() + long(r * partials.size() + unit_start),
-                     all.begin() + long(r * partials.size() + unit_start + blocks));
+      ordered.insert(ordered.end(), all.begin() + long(r * per_rank + unit_start),
+                     all.begin() + long(r * per_rank + unit_start + blocks));
     unit_start += blocks;
   }
-  return sum_norm_partials(ordered);
+  return ordered;
+}
+
+double ZeroStep::gradient_norm() {
+  std::vector<double> partials = gradient_norm_partials(store_);
+  const ShardLayout& layout = store_.layout();
+  if (layout.world() > 1)
+    partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());
+  unit_gradient_norms_ = unit_norms(layout, partials);
+  return sum_norm_partials(partials);
+}
+
+std::vector<double> ZeroStep::unit_parameter_norms() {
+  const ShardLayout& layout = store_.layout();
+  for (size_t u = 0; u < layout.units(); ++u)
+    if (!store_.master(u)) return {};
+  std::vector<double> partials;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const float* w = store_.master(u) + (layout.begin(u) - store_.range_begin(u));
+    for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) {
+      double sum = 0;
+      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(w[k]) * w[k];
+      partials.push_back(sum);
+    }
+  }
+  if (layout.world() > 1)
+    partials = rank_major_to_unit_major(gather(partials, "the parameter norms' partial sums"), partials.size());
+  return unit_norms(layout, partials);
 }
 
 void ZeroStep::finish_update(bool refresh) {

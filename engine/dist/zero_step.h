@@ -54,6 +54,12 @@ class ZeroStep : public StepCommunication {
 
   void finish_gradients();
   double gradient_norm();
+  // Each wrap unit's share of the last gradient_norm(): the L2 norm of its gradient (as scaled
+  // then), summed over the ranks' shards; no communication of its own.
+  const std::vector<double>& unit_gradient_norms() const { return unit_gradient_norms_; }
+  // Each wrap unit's fp32 master norm; a collective (every rank calls it at the same step). Empty
+  // when the masters are offloaded (reading them back is not cheap).
+  std::vector<double> unit_parameter_norms();
   // refresh_copies() (unless the optimizer wrote the copies) and gather_parameters()
   void finish_update(bool refresh = true);
   // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.
@@ -68,6 +74,8 @@ class ZeroStep : public StepCommunication {
   dist::Communicator& communicator() { return comm_; }
 
  private:
+  std::vector<double> unit_gradient_norms_;
+  std::vector<double> rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const;
   ParameterStore& store_;
   dist::Communicator& comm_;
   int64_t prefetch_;

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "telemetry/trace.h"
 
 namespace engine::offload {
 
@@ -195,6 +196,11 @@ SwapFile::Ticket SwapFile::submit(bool write, int64_t offset, std::byte* buffer,
   const Ticket ticket = next_ticket_++;
   if (bytes == 0) return ticket;
   Request& request = requests_[ticket];
+  if (trace::recording()) {
+    request.submitted_ns = trace::now_ns();
+    request.write = write;
+    request.bytes = bytes;
+  }
   for (int64_t done = 0; done < bytes; done += block_size_) {
     queued_.push_back({ticket, write, offset + done, buffer + done, std::min(block_size_, bytes - done)});
     ++request.blocks_left;
@@ -284,7 +290,20 @@ void SwapFile::finish_block(const Block& block, const std::string& error) {
     std::erase_if(queued_, [&](const Block& b) { return b.ticket == block.ticket; });
     request.blocks_left -= static_cast<int>(before - queued_.size());
   }
-  if (request.blocks_left == 0 && request.error.empty()) requests_.erase(it);
+  if (request.blocks_left == 0 && request.error.empty()) {
+    if (request.submitted_ns >= 0) {  // from submission to the completion seen
+      trace::Event event{request.write ? "swap write" : "swap read",
+                         "offload",
+                         trace::Lane::swap,
+                         request.submitted_ns,
+                         trace::now_ns(),
+                         -1,
+                         double(request.bytes),
+                         path_.filename().string()};
+      trace::record(std::move(event));
+    }
+    requests_.erase(it);
+  }
 }
 
 void SwapFile::wait(Ticket ticket) {

@@ -128,8 +128,11 @@ class SwapFile {
     int64_t bytes;
   };
   struct Request {
-    int blocks_left = 0;  // queued or in flight
-    std::string error;    // the first failure, empty while all is well
+    int blocks_left = 0;        // queued or in flight
+    std::string error;          // the first failure, empty while all is well
+    int64_t submitted_ns = -1;  // while a trace records (telemetry/trace.h)
+    bool write = false;
+    int64_t bytes = 0;
   };
 
   Ticket submit(bool write, int64_t offset, std::byte* buffer, int64_t bytes);

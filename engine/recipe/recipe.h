@@ -165,6 +165,17 @@ struct OffloadSection {
   int64_t chunk_size;        // parameters per chunk of the streamed optimizer step
 };
 
+// What a run records about itself besides metrics.jsonl (docs/telemetry.md).
+struct TelemetrySection {
+  bool tensorboard;         // event files in <run dir>/tensorboard
+  bool histograms;          // per wrap unit parameter and gradient norms, at log steps
+  int64_t trace_start;      // the first traced step (1-based)
+  int64_t trace_steps;      // consecutive steps traced into <run dir>/trace.json (0: none)
+  bool op_table;            // time per op, printed at the end and kept in <run dir>/op_table.json
+  double peak_flops;        // per rank, for MFU (0: measured once by a GEMM probe and cached)
+  double monitor_interval;  // seconds between hardware samples (0: no monitoring)
+};
+
 struct YamlNode;
 
 // One entry of `plugins:`: a Lua plugin (engine/lua/plugin.h) and the arguments the recipe gives it.
@@ -187,6 +198,7 @@ struct Recipe {
   DistributedSection distributed;
   CheckpointSection checkpoint;
   OffloadSection offload;
+  TelemetrySection telemetry;
 };
 
 }  // namespace engine::recipe

@@ -244,6 +244,16 @@ void check_offload(RuleContext& c) {
              "the offload path (the chunked CPU update a GPU run uses). Use nvme to hold it outside memory");
 }
 
+void check_telemetry(RuleContext& c) {
+  const TelemetrySection& t = c.r.telemetry;
+  if (t.trace_steps > 0 && t.trace_start > c.r.train.steps)
+    c.error(
+        {"telemetry.trace_start", "telemetry.trace_steps"},
+        "trace_start " + str(t.trace_start) + " is past the last step (train.steps " + str(c.r.train.steps) +
+            "): nothing would be traced",
+        {"trace a step the run reaches, e.g. telemetry.trace_start: " + str(std::min<int64_t>(3, c.r.train.steps))});
+}
+
 }  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
@@ -265,6 +275,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"train", "data"}, check_evaluation},
       {{"precision"}, check_precision},
       {{"offload", "distributed"}, check_offload},
+      {{"telemetry", "train"}, check_telemetry},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

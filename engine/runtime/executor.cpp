@@ -8,13 +8,12 @@
 
 #include "core/convert.h"
 #include "core/error.h"
+#include "telemetry/trace.h"
 
 namespace engine {
 
 Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed)
     : graph_(graph), parameters_(parameters), seed_(seed) {
-  const char* profile = std::getenv("ENGINE_PROFILE");
-  profile_ = profile && std::string(profile) == "1";
   for (size_t i = 0; i < graph.values().size(); ++i) {
     const Value& v = graph.values()[i];
     if (v.placement == Placement::input || v.placement == Placement::host)
@@ -70,9 +69,10 @@ void Executor::run_converted(const Node& node, KernelContext& ctx) {
   }
 }
 
-void Executor::run_actions(const Plan& plan, size_t position, KernelContext& ctx,
-                           StepCommunication* communication) {
+void Executor::run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,
+                           const StepAction* only) {
   for (const StepAction& action : plan.actions[position]) {
+    if (only && &action != only) continue;
     std::byte* buffer = action.buffer == kNoValue ? nullptr : arena_.data() + plan.offsets[size_t(action.buffer)];
     auto bind = [&](bool gradients) {
       for (int index : unit_params_[size_t(action.unit)]) {
@@ -102,6 +102,51 @@ void Executor::run_node(const Node& node, KernelContext& ctx) {
   else
     node.op->cpu(node, ctx);
 }
+
+NodeWork node_work(const Graph& graph, const Node& node) {
+  NodeWork work;
+  if (node.op->flops) work.flops = node.op->flops(graph, node);
+  for (ValueId id : node.inputs) work.bytes += double(value_bytes(graph.value(id)));
+  for (ValueId id : node.outputs) work.bytes += double(value_bytes(graph.value(id)));
+  return work;
+}
+
+void Executor::run_timed(const Node& node, KernelContext& ctx) {
+  trace::Scope event("op", node.op->name);
+  const NodeWork work = node_work(graph_, node);
+  if (event.active()) {
+    event.set_work(work.flops, work.bytes);
+    event.set_detail(node.name);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  run_node(node, ctx);
+  if (!op_table_) return;
+  OpTotals& totals = op_totals_[node.op->name];
+  totals.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  totals.calls += 1;
+  totals.flops += work.flops;
+  totals.bytes += work.bytes;
+}
+
+namespace {
+
+const char* action_name(StepAction::Kind kind) {
+  switch (kind) {
+    case StepAction::Kind::gather:
+      return "start all-gather";
+    case StepAction::Kind::use_params:
+      return "wait all-gather";
+    case StepAction::Kind::grads_into:
+      return "zero gradient buffer";
+    case StepAction::Kind::reduce:
+      return "start reduce-scatter";
+    case StepAction::Kind::wait:
+      return "wait reduce-scatter";
+  }
+  return "?";
+}
+
+}  // namespace
 
 void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, float loss_scale,
                    StepCommunication* communication) {
@@ -137,38 +182,31 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
     }
   }
   const bool acts = !plan.actions.empty();
+  const bool timed = op_table_ || trace::recording();
   auto act = [&](size_t position) {
-    if (!profile_) return run_actions(plan, position, ctx, communication);
-    auto start = std::chrono::steady_clock::now();
-    run_actions(plan, position, ctx, communication);
-    op_seconds_["(communication)"] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!timed || plan.actions[position].empty()) return run_actions(plan, position, ctx, communication);
+    const auto start = std::chrono::steady_clock::now();
+    for (const StepAction& action : plan.actions[position]) {
+      trace::Scope event(action.kind == StepAction::Kind::grads_into ? "other" : "communication",
+                         action_name(action.kind));
+      if (event.active()) event.set_detail(graph_.units()[size_t(action.unit)].name);
+      run_actions(plan, position, ctx, communication, &action);
+    }
+    if (op_table_) {
+      OpTotals& totals = op_totals_["(communication)"];
+      totals.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      totals.calls += 1;
+    }
   };
   for (size_t position = 0; position < plan.nodes.size(); ++position) {
     if (acts) act(position);
     const Node& node = graph_.nodes()[plan.nodes[position]];
-    if (!profile_) {
+    if (timed)
+      run_timed(node, ctx);
+    else
       run_node(node, ctx);
-      continue;
-    }
-    auto start = std::chrono::steady_clock::now();
-    run_node(node, ctx);
-    op_seconds_[node.op->name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   if (acts) act(plan.nodes.size());
-}
-
-Executor::~Executor() {
-  if (!profile_ || op_seconds_.empty()) return;
-  std::vector<std::pair<double, std::string>> rows;
-  double total = 0;
-  for (const auto& [name, seconds] : op_seconds_) {
-    rows.emplace_back(seconds, name);
-    total += seconds;
-  }
-  std::sort(rows.rbegin(), rows.rend());
-  std::fprintf(stderr, "\nop time (ENGINE_PROFILE=1), %.3f s in all:\n", total);
-  for (const auto& [seconds, name] : rows)
-    std::fprintf(stderr, "  %-28s %9.3f s %5.1f%%\n", name.c_str(), seconds, 100 * seconds / total);
 }
 
 }  // namespace engine

@@ -11,8 +11,9 @@
 // f32 copies: the executor widens them into a scratch buffer, runs the kernel, and rounds its
 // outputs back. The scratch is sized from the plans, so it too is known before the first step.
 //
-// ENGINE_PROFILE=1 times every kernel and prints a table per op when the executor is destroyed;
-// "(communication)" is the time the step spent starting and waiting for its collectives.
+// With the op table on (telemetry.op_table) every kernel is timed and summed per op, FLOPs and
+// bytes with it; "(communication)" is the time the step spent starting and waiting for its
+// collectives. While a trace records (telemetry/trace.h) each node and action is an event.
 #pragma once
 
 #include <map>
@@ -35,10 +36,23 @@ class StepCommunication {
   virtual void run(const StepAction& action, std::byte* buffer) = 0;
 };
 
+// One op's time over the timed steps, and the work its nodes did.
+struct OpTotals {
+  int64_t calls = 0;
+  double seconds = 0;
+  double flops = 0;  // as OpDef::flops counts them
+  double bytes = 0;  // bytes of the values each node reads and writes, once each
+};
+
+// FLOPs and bytes of one execution of `node` (bytes: its inputs and outputs, each once).
+struct NodeWork {
+  double flops = 0, bytes = 0;
+};
+NodeWork node_work(const Graph& graph, const Node& node);
+
 class Executor {
  public:
   Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed);
-  ~Executor();  // with ENGINE_PROFILE=1 in the environment, prints the time spent in each op
 
   // Plans share one arena, sized for the largest.
   void add_plan(const std::string& name, Plan plan);
@@ -48,8 +62,13 @@ class Executor {
   // `communication` runs the plan's actions; it may be null for a plan without any.
   void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f,
            StepCommunication* communication = nullptr);
-  std::byte* arena_buffer(const std::string& plan, ValueId id) { return arena_.data() + plans_.at(plan).offsets[size_t(id)]; }
+  std::byte* arena_buffer(const std::string& plan, ValueId id) {
+    return arena_.data() + plans_.at(plan).offsets[size_t(id)];
+  }
   int64_t scratch_bytes() const { return scratch_.bytes(); }
+  // Time every op from now on (telemetry.op_table), into op_totals().
+  void set_op_table(bool on) { op_table_ = on; }
+  const std::map<std::string, OpTotals>& op_totals() const { return op_totals_; }
 
  private:
   const Graph& graph_;
@@ -66,11 +85,14 @@ class Executor {
   };
   std::vector<Converted> converted_;  // run_converted's list of the node being run
   void run_converted(const Node& node, KernelContext& ctx);
-  void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication);
+  // Every action at `position`, or only `only` (one of them).
+  void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,
+                   const StepAction* only = nullptr);
   void run_node(const Node& node, KernelContext& ctx);
   std::vector<std::vector<int>> unit_params_;  // per wrap unit, its parameters' indices
-  bool profile_ = false;
-  std::map<std::string, double> op_seconds_;
+  bool op_table_ = false;
+  std::map<std::string, OpTotals> op_totals_;
+  void run_timed(const Node& node, KernelContext& ctx);
 };
 
 }  // namespace engine

@@ -191,9 +191,15 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
+    if (!node.backward && is_matmul(*node.op)) c.model_flops_per_micro_batch += 3 * node.op->flops(g, node);
   }
   plan_offload(r, g, layout, c);
   return c;
+}
+
+bool is_matmul(const OpDef& op) {
+  const std::string_view name = op.name;
+  return name == "linear" || name == "matmul" || name == "causal_attention";
 }
 
 void check_memory_available(const MemoryPlan& memory, int local_ranks) {
@@ -312,10 +318,13 @@ double Session::mean_loss(const std::string& plan) {
 }
 
 double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale) {
-  if (store.sharding().stage < 2) store.zero_micro_grads();
-  load_batch(batch);
-  zero.begin_micro_batch(micro);
-  zero.begin_pass(train_gathers_);
+  {
+    trace::Scope event("data", "load batch");
+    if (store.sharding().stage < 2) store.zero_micro_grads();
+    load_batch(batch);
+    zero.begin_micro_batch(micro);
+    zero.begin_pass(train_gathers_);
+  }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
   return mean_loss("train");
@@ -323,8 +332,12 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
   if (offloaded) offloaded->check_present();  // a deleted swap file stops the run before its reads go wrong
-  zero.finish_gradients();
+  {
+    trace::Scope event("communication", "finish gradient reductions");
+    zero.finish_gradients();
+  }
   if (hooks.after_backward) hooks.after_backward();
+  trace::Scope event("optimizer", "optimizer step");  // norm, clipping, update, parameter copies
   StepResult result;
   result.loss = loss;
   result.loss_scale = scale;
@@ -376,6 +389,8 @@ void Session::fall_back_to_bf16() {
 double Session::evaluate(int64_t batches) {
   // Rank r evaluates batches r, r + world, ...; every rank runs as many (stage 3 gathers in each),
   // and the losses are summed in batch order, as one rank would.
+  trace::Scope event("other", "evaluation");
+  trace::Suspend one_event;  // its ops are not the step's
   const int64_t rounds = (batches + world - 1) / world;
   std::vector<double> mine;
   Batch batch(micro_batch, model.sequence, data->features());

@@ -31,6 +31,7 @@
 #include "recipe/load.h"
 #include "runtime/executor.h"
 #include "runtime/parameters.h"
+#include "telemetry/trace.h"
 
 namespace engine {
 
@@ -73,12 +74,19 @@ struct CompiledStep {
   Plan train, eval;
   MemoryPlan memory;
   double flops_per_micro_batch = 0;  // forward + backward (+ recompute), counted from the graph's nodes
+  // Model FLOPs (the numerator of MFU, as PaLM and Megatron count them): 3x the forward matmuls
+  // (linear layers and the causal half of attention's two products), whatever the step recomputes
+  // or how its kernels are built. flops_per_micro_batch is what the hardware executes.
+  double model_flops_per_micro_batch = 0;
   RecomputeReport recompute;
   ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
   TrafficPlan traffic;
   OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
 };
 CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1);
+
+// The ops whose FLOPs model FLOPs count: matrix products.
+bool is_matmul(const OpDef& op);
 
 // The type the step computes in: f32, or the 16-bit type of precision.mode.
 DType compute_dtype(const recipe::Recipe& recipe);
@@ -121,7 +129,12 @@ class Session {
     std::vector<double> losses;
     for (int64_t micro = 0; micro < accumulation; ++micro)
       losses.push_back(train_micro_batch(next_batch(), step, micro, scale));
-    return finish_step(zero.mean_loss(losses), scale, hooks);
+    double loss;
+    {
+      trace::Scope event("communication", "mean loss");
+      loss = zero.mean_loss(losses);
+    }
+    return finish_step(loss, scale, hooks);
   }
   // Mean loss over `batches` validation batches (forward only), split across the ranks.
   double evaluate(int64_t batches);

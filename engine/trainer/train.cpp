@@ -25,9 +25,11 @@
 #include "core/version.h"
 #include "data/loader.h"
 #include "recipe/export.h"
+#include "telemetry/trace.h"
 #include "trainer/offload_report.h"
 #include "trainer/plugin_driver.h"
 #include "trainer/run_state.h"
+#include "trainer/run_telemetry.h"
 #include "trainer/session.h"
 #include "trainer/stop_signals.h"
 #include "trainer/telemetry.h"
@@ -155,6 +157,10 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   CompiledStep compiled = compile_step(r, comm.size());
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;
+  const auto accumulation_steps = double(compiled.sharding.accumulation);  // micro-batches per step on a rank
+  const double model_flops = compiled.model_flops_per_micro_batch * accumulation_steps,
+               hardware_flops = compiled.flops_per_micro_batch * accumulation_steps,
+               recompute_flops = compiled.recompute.extra_flops * accumulation_steps;
   Session session(r, std::move(compiled), &comm);
   if ((!options.first_gradients.empty() || !options.gradients_at.empty()) && !session.store.masters_whole())
     throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
@@ -203,6 +209,15 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   ProgressLine progress(out, lead && isatty(STDOUT_FILENO) && &console == &std::cout, r.train.steps);
   progress_line = &progress;
   plugins.set_metrics(&metrics);
+  RunTelemetry telemetry({.session = session,
+                          .lead = lead,
+                          .run_dir = summary.run_dir,
+                          .recipe_yaml = recipe_yaml,
+                          .model_flops_per_step = model_flops,
+                          .hardware_flops_per_step = hardware_flops,
+                          .recompute_flops_per_step = recompute_flops,
+                          .tokens_per_step = rows_per_step},
+                         out);
   // Rank r reads global micro-batches r, r + W, ...: after a resume, from where the checkpoint stopped.
   const int64_t consumed = resume_dir ? resume.state.at("micro_batches").get<int64_t>() : 0;
   BatchLoader loader(*session.data, session.micro_batch, session.model.sequence, r.data.prefetch,
@@ -217,6 +232,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   };
   auto settle_checkpoint = [&](bool wait) {
     if (!checkpoints.in_flight()) return;
+    trace::Scope event("checkpoint", wait ? "checkpoint wait and commit" : "checkpoint commit");
     if (auto done = checkpoints.settle(wait)) {
       summary.last_checkpoint = done->path;
       progress.note("step " + std::to_string(done->step) + ": checkpoint " + done->path.string() + " (" +
@@ -267,13 +283,26 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   SwapWindow swap_window(session.offloaded.get(), first_step);
   plugins.train_start();
   for (int64_t step = first_step; step < r.train.steps; ++step) {
-    plugins.step_start(step);
+    telemetry.begin_step(step);
     Session::StepHooks hooks;
-    hooks.before_update = plugins.update_hook(step, session);
-    hooks.after_backward = gradient_dump_hook(step, options, session, r.model.arch);
+    {
+      trace::Scope event("other", "step start (plugins)");
+      plugins.step_start(step);
+      hooks.before_update = plugins.update_hook(step, session);
+      hooks.after_backward = gradient_dump_hook(step, options, session, r.model.arch);
+    }
     const int64_t sent_before = comm.bytes_sent();
-    const Session::StepResult result = session.train_step(
-        step, [&] { return loader.next(); }, hooks);
+    auto next_batch = [&] {
+      trace::Scope event("data", "data wait");
+      const auto wait_start = std::chrono::steady_clock::now();
+      auto batch = loader.next();
+      telemetry.add_data_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count());
+      return batch;
+    };
+    const Session::StepResult result = session.train_step(step, next_batch, hooks);
+    // The rest of the step in flat phases (a trace's events on one lane never nest).
+    std::optional<trace::Scope> phase;
+    phase.emplace("other", "step end (metrics, plugins, decisions)");
     bytes_sent_training += comm.bytes_sent() - sent_before;
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;
     if (result.overflow) {
@@ -318,14 +347,21 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       auto now = std::chrono::steady_clock::now();
       double window = std::chrono::duration<double>(now - window_start).count();
       double rate = window > 0 ? double(window_rows) / window : 0;
+      const int64_t window_rows_logged = window_rows;
       window_start = now;
       window_rows = 0;
       nlohmann::json line{{"step", step + 1},          {"loss", loss},          {"lr", lr}, {"grad_norm", grad_norm},
                           {"tokens_per_second", rate}, {"elapsed_s", elapsed()}};
       if (session.offloaded) swap_window.log(*session.offloaded, step + 1, line);
-      if (session.scaler.enabled()) line["loss_scale"] = result.loss_scale;
+      if (session.scaler.enabled()) {
+        line["loss_scale"] = result.loss_scale;
+        line["skipped_steps"] = summary.skipped_steps;
+      }
+      const std::string warning = telemetry.add_to_log_line(line, window, window_rows_logged / rows_per_step);
+      if (!warning.empty()) progress.note(warning);
       metrics << line.dump() << "\n";
       metrics.flush();
+      telemetry.log(line, step + 1, result.loss_scale, true);
       progress.update(step + 1, loss, lr, rate, elapsed(), resident_bytes());
     }
     // A run cut by a signal or --stop-after evaluates as the uninterrupted run would (evaluations
@@ -333,17 +369,23 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     const bool final_step = step + 1 == r.train.steps || decided[1] != 0;
     bool checkpoint_requested = decided[2] != 0;
     if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || final_step)) {
+      phase.reset();
       double val = session.evaluate(r.train.eval_batches);
+      phase.emplace("other", "evaluation results (plugins)");
       summary.final_val_loss = val;
       metrics << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
       metrics.flush();
+      telemetry.log({{"val_loss", val}}, step + 1, 1, false);
       progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
       plugins.eval(step, val);
       // A checkpoint asked for in on_eval is this step's too (every rank evaluates at this step).
       if (agree({0, 0, plugins.take_checkpoint_request() ? 1.0 : 0.0, 0, 0})[2] != 0) checkpoint_requested = true;
     }
+    phase.reset();
+    phase.emplace("other", "end of step (plugins, checkpoint commit)");
     plugins.end_of_step(step);
     settle_checkpoint(false);  // commits a background write that every rank has finished
+    phase.reset();
     const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
                      checkpoint_requested || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) ||
                      sliced;
@@ -365,12 +407,14 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       write_checkpoint(step + 1);
       if (!r.checkpoint.async || last) settle_checkpoint(true);
     }
+    telemetry.end_step(step);
     if (stopping) {
       summary.interrupted = !sliced || preempted;
       break;
     }
   }
   while (checkpoints.in_flight()) settle_checkpoint(true);
+  telemetry.finish(out);
   plugins.train_end(summary.steps, summary.final_loss, summary.final_val_loss, summary.interrupted);
   progress.finish();
   progress_line = nullptr;
@@ -399,7 +443,12 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                               {"planned_checkpoint_snapshot_bytes", memory.checkpoint_snapshot},
                               {"baseline_rss_bytes", baseline_rss},
                               {"peak_rss_bytes", peak_rss},
-                              {"peak_virtual_bytes", peak_virtual_bytes()}};
+                              {"peak_virtual_bytes", peak_virtual_bytes()},
+                              {"model_flops_per_step", model_flops},
+                              {"hardware_flops_per_step", hardware_flops},
+                              {"recompute_flops_per_step", recompute_flops},
+                              {"peak_flops_per_rank", telemetry.peak().flops_per_second},
+                              {"peak_flops_source", telemetry.peak().source}};
   if (summary.preempted) {
     // Within the budget, the checkpoint is what matters; the weights can be exported from it.
     if (lead) {

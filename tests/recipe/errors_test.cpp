@@ -32,9 +32,9 @@ TEST(RecipeErrors, UnknownSectionSuggestsTheClosestSection) {
   expect_single(errors, "r.yaml:13:1", "optimiser", "did you mean 'optimizer'?");
 }
 
-TEST(RecipeErrors, ReservedSectionSaysTheFeatureIsNotSupportedYet) {
-  auto errors = recipe(std::string(kValidRecipe) + "logging:\n  level: info\n").errors();
-  expect_single(errors, "r.yaml:13:1", "logging", "does not support yet");
+TEST(RecipeErrors, MisspeltTelemetryKeySuggestsTheKey) {
+  auto errors = recipe(std::string(kValidRecipe) + "telemetry:\n  trace_step: 2\n").errors();
+  expect_single(errors, "r.yaml:14:3", "telemetry.trace_step", "did you mean 'telemetry.trace_steps'?");
 }
 
 TEST(RecipeErrors, WrongTypeNamesExpectedAndFound) {

@@ -15,9 +15,7 @@ void declare_all_sections(Schema& schema) {
   declare_distributed(schema);
   declare_checkpoint(schema);
   declare_offload(schema);
-
-  // Planned sections: refused with a clear message until their feature is built.
-  schema.reserve("logging", "logging and telemetry settings");
+  declare_telemetry(schema);
 }
 
 const Schema& Schema::engine() {

@@ -18,6 +18,7 @@ void declare_activation_checkpointing(Schema& schema);
 void declare_distributed(Schema& schema);
 void declare_checkpoint(Schema& schema);
 void declare_offload(Schema& schema);
+void declare_telemetry(Schema& schema);
 
 void declare_all_sections(Schema& schema);
 

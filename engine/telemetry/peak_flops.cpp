@@ -1,0 +1,111 @@
+#include "telemetry/peak_flops.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "core/atomic_file.h"
+#include "core/convert.h"
+#include "linalg/gemm.h"
+#include "linalg/gemm16.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown CPU";
+}
+
+bool native_16bit(DType compute) { return compute != DType::f32 && ops::matmul_16bit_available(compute); }
+
+std::string kernel_name(DType compute) {
+  return native_16bit(compute) ? ops::matmul_16bit_kernel(compute) : std::string("oneDNN sgemm");
+}
+
+}  // namespace
+
+std::optional<fs::path> peak_cache_file() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "engine/peak_flops.json";
+  if (const char* home = std::getenv("HOME"); home && *home) return fs::path(home) / ".cache/engine/peak_flops.json";
+  return std::nullopt;
+}
+
+double measure_gemm_flops(DType compute, int64_t n, int runs) {
+  const bool native = native_16bit(compute);
+  const size_t elements = size_t(n * n);
+  std::vector<float> a(elements), b(elements), c(elements);
+  for (size_t i = 0; i < elements; ++i) {
+    a[i] = float(i % 13) * 0.01f;
+    b[i] = float(i % 7) * 0.02f;
+  }
+  std::vector<uint16_t> a16, b16;
+  if (native) {
+    a16.resize(elements);
+    b16.resize(elements);
+    narrow(a.data(), a16.data(), compute, int64_t(elements));
+    narrow(b.data(), b16.data(), compute, int64_t(elements));
+  }
+  auto product = [&] {
+    if (native)
+      ops::gemm16({.m = n, .n = n, .k = n, .lda = n, .ldb = n, .ldc = n, .operands = compute, .result = DType::f32},
+                  a16.data(), b16.data(), nullptr, c.data());
+    else
+      ops::sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  };
+  product();  // primitive creation and first touch
+  double best = 1e300, spent = 0;
+  for (int run = 0; run < runs || (spent < 0.2 && run < 50); ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    product();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::min(best, seconds);
+    spent += seconds;
+  }
+  return 2.0 * double(n) * double(n) * double(n) / best;
+}
+
+PeakFlops peak_flops(DType compute, int threads) {
+  const std::string kernel = kernel_name(compute);
+  const std::string key =
+      cpu_model() + " | " + std::to_string(threads) + " threads | " + std::string(dtype_name(compute)) + " | " + kernel;
+  const std::optional<fs::path> file = peak_cache_file();
+  nlohmann::json cache = nlohmann::json::object();
+  if (file) {
+    std::ifstream in(*file);
+    if (in) {
+      std::stringstream text;
+      text << in.rdbuf();
+      cache = nlohmann::json::parse(text.str(), nullptr, false);
+      if (!cache.is_object()) cache = nlohmann::json::object();  // unreadable: probe and rewrite it
+    }
+    if (auto it = cache.find(key); it != cache.end() && it->is_number() && it->get<double>() > 0)
+      return {it->get<double>(), "cached in " + file->string(), kernel};
+  }
+  PeakFlops peak{measure_gemm_flops(compute), "measured", kernel};
+  if (file) {
+    cache[key] = peak.flops_per_second;
+    std::error_code error;
+    fs::create_directories(file->parent_path(), error);
+    try {
+      write_file_atomically(*file, [&](std::ostream& out) { out << cache.dump(2) << "\n"; });
+    } catch (const std::exception&) {
+      // A read-only home is no reason to stop a run: the next one probes again.
+    }
+  }
+  return peak;
+}
+
+}  // namespace engine

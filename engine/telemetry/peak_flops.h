@@ -1,0 +1,34 @@
+// Peak FLOP/s: the denominator of MFU. A rank's peak in its compute type is measured once per
+// machine by a short GEMM probe (a 1024^3 product through the same oneDNN kernels the linears use,
+// on the rank's threads, best of several runs) and cached, so later runs start without probing.
+//
+//   PeakFlops peak = peak_flops(DType::bf16, threads);   // measured, or read from the cache
+//   mfu = model_flops_per_second / peak.flops_per_second;
+//
+// The cache is one JSON object in $XDG_CACHE_HOME/engine/peak_flops.json (else ~/.cache/...),
+// keyed by CPU model, thread count, type and kernel: a different machine or setting probes anew.
+// A probe measures what the GEMM reaches, not the datasheet figure: MFU against it says how much
+// of the achievable matmul rate the whole step keeps.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace engine {
+
+struct PeakFlops {
+  double flops_per_second = 0;
+  std::string source;  // "measured", "cached in <file>", "recipe"
+  std::string kernel;  // what computed the probe ("oneDNN sgemm", "brg:avx512_core_bf16", ...)
+};
+
+PeakFlops peak_flops(DType compute, int threads);
+// The probe alone: FLOP/s of the best of at least `runs` n^3 products.
+double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
+// Where the cache lives (nullopt when neither XDG_CACHE_HOME nor HOME is set).
+std::optional<std::filesystem::path> peak_cache_file();
+
+}  // namespace engine
