@@ -63,7 +63,7 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
     peak_ = peak_flops(compute_dtype(session.recipe), omp_get_max_threads());
   out << "MFU against " << format_fixed(peak_.flops_per_second / 1e9, 1) << " GFLOP/s per rank (" << peak_.source
       << (peak_.kernel.empty() ? "" : ", " + peak_.kernel) << "); model FLOPs per step "
-      << format_fixed(setup_.model_flops_per_step / 1e9, 3) << " G per rank";
+      << format_fixed(setup_.model_flops_per_step / 1e9, 3) << " G";
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
@@ -108,8 +108,9 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
   line["step_time_s"] = step_time;
   line["model_flops_per_step"] = setup_.model_flops_per_step;
   if (peak_.flops_per_second > 0) {
-    line["mfu"] = setup_.model_flops_per_step / step_time / peak_.flops_per_second;
-    line["hfu"] = setup_.hardware_flops_per_step / step_time / peak_.flops_per_second;
+    const double peak = peak_.flops_per_second * double(setup_.session.world);
+    line["mfu"] = setup_.model_flops_per_step / step_time / peak;
+    line["hfu"] = setup_.hardware_flops_per_step / step_time / peak;
   }
   const double wait = data_wait_window_ / double(window_steps);
   line["data_wait_s"] = wait;

@@ -157,7 +157,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   CompiledStep compiled = compile_step(r, comm.size());
   check_memory_available(compiled.memory, comm.local_size());
   const TrafficPlan traffic = compiled.traffic;
-  const auto accumulation_steps = double(compiled.sharding.accumulation);  // micro-batches per step on a rank
+  // Per optimizer step, over all ranks (the same at every world size for the same global batch).
+  const double accumulation_steps = double(compiled.sharding.accumulation) * double(comm.size());
   const double model_flops = compiled.model_flops_per_micro_batch * accumulation_steps,
                hardware_flops = compiled.flops_per_micro_batch * accumulation_steps,
                recompute_flops = compiled.recompute.extra_flops * accumulation_steps;
@@ -248,12 +249,14 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   };
   auto write_checkpoint = [&](int64_t steps_done) {
     while (checkpoints.in_flight()) settle_checkpoint(true);  // its on_checkpoint runs before this state is taken
+    std::optional<trace::Scope> manifest_event(std::in_place, "checkpoint", "checkpoint manifest");
     const std::vector<StateKind> kinds = state_kinds(session.store, *session.optimizer);
     Manifest m;
     if (lead)
       m = checkpoint_manifest(steps_done, session, plugins, recipe_yaml, summary, elapsed(), kinds);
     else
       m.step = steps_done;
+    manifest_event.reset();
     if (session.offload.optimizer == OffloadTier::nvme)  // streamed from the swap file, never staged
       checkpoints.start_streamed(std::move(m),
                                  [&](const Checkpointer::Sink& sink) { stream_rank(session.store, kinds, sink); });
@@ -382,10 +385,10 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       if (agree({0, 0, plugins.take_checkpoint_request() ? 1.0 : 0.0, 0, 0})[2] != 0) checkpoint_requested = true;
     }
     phase.reset();
-    phase.emplace("other", "end of step (plugins, checkpoint commit)");
+    phase.emplace("other", "end of step (plugins)");
     plugins.end_of_step(step);
-    settle_checkpoint(false);  // commits a background write that every rank has finished
     phase.reset();
+    settle_checkpoint(false);  // commits a background write that every rank has finished
     const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
                      checkpoint_requested || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) ||
                      sliced;

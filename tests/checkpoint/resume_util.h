@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "recipe/load.h"
+#include "telemetry/measurements.h"
 #include "trainer/train.h"
 
 namespace engine::testing {
@@ -110,9 +111,7 @@ inline Trajectory trajectory(const std::filesystem::path& run_dir) {
   for (std::string line; std::getline(metrics, line);) {
     nlohmann::json j = nlohmann::json::parse(line);
     if (j.contains("event")) continue;  // where checkpoints went differs between the runs by design
-    j.erase("tokens_per_second");
-    j.erase("elapsed_s");
-    t.lines.push_back(j);
+    t.lines.push_back(without_measurements(j));
   }
   t.weights = read_bytes(run_dir / "model.safetensors");
   return t;

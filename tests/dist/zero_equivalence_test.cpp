@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../temp_dir.h"
+#include "telemetry/measurements.h"
 
 namespace {
 
@@ -38,12 +39,13 @@ struct Case {
 std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.name; }
 
 Trajectory train(const Case& c, int world, int stage, int accumulation, const std::string& dir) {
-  const std::string launcher =
-      world == 1 ? std::string()
-                 : std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " +
-                       MPIEXEC_NUMPROC_FLAG + " " + std::to_string(world) + " ";
+  const std::string launcher = world == 1
+                                   ? std::string()
+                                   : std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " +
+                                         MPIEXEC_NUMPROC_FLAG + " " + std::to_string(world) + " ";
   const std::string command = "OMP_NUM_THREADS=1 " + launcher + "'" ENGINE_BINARY "' train " SOURCE_DIR "/" +
-                              c.recipe_and_overrides + " train.steps=4 train.log_every=1 run.name=run run.output_dir=" + dir +
+                              c.recipe_and_overrides +
+                              " train.steps=4 train.log_every=1 run.name=run run.output_dir=" + dir +
                               " train.gradient_accumulation_steps=" + std::to_string(accumulation) +
                               " distributed.zero_stage=" + std::to_string(stage) + " 2>&1";
   Trajectory t;
@@ -55,7 +57,7 @@ Trajectory train(const Case& c, int world, int stage, int accumulation, const st
   std::ifstream metrics(dir + "/run/metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     nlohmann::json j = nlohmann::json::parse(line);
-    for (const char* timing : {"tokens_per_second", "elapsed_s"}) j.erase(timing);
+    j = engine::without_measurements(j);
     t.steps.push_back(j.dump());
   }
   t.weights = read_file(dir + "/run/model.safetensors");
@@ -100,19 +102,20 @@ const char* kLlamaFp16 = "precision.mode=fp16 precision.initial_scale_power=21";
 
 INSTANTIATE_TEST_SUITE_P(
     Models, ZeroEquivalence,
-    ::testing::Values(Case{"gpt_fp32", kGpt}, Case{"gpt_bf16", std::string(kGpt) + " precision.mode=bf16"},
-                      Case{"gpt_fp16", std::string(kGpt) + " " + kGptFp16}, Case{"llama_fp32", kLlama},
-                      Case{"llama_bf16", std::string(kLlama) + " precision.mode=bf16"},
-                      Case{"llama_fp16", std::string(kLlama) + " " + kLlamaFp16},
-                      // fp16 overflowing down to the minimum scale, then bf16 for the last step: the
-                      // ranks' slices of the re-rounded parameters must be gathered again.
-                      Case{"gpt_fp16_fallback", std::string(kGpt) + " precision.mode=fp16 precision.initial_scale_power=24 "
-                                                "precision.min_scale=8388608 precision.on_min_scale=fallback"},
-                      // One reduction in flight: buffers are waited for, and reused, mid-backward.
-                      Case{"gpt_one_bucket", std::string(kGpt) + " distributed.bucket_size=1"},
-                      // Units merged by size and into one: stage 3 gathers them, tied weights and all.
-                      Case{"gpt_wrap_size", std::string(kGpt) + " distributed.wrap_policy=size distributed.wrap_size=20000"},
-                      Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"}),
+    ::testing::Values(
+        Case{"gpt_fp32", kGpt}, Case{"gpt_bf16", std::string(kGpt) + " precision.mode=bf16"},
+        Case{"gpt_fp16", std::string(kGpt) + " " + kGptFp16}, Case{"llama_fp32", kLlama},
+        Case{"llama_bf16", std::string(kLlama) + " precision.mode=bf16"},
+        Case{"llama_fp16", std::string(kLlama) + " " + kLlamaFp16},
+        // fp16 overflowing down to the minimum scale, then bf16 for the last step: the
+        // ranks' slices of the re-rounded parameters must be gathered again.
+        Case{"gpt_fp16_fallback", std::string(kGpt) + " precision.mode=fp16 precision.initial_scale_power=24 "
+                                                      "precision.min_scale=8388608 precision.on_min_scale=fallback"},
+        // One reduction in flight: buffers are waited for, and reused, mid-backward.
+        Case{"gpt_one_bucket", std::string(kGpt) + " distributed.bucket_size=1"},
+        // Units merged by size and into one: stage 3 gathers them, tied weights and all.
+        Case{"gpt_wrap_size", std::string(kGpt) + " distributed.wrap_policy=size distributed.wrap_size=20000"},
+        Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

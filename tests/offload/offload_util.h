@@ -63,7 +63,7 @@ inline std::vector<std::string> offload_overrides(const OffloadCase& c, const st
 inline Trajectory offload_trajectory(const std::filesystem::path& run_dir) {
   Trajectory t = trajectory(run_dir);
   for (nlohmann::json& j : t.lines)
-    for (const char* key : {"swap_read_per_step", "swap_written_per_step", "swap_wait_s_per_step"}) j.erase(key);
+    for (const char* key : {"swap_read_per_step", "swap_written_per_step"}) j.erase(key);
   return t;
 }
 

@@ -20,39 +20,16 @@
 #include <vector>
 
 #include "core/error.h"
+#include "read_events.h"
 #include "temp_dir.h"
 
 namespace {
 
 using engine::TensorBoardWriter;
+using engine::testing::read_with_tensorboard;
 using engine::testing::TempDir;
 namespace tfrecord = engine::tfrecord;
 using json = nlohmann::json;
-
-// Runs tests/telemetry/read_events.py on `file` with the virtual environment's Python and parses
-// its JSON. The environment is part of the test setup (scripts/setup), so its absence fails.
-json read_with_tensorboard(const std::filesystem::path& file) {
-  const std::filesystem::path python = ENGINE_VENV_PYTHON;
-  if (!std::filesystem::exists(python)) {
-    ADD_FAILURE() << python << " is missing: run scripts/setup (it creates .venv from scripts/requirements-test.txt)";
-    return json();
-  }
-  const std::string command = python.string() + " " + READ_EVENTS_SCRIPT + " '" + file.string() + "'";
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "cannot run " << command;
-    return json();
-  }
-  std::string out;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (status != 0) {
-    ADD_FAILURE() << command << " exited with status " << status << "; stdout: " << out;
-    return json();
-  }
-  return json::parse(out);
-}
 
 std::string read_file(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);

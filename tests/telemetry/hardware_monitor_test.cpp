@@ -1,0 +1,121 @@
+// The hardware monitor: its /proc parsers on known text, a sample of a fake /proc and /sys tree
+// with exact expected values, and the real thread (samples at its interval, stops at once).
+#include "telemetry/hardware_monitor.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "telemetry/peak_flops.h"
+#include "temp_dir.h"
+
+namespace engine {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+void write(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text;
+}
+
+TEST(HardwareMonitor, ParsesProcStatPerCpu) {
+  const auto cpus = parse_proc_stat(
+      "cpu  100 0 50 800 50 0 0 0 0 0\n"
+      "cpu0 10 1 2 100 3 4 5 6 0 0\n"
+      "cpu1 0 0 0 10 0 0 0 0 0 0\n"
+      "intr 12345\n");
+  ASSERT_EQ(cpus.size(), 2u);  // the aggregate line is not a CPU
+  EXPECT_EQ(cpus.at(0).total, 10 + 1 + 2 + 100 + 3 + 4 + 5 + 6);
+  EXPECT_EQ(cpus.at(0).busy, 10 + 1 + 2 + 4 + 5 + 6);  // idle and iowait are not busy
+  EXPECT_EQ(cpus.at(1).busy, 0);
+  EXPECT_DOUBLE_EQ(busy_percent({0, 100}, {30, 200}), 30.0);
+  EXPECT_DOUBLE_EQ(busy_percent({5, 100}, {5, 100}), 0.0);
+}
+
+TEST(HardwareMonitor, ProcessTicksSurviveACommandNameWithSpacesAndParentheses) {
+  // Fields 14 and 15 (utime, stime) counted after the last ')'.
+  EXPECT_EQ(parse_process_ticks("42 (my (odd) name) R 1 2 3 4 5 6 7 8 9 10 700 300 0 0 20 0 1"), 1000);
+  EXPECT_EQ(parse_process_ticks("garbage"), -1);
+}
+
+TEST(HardwareMonitor, SamplesAFakeMachineExactly) {
+  TempDir root("monitor");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  auto stat = [&](int64_t busy, int64_t idle) {
+    std::string text = "cpu  0 0 0 0 0 0 0 0\n";
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set))
+        text +=
+            "cpu" + std::to_string(cpu) + " " + std::to_string(busy) + " 0 0 " + std::to_string(idle) + " 0 0 0 0\n";
+    write(root / "proc/stat", text);
+  };
+  stat(100, 100);
+  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 100 0 0 0");
+  write(root / "proc/self/status", "Name: engine\nVmRSS:\t  2048 kB\n");
+  write(root / "proc/meminfo", "MemTotal: 100 kB\nMemAvailable:   4096 kB\n");
+  write(root / "sys/class/thermal/thermal_zone0/temp", "45000\n");
+  write(root / "sys/class/hwmon/hwmon1/temp2_input", "51500\n");
+  write(root / "sys/class/hwmon/hwmon1/temp2_label", "Tctl\n");
+
+  HardwareMonitor monitor(3600, root.path().string());  // the thread waits; the test samples
+  HardwareSample first = monitor.latest();
+  EXPECT_EQ(first.samples, 1);
+  EXPECT_EQ(first.cpu_util, -1);  // one reading: no interval to measure yet
+  EXPECT_EQ(first.rss_bytes, 2048 * 1024);
+  EXPECT_EQ(first.mem_available_bytes, 4096 * 1024);
+  EXPECT_DOUBLE_EQ(first.temperature_c, 51.5);  // the hottest sensor
+
+  stat(100 + 75, 100 + 25);  // 75 of 100 jiffies busy on every core
+  monitor.sample();
+  HardwareSample second = monitor.latest();
+  EXPECT_EQ(second.samples, 2);
+  ASSERT_EQ(second.core_util.size(), size_t(CPU_COUNT(&set)));
+  for (double util : second.core_util) EXPECT_DOUBLE_EQ(util, 75.0);
+  EXPECT_DOUBLE_EQ(second.cpu_util, 75.0);
+  EXPECT_GE(second.process_cpu_util, 0.0);
+}
+
+TEST(HardwareMonitor, RealThreadSamplesAtItsIntervalAndStopsAtOnce) {
+  {
+    HardwareMonitor monitor(0.01);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const HardwareSample sample = monitor.latest();
+    EXPECT_GE(sample.samples, 5);
+    EXPECT_GE(sample.cpu_util, 0.0);
+    EXPECT_LE(sample.cpu_util, 100.0);
+    EXPECT_GT(sample.rss_bytes, 0);
+    EXPECT_GT(sample.mem_available_bytes, 0);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  { HardwareMonitor idle(3600); }  // must not wait out its interval
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+}
+
+TEST(PeakFlops, MeasuredOnceThenReadFromTheCacheAndReprobedWhenTheCacheIsUnreadable) {
+  TempDir cache("peak_cache");
+  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const fs::path file = cache / "engine/peak_flops.json";
+  ASSERT_EQ(peak_cache_file(), file);
+  const PeakFlops first = peak_flops(DType::f32, 1);
+  EXPECT_EQ(first.source, "measured");
+  EXPECT_GT(first.flops_per_second, 1e8);  // any CPU that runs the engine
+  ASSERT_TRUE(fs::exists(file));
+  const PeakFlops second = peak_flops(DType::f32, 1);
+  EXPECT_EQ(second.source, "cached in " + file.string());
+  EXPECT_EQ(second.flops_per_second, first.flops_per_second);
+  EXPECT_EQ(peak_flops(DType::f32, 2).source, "measured");  // another thread count is another key
+  std::ofstream(file) << "{ not json";
+  EXPECT_EQ(peak_flops(DType::f32, 1).source, "measured");
+  EXPECT_EQ(peak_flops(DType::f32, 1).source, "cached in " + file.string());
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+}  // namespace
+}  // namespace engine
