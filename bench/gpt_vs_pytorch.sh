@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Trains the same GPT (bench/gpt-bench.yaml: 6 layers, d_model 384, 6 heads, context 256, batch 8,
 # GPT-2 vocabulary) with this engine and with PyTorch on this machine, in one run, and prints
-# tokens/s of both and their ratio. Both use 2 threads; PyTorch's Debian build gets
+# tokens/s of both, their ratio and each one's MFU: the model FLOPs of a step (the engine's plan:
+# 3x the forward matmuls) at that rate over the machine's fp32 GEMM peak (the engine's probe). Both use 2 threads; PyTorch's Debian build gets
 # OPENBLAS_CORETYPE set from the CPU's flags so its BLAS does not misdetect the CPU.
 #
 #   bench/gpt_vs_pytorch.sh [STEPS]      (default 12; the first 2 steps of each are not timed)
@@ -16,11 +17,15 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 OMP_NUM_THREADS=2 "$engine" train bench/gpt-bench.yaml run.output_dir="$out" train.steps="$steps" > "$out/engine.log"
-engine_tps=$("$python" - "$out/gpt-bench/metrics.jsonl" <<'PY'
+read -r engine_tps engine_mfu model_flops peak < <("$python" - "$out/gpt-bench" <<'PY'
 import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if '"loss"' in line]
+run = sys.argv[1]
+rows = [json.loads(line) for line in open(run + "/metrics.jsonl") if '"loss"' in line]
 timed = [r for r in rows if r["step"] > 2]
-print(f'{sum(r["tokens_per_second"] for r in timed) / len(timed):.1f}')
+summary = json.load(open(run + "/summary.json"))
+print(f'{sum(r["tokens_per_second"] for r in timed) / len(timed):.1f}',
+      f'{sum(r["mfu"] for r in timed) / len(timed):.4f}',
+      summary["model_flops_per_step"], summary["peak_flops_per_rank"])
 PY
 )
 torch_tps=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} OMP_NUM_THREADS=2 "$python" bench/pytorch_gpt.py 50257 256 6 6 384 8 "$steps" 2> "$out/torch.log" |
@@ -28,8 +33,12 @@ torch_tps=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} OMP_NUM_THREADS=2 "$pyt
 torch_version=$("$python" -c 'import torch; print(torch.__version__)')
 
 printf '\nGPT 6 layers, d_model 384, 6 heads, context 256, batch 8, vocab 50257, fp32, 2 threads, %s steps\n\n' "$steps"
-printf '| %-22s | %12s |\n' "implementation" "tokens/s"
-printf '|%s|%s|\n' "------------------------" "--------------"
-printf '| %-22s | %12.0f |\n' "engine" "$engine_tps"
-printf '| %-22s | %12.0f |\n' "PyTorch $torch_version" "$torch_tps"
+# MFU = model FLOPs per token x tokens/s / peak (2048 tokens per step).
+torch_mfu=$(echo "$model_flops / 2048 * $torch_tps / $peak" | bc -l)
+printf '| %-22s | %12s | %7s |\n' "implementation" "tokens/s" "MFU"
+printf '|%s|%s|%s|\n' "------------------------" "--------------" "---------"
+printf '| %-22s | %12.0f | %6.1f%% |\n' "engine" "$engine_tps" "$(echo "100 * $engine_mfu" | bc -l)"
+printf '| %-22s | %12.0f | %6.1f%% |\n' "PyTorch $torch_version" "$torch_tps" "$(echo "100 * $torch_mfu" | bc -l)"
+printf '\nMFU: %.3g model FLOPs per step (3x the forward matmuls) over a %.1f GFLOP/s fp32 GEMM peak (2 threads, engine probe)\n' \
+  "$model_flops" "$(echo "$peak / 1e9" | bc -l)"
 printf '\nengine / PyTorch = %.2fx\n' "$(echo "$engine_tps / $torch_tps" | bc -l)"

@@ -96,14 +96,16 @@ void Checkpointer::start_streamed(Manifest manifest, const std::function<void(co
 
 void Checkpointer::start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot) {
   begin(std::move(manifest));
-  {
-    trace::Scope event("checkpoint", "checkpoint snapshot");
-    snapshot(image_);
+  if (!config_.async) {
+    {
+      trace::Scope event("checkpoint", "checkpoint snapshot");
+      snapshot(image_);
+    }
+    return write_rank_file(trace::Lane::compute);
   }
-  if (config_.async)
-    writer_ = std::thread([this] { write_rank_file(trace::Lane::checkpoint); });
-  else
-    write_rank_file(trace::Lane::compute);
+  trace::Scope event("checkpoint", "checkpoint snapshot, writer started");
+  snapshot(image_);
+  writer_ = std::thread([this] { write_rank_file(trace::Lane::checkpoint); });
 }
 
 void Checkpointer::write_rank_file(trace::Lane lane) {

@@ -59,6 +59,9 @@ class RunTelemetry {
   void finish(std::ostream& out);
 
   const PeakFlops& peak() const { return peak_; }
+  // The monitor's own cost: seconds its thread spent sampling, and its samples (0 without one).
+  double monitor_seconds() const { return monitor_ ? monitor_->seconds_sampling() : 0; }
+  int64_t monitor_samples() const { return monitor_ ? monitor_->latest().samples : 0; }
 
  private:
   TelemetrySetup setup_;

@@ -451,7 +451,9 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                               {"hardware_flops_per_step", hardware_flops},
                               {"recompute_flops_per_step", recompute_flops},
                               {"peak_flops_per_rank", telemetry.peak().flops_per_second},
-                              {"peak_flops_source", telemetry.peak().source}};
+                              {"peak_flops_source", telemetry.peak().source},
+                              {"monitor_samples", telemetry.monitor_samples()},
+                              {"monitor_seconds", telemetry.monitor_seconds()}};
   if (summary.preempted) {
     // Within the budget, the checkpoint is what matters; the weights can be exported from it.
     if (lead) {

@@ -123,8 +123,12 @@ TEST(Trace, EventsFollowTheFormatAndAccountForEveryTracedStep) {
       }
     }
     const double duration = step.at("dur");
+    if (step.at("ts").get<double>() + duration - end > largest_gap) {
+      largest_gap = step.at("ts").get<double>() + duration - end;
+      before_gap = "the step's end";
+    }
     EXPECT_GE(covered, 0.95 * duration) << step.at("name") << ": events cover " << covered << " of " << duration
-                                        << " us";
+                                        << " us; the largest gap, " << largest_gap << " us, is before " << before_gap;
     EXPECT_LE(covered, duration * 1.0001);
     if (step.at("name") == "step 3")  // step 4 also evaluates, whose ops are one event
       EXPECT_DOUBLE_EQ(flops, summary.at("hardware_flops_per_step").get<double>());
