@@ -40,5 +40,5 @@ printf '|%s|%s|%s|\n' "------------------------" "--------------" "---------"
 printf '| %-22s | %12.0f | %6.1f%% |\n' "engine" "$engine_tps" "$(echo "100 * $engine_mfu" | bc -l)"
 printf '| %-22s | %12.0f | %6.1f%% |\n' "PyTorch $torch_version" "$torch_tps" "$(echo "100 * $torch_mfu" | bc -l)"
 printf '\nMFU: %.3g model FLOPs per step (3x the forward matmuls) over a %.1f GFLOP/s fp32 GEMM peak (2 threads, engine probe)\n' \
-  "$model_flops" "$(echo "$peak / 1e9" | bc -l)"
+  "$model_flops" "$(echo "$peak / 1000000000" | bc -l)"
 printf '\nengine / PyTorch = %.2fx\n' "$(echo "$engine_tps / $torch_tps" | bc -l)"

@@ -111,6 +111,14 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
     const double peak = peak_.flops_per_second * double(setup_.session.world);
     line["mfu"] = setup_.model_flops_per_step / step_time / peak;
     line["hfu"] = setup_.hardware_flops_per_step / step_time / peak;
+    if (line["hfu"].get<double>() > 1 && !warned_peak_) {
+      warned_peak_ = true;
+      const auto cache = peak_cache_file();
+      return "warning: hardware FLOP utilisation " + format_fixed(100 * line["hfu"].get<double>(), 0) +
+             "% exceeds the peak (" + peak_.source + "): a probe taken while the machine was busy reads low; " +
+             (cache ? "delete " + cache->string() + " to probe again, or " : std::string()) +
+             "set telemetry.peak_flops";
+    }
   }
   const double wait = data_wait_window_ / double(window_steps);
   line["data_wait_s"] = wait;

@@ -70,7 +70,7 @@ class RunTelemetry {
   std::unique_ptr<HardwareMonitor> monitor_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   double data_wait_window_ = 0;
-  bool warned_data_wait_ = false;
+  bool warned_data_wait_ = false, warned_peak_ = false;
   int64_t step_start_ns_ = 0;
   int64_t trace_origin_ns_ = -1;
 };
