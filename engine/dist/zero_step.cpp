@@ -192,15 +192,7 @@ std::vector<double> ZeroStep::unit_parameter_norms() {
   const ShardLayout& layout = store_.layout();
   for (size_t u = 0; u < layout.units(); ++u)
     if (!store_.master(u)) return {};
-  std::vector<double> partials;
-  for (size_t u = 0; u < layout.units(); ++u) {
-    const float* w = store_.master(u) + (layout.begin(u) - store_.range_begin(u));
-    for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) {
-      double sum = 0;
-      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(w[k]) * w[k];
-      partials.push_back(sum);
-    }
-  }
+  std::vector<double> partials = master_norm_partials(store_);
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the parameter norms' partial sums"), partials.size());
   return unit_norms(layout, partials);

@@ -143,20 +143,33 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
   return s.min_lr + (peak - s.min_lr) * factor;
 }
 
-std::vector<double> gradient_norm_partials(const ParameterStore& store) {
+namespace {
+
+// Per unit, this rank's shard of an optimizer-range buffer (wherever the range starts), in blocks.
+template <class Buffer>
+std::vector<double> shard_norm_partials(const ParameterStore& store, Buffer&& buffer) {
   const ShardLayout& layout = store.layout();
   std::vector<double> partials;
   partials.reserve(size_t(layout.total_shard() / kShardBlock));
   for (size_t u = 0; u < layout.units(); ++u) {
-    // This rank's shard of the unit, wherever the optimizer range starts.
-    const float* g = store.opt_grad(u) + (layout.begin(u) - store.range_begin(u));
+    const float* x = buffer(u) + (layout.begin(u) - store.range_begin(u));
     for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) {
       double sum = 0;
-      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(g[k]) * g[k];
+      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(x[k]) * x[k];
       partials.push_back(sum);
     }
   }
   return partials;
+}
+
+}  // namespace
+
+std::vector<double> gradient_norm_partials(const ParameterStore& store) {
+  return shard_norm_partials(store, [&](size_t u) { return store.opt_grad(u); });
+}
+
+std::vector<double> master_norm_partials(const ParameterStore& store) {
+  return shard_norm_partials(store, [&](size_t u) { return store.master(u); });
 }
 
 double sum_norm_partials(const std::vector<double>& partials) {

@@ -76,6 +76,8 @@ void scale_gradients(ParameterStore& store, double factor);  // every gradient *
 // this rank's shard (shard_layout.h), in unit and block order; the ranks' partials, gathered in
 // rank order, make the same list at every world size, and sum_norm_partials adds it in that order.
 std::vector<double> gradient_norm_partials(const ParameterStore& store);
+// The same partial sums over the fp32 masters (each non-null: not offloaded).
+std::vector<double> master_norm_partials(const ParameterStore& store);
 double sum_norm_partials(const std::vector<double>& partials);
 
 }  // namespace engine
