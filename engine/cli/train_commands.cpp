@@ -1,5 +1,10 @@
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "cli/commands.h"
@@ -9,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 #include "graph/precision.h"
+#include "telemetry/roofline.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
 #include "trainer/train.h"
@@ -109,6 +115,48 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
 
 }  // namespace
 
+namespace {
+
+// Per op, what one optimizer step asks of the machine and the least time that takes at its roofs:
+// where the step's time must go even with perfect kernels (the op table shows where it does go).
+void print_roofline(const CompiledStep& session, const Recipe& r) {
+  const Graph& g = session.model.graph;
+  const MachineLimits limits = machine_limits(compute_dtype(r), omp_get_max_threads());
+  struct Row {
+    double flops = 0, bytes = 0;
+  };
+  std::map<std::string, Row> rows;
+  for (size_t index : session.train.nodes) {
+    const NodeWork work = node_work(g, g.nodes()[index]);
+    Row& row = rows[g.nodes()[index].op->name];
+    row.flops += work.flops;
+    row.bytes += work.bytes;
+  }
+  const auto per_step = double(session.sharding.accumulation);
+  std::vector<std::pair<double, std::string>> order;
+  double total = 0;
+  for (auto& [name, row] : rows) {
+    row.flops *= per_step;
+    row.bytes *= per_step;
+    const double bound = roofline(row.flops, row.bytes, 0, limits).bound_seconds;
+    order.emplace_back(bound, name);
+    total += bound;
+  }
+  std::sort(order.rbegin(), order.rend());
+  std::cout << "\nroofline per optimizer step (this machine: " << limits.describe()
+            << "; telemetry.op_table measures the same ops):\n";
+  std::printf("  %-28s %12s %12s %8s %12s %7s\n", "op", "GFLOP", "MB moved", "bound", "time at roof", "share");
+  for (const auto& [bound, name] : order) {
+    const Row& row = rows[name];
+    std::printf("  %-28s %12.3f %12.1f %8s %10.2f ms %6.1f%%\n", name.c_str(), row.flops / 1e9, row.bytes / 1e6,
+                roofline(row.flops, row.bytes, 0, limits).memory_bound ? "memory" : "compute", bound * 1e3,
+                total > 0 ? 100 * bound / total : 0.0);
+  }
+  std::printf("  %-28s %12s %12s %8s %10.2f ms\n", "total", "", "", "", total * 1e3);
+}
+
+}  // namespace
+
 int plan(const RecipeArgs& args, const FitArgs& fit) {
   LoadedRecipe loaded = load_recipe(args.recipe, args.load_options());
   if (fit.fit) {  // the table and the proposal, without the plan's details
@@ -148,6 +196,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   std::cout << "\nprecision (" << dtype_name(compute_dtype(r)) << "; master weights and optimizer state fp32):\n"
             << "  op                         nodes  stores    computes\n"
             << precision_table(g, session.train.nodes);
+  print_roofline(session, r);
 
   MemoryPlan m = session.memory;
   std::cout << "\nmemory per rank (exact, from the plan; ZeRO stage " << r.distributed.zero_stage << ", world size "

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -77,10 +78,10 @@ double measure_gemm_flops(DType compute, int64_t n, int runs) {
   return 2.0 * double(n) * double(n) * double(n) / best;
 }
 
-PeakFlops peak_flops(DType compute, int threads) {
-  const std::string kernel = kernel_name(compute);
-  const std::string key =
-      cpu_model() + " | " + std::to_string(threads) + " threads | " + std::string(dtype_name(compute)) + " | " + kernel;
+namespace {
+
+// The cached figure under `key`, or `measure()`'s, then kept. Returns {value, source}.
+std::pair<double, std::string> cached_probe(const std::string& key, const std::function<double()>& measure) {
   const std::optional<fs::path> file = peak_cache_file();
   nlohmann::json cache = nlohmann::json::object();
   if (file) {
@@ -92,11 +93,11 @@ PeakFlops peak_flops(DType compute, int threads) {
       if (!cache.is_object()) cache = nlohmann::json::object();  // unreadable: probe and rewrite it
     }
     if (auto it = cache.find(key); it != cache.end() && it->is_number() && it->get<double>() > 0)
-      return {it->get<double>(), "cached in " + file->string(), kernel};
+      return {it->get<double>(), "cached in " + file->string()};
   }
-  PeakFlops peak{measure_gemm_flops(compute), "measured", kernel};
-  if (file) {
-    cache[key] = peak.flops_per_second;
+  const double value = measure();
+  if (file && value > 0) {
+    cache[key] = value;
     std::error_code error;
     fs::create_directories(file->parent_path(), error);
     try {
@@ -105,7 +106,47 @@ PeakFlops peak_flops(DType compute, int threads) {
       // A read-only home is no reason to stop a run: the next one probes again.
     }
   }
-  return peak;
+  return {value, "measured"};
+}
+
+}  // namespace
+
+PeakFlops peak_flops(DType compute, int threads) {
+  const std::string kernel = kernel_name(compute);
+  const std::string key =
+      cpu_model() + " | " + std::to_string(threads) + " threads | " + std::string(dtype_name(compute)) + " | " + kernel;
+  auto [value, source] = cached_probe(key, [&] { return measure_gemm_flops(compute); });
+  return {value, source, kernel};
+}
+
+double measure_triad_bandwidth(int64_t elements, int runs) {
+  std::vector<float> a, b, c;
+  try {
+    a.resize(size_t(elements));
+    b.assign(size_t(elements), 1.0f);
+    c.assign(size_t(elements), 2.0f);
+  } catch (const std::bad_alloc&) {
+    return 0;  // a run under a tight memory limit: the bandwidth stays unknown (and uncached)
+  }
+  const float scalar = 3.0f;
+  auto triad = [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < elements; ++i) a[size_t(i)] = b[size_t(i)] + scalar * c[size_t(i)];
+  };
+  triad();  // first touch, in the threads' own pages
+  double best = 1e300;
+  for (int run = 0; run < runs; ++run) {
+    const auto start = std::chrono::steady_clock::now();
+    triad();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 12.0 * double(elements) / best;  // STREAM's count: two loads and a store of 4 bytes
+}
+
+MemoryBandwidth memory_bandwidth(int threads) {
+  const std::string key = cpu_model() + " | " + std::to_string(threads) + " threads | triad bytes/s";
+  auto [value, source] = cached_probe(key, [] { return measure_triad_bandwidth(); });
+  return {value, source};
 }
 
 }  // namespace engine

@@ -1,6 +1,6 @@
-// Peak FLOP/s: the denominator of MFU. A rank's peak in its compute type is measured once per
-// machine by a short GEMM probe (a 1024^3 product through the same oneDNN kernels the linears use,
-// on the rank's threads, best of several runs) and cached, so later runs start without probing.
+// Peak FLOP/s: the denominator of MFU, and with the memory bandwidth the roofline's limits. A rank's peak in its
+// compute type is measured once per machine by a short GEMM probe (a 1024^3 product through the same oneDNN kernels the
+// linears use, on the rank's threads, best of several runs) and cached, so later runs start without probing.
 //
 //   PeakFlops peak = peak_flops(DType::bf16, threads);   // measured, or read from the cache
 //   mfu = model_flops_per_second / peak.flops_per_second;
@@ -28,6 +28,16 @@ struct PeakFlops {
 PeakFlops peak_flops(DType compute, int threads);
 // The probe alone: FLOP/s of the best of at least `runs` n^3 products.
 double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
+// The memory bandwidth a rank reaches: the best of a few STREAM triads (a = b + s c) over three
+// 64 MiB arrays on the rank's threads, counted as STREAM counts (12 bytes per element), cached
+// beside the peaks. The roof of memory-bound ops (telemetry/roofline.h).
+struct MemoryBandwidth {
+  double bytes_per_second = 0;
+  std::string source;
+};
+MemoryBandwidth memory_bandwidth(int threads);  // 0 when its arrays cannot be allocated
+double measure_triad_bandwidth(int64_t elements = int64_t(16) << 20, int runs = 5);
+
 // Where the cache lives (nullopt when neither XDG_CACHE_HOME nor HOME is set).
 std::optional<std::filesystem::path> peak_cache_file();
 

@@ -6,6 +6,7 @@
 
 #include "core/atomic_file.h"
 #include "core/format.h"
+#include "telemetry/roofline.h"
 #include "telemetry/trace.h"
 #include "trainer/telemetry.h"
 
@@ -26,24 +27,37 @@ std::string scalar_tag(const std::string& key) {
   return "train/" + key;
 }
 
-// The op table: per op, time, share, calls and achieved rates, slowest first.
-void write_op_table(const std::map<std::string, OpTotals>& totals, const fs::path& file, std::ostream& out) {
+// The op table: per op, time, share, calls, achieved rates and the share of its roofline bound,
+// slowest first.
+void write_op_table(const std::map<std::string, OpTotals>& totals, const MachineLimits& limits, const fs::path& file,
+                    std::ostream& out) {
   std::vector<std::pair<std::string, OpTotals>> rows(totals.begin(), totals.end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double all = 0;
   for (const auto& row : rows) all += row.second.seconds;
   nlohmann::json json = nlohmann::json::array();
   char line[256];
-  std::snprintf(line, sizeof line, "\n%-28s %10s %7s %9s %10s %10s\n", "op (telemetry.op_table)", "seconds", "share",
-                "calls", "GFLOP/s", "GB/s");
+  out << "\nop table (telemetry.op_table; roofline against " << limits.describe() << ")\n";
+  std::snprintf(line, sizeof line, "%-28s %10s %7s %9s %10s %9s %8s %9s\n", "op", "seconds", "share", "calls",
+                "GFLOP/s", "GB/s", "bound", "of bound");
   out << line;
   for (const auto& [name, t] : rows) {
     const double gflops = t.seconds > 0 ? t.flops / t.seconds / 1e9 : 0,
                  gbs = t.seconds > 0 ? t.bytes / t.seconds / 1e9 : 0;
-    std::snprintf(line, sizeof line, "%-28s %10.3f %6.1f%% %9lld %10.1f %10.2f\n", name.c_str(), t.seconds,
-                  all > 0 ? 100 * t.seconds / all : 0.0, (long long)t.calls, gflops, gbs);
+    const bool measured_work = t.flops > 0 || t.bytes > 0;  // (communication) has neither
+    const RooflinePoint point = roofline(t.flops, t.bytes, t.seconds, limits);
+    std::snprintf(line, sizeof line, "%-28s %10.3f %6.1f%% %9lld %10.1f %9.2f %8s %8.1f%%\n", name.c_str(), t.seconds,
+                  all > 0 ? 100 * t.seconds / all : 0.0, (long long)t.calls, gflops, gbs,
+                  measured_work ? (point.memory_bound ? "memory" : "compute") : "-", point.percent_of_bound);
     out << line;
-    json.push_back({{"op", name}, {"seconds", t.seconds}, {"calls", t.calls}, {"flops", t.flops}, {"bytes", t.bytes}});
+    nlohmann::json row{
+        {"op", name}, {"seconds", t.seconds}, {"calls", t.calls}, {"flops", t.flops}, {"bytes", t.bytes}};
+    if (measured_work) {
+      row["bound"] = point.memory_bound ? "memory" : "compute";
+      row["bound_seconds"] = point.bound_seconds;
+      row["percent_of_bound"] = point.percent_of_bound;
+    }
+    json.push_back(std::move(row));
   }
   std::snprintf(line, sizeof line, "%-28s %10.3f\n", "total", all);
   out << line;
@@ -67,6 +81,7 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
+  if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads()).bytes_per_second;  // the roofline's
   if (config_.monitor_interval > 0) monitor_ = std::make_unique<HardwareMonitor>(config_.monitor_interval);
   if (config_.tensorboard) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.run_dir / "tensorboard");
@@ -189,7 +204,8 @@ void RunTelemetry::finish(std::ostream& out) {
     }
   }
   if (config_.op_table && setup_.lead)
-    write_op_table(session.executor.op_totals(), setup_.run_dir / "op_table.json", out);
+    write_op_table(session.executor.op_totals(), {peak_.flops_per_second, bandwidth_}, setup_.run_dir / "op_table.json",
+                   out);
   if (tensorboard_) tensorboard_->flush();
 }
 

@@ -277,6 +277,10 @@ TEST(OpTable, IsARecipeOptionWithEveryOpOfTheStep) {
     ops.insert(row.at("op"));
     EXPECT_GT(row.at("calls").get<int64_t>(), 0);
     EXPECT_GE(row.at("seconds").get<double>(), 0);
+    if (row.at("op") == "gelu") {  // 1 FLOP per 8 bytes: below any machine's balance
+      EXPECT_EQ(row.at("bound"), "memory");
+      EXPECT_GT(row.at("percent_of_bound").get<double>(), 0);
+    }
   }
   for (const char* op : {"linear", "linear_backward_weight", "causal_attention", "causal_attention_backward",
                          "softmax_cross_entropy", "layernorm", "gelu"})
