@@ -110,7 +110,7 @@ void RunTelemetry::end_step(int64_t step) {
                      trace::Lane::compute,
                      step_start_ns_,
                      trace::now_ns(),
-                     setup_.hardware_flops_per_step,
+                     setup_.hardware_flops_per_step / double(setup_.session.world),  // this rank's share
                      -1,
                      ""};
   trace::record(std::move(event));

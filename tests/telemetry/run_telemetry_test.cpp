@@ -185,6 +185,14 @@ TEST(Trace, EveryRankIsAProcessTrackInOneFile) {
   }
   EXPECT_EQ(steps, (std::map<int, int>{{0, 1}, {1, 1}}));
   EXPECT_EQ(gathers.size(), 2u);  // stage 3's gathers on both ranks' tracks
+  // A rank's step carries that rank's FLOPs: the sum of its own ops.
+  for (const json& step : events) {
+    if (step.at("cat") != "step") continue;
+    double flops = 0;
+    for (const json& e : events)
+      if (e.at("cat") == "op" && e.at("tid") == 0 && inside(e, step)) flops += e.at("args").at("flops").get<double>();
+    EXPECT_DOUBLE_EQ(step.at("args").at("flops").get<double>(), flops) << "rank " << step.at("pid");
+  }
 }
 
 // Model FLOPs of the quick-start GPT by hand: per token and layer the four linear layers hold
