@@ -34,7 +34,6 @@ struct TelemetrySetup {
   std::filesystem::path run_dir;
   std::string recipe_yaml;  // the resolved recipe, as TensorBoard text
   double model_flops_per_step = 0, hardware_flops_per_step = 0, recompute_flops_per_step = 0;  // all ranks
-  int64_t tokens_per_step = 0;                                                                 // all ranks
 };
 
 class RunTelemetry {

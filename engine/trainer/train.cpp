@@ -216,8 +216,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                           .recipe_yaml = recipe_yaml,
                           .model_flops_per_step = model_flops,
                           .hardware_flops_per_step = hardware_flops,
-                          .recompute_flops_per_step = recompute_flops,
-                          .tokens_per_step = rows_per_step},
+                          .recompute_flops_per_step = recompute_flops},
                          out);
   // Rank r reads global micro-batches r, r + W, ...: after a resume, from where the checkpoint stopped.
   const int64_t consumed = resume_dir ? resume.state.at("micro_batches").get<int64_t>() : 0;
