@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -133,24 +134,25 @@ void print_roofline(const CompiledStep& session, const Recipe& r) {
     row.bytes += work.bytes;
   }
   const auto per_step = double(session.sharding.accumulation);
-  std::vector<std::pair<double, std::string>> order;
+  std::vector<std::pair<RooflinePoint, std::string>> order;
   double total = 0;
   for (auto& [name, row] : rows) {
     row.flops *= per_step;
     row.bytes *= per_step;
-    const double bound = roofline(row.flops, row.bytes, 0, limits).bound_seconds;
-    order.emplace_back(bound, name);
-    total += bound;
+    order.emplace_back(roofline(row.flops, row.bytes, 0, limits), name);
+    total += order.back().first.bound_seconds;
   }
-  std::sort(order.rbegin(), order.rend());
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {  // slowest first
+    return std::tie(a.first.bound_seconds, a.second) > std::tie(b.first.bound_seconds, b.second);
+  });
   std::cout << "\nroofline per optimizer step (this machine: " << limits.describe()
             << "; telemetry.op_table measures the same ops):\n";
   std::printf("  %-28s %12s %12s %8s %12s %7s\n", "op", "GFLOP", "MB moved", "bound", "time at roof", "share");
-  for (const auto& [bound, name] : order) {
+  for (const auto& [point, name] : order) {
     const Row& row = rows[name];
     std::printf("  %-28s %12.3f %12.1f %8s %10.2f ms %6.1f%%\n", name.c_str(), row.flops / 1e9, row.bytes / 1e6,
-                roofline(row.flops, row.bytes, 0, limits).memory_bound ? "memory" : "compute", bound * 1e3,
-                total > 0 ? 100 * bound / total : 0.0);
+                point.memory_bound ? "memory" : "compute", point.bound_seconds * 1e3,
+                total > 0 ? 100 * point.bound_seconds / total : 0.0);
   }
   std::printf("  %-28s %12s %12s %8s %10.2f ms\n", "total", "", "", "", total * 1e3);
 }

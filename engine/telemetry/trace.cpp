@@ -82,34 +82,25 @@ std::string to_json(const std::vector<Event>& events, int rank, int64_t origin_n
     if (!e.detail.empty()) args["detail"] = e.detail;
     // Microseconds with nanosecond decimals: Perfetto keeps them, and sums stay exact enough.
     const double ts = double(e.start_ns - origin_ns) / 1e3, dur = double(e.end_ns - e.start_ns) / 1e3;
+    nlohmann::json event{{"name", e.name}, {"cat", e.category}, {"pid", rank}, {"tid", int(e.lane)}};
     if (e.lane == Lane::swap) {
       // Transfers overlap one another (reads ahead, writes behind): async slices, which may.
-      const std::string id = std::to_string(rank) + ":" + std::to_string(++async_id);
-      all.push_back({{"name", e.name},
-                     {"cat", e.category},
-                     {"ph", "b"},
-                     {"id", id},
-                     {"ts", ts},
-                     {"pid", rank},
-                     {"tid", int(e.lane)},
-                     {"args", std::move(args)}});
-      all.push_back({{"name", e.name},
-                     {"cat", e.category},
-                     {"ph", "e"},
-                     {"id", id},
-                     {"ts", ts + dur},
-                     {"pid", rank},
-                     {"tid", int(e.lane)}});
+      event["id"] = std::to_string(rank) + ":" + std::to_string(++async_id);
+      nlohmann::json end = event;
+      event["ph"] = "b";
+      event["ts"] = ts;
+      event["args"] = std::move(args);
+      end["ph"] = "e";
+      end["ts"] = ts + dur;
+      all.push_back(std::move(event));
+      all.push_back(std::move(end));
       continue;
     }
-    all.push_back({{"name", e.name},
-                   {"cat", e.category},
-                   {"ph", "X"},
-                   {"ts", ts},
-                   {"dur", dur},
-                   {"pid", rank},
-                   {"tid", int(e.lane)},
-                   {"args", std::move(args)}});
+    event["ph"] = "X";
+    event["ts"] = ts;
+    event["dur"] = dur;
+    event["args"] = std::move(args);
+    all.push_back(std::move(event));
   }
   return all.dump();
 }
