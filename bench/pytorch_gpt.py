@@ -3,8 +3,9 @@
 GELU tanh, tied head, causal attention), the same batch, AdamW and gradient clipping, timed per
 step after warm-up.
 
-  pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS [MODE]
+  pytorch_gpt.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS [MODE [THREADS]]
   MODE: fp32 (default) | bf16 (CPU autocast) | checkpoint (fp32, torch.utils.checkpoint per block)
+  THREADS: default 2
 
 Prints tokens_per_second=<value> and peak_rss_bytes=<value>."""
 import resource
@@ -18,7 +19,7 @@ from pytorch_gpt_model import GPT
 vocab, context, layers, heads, width, batch, steps = (int(a) for a in sys.argv[1:8])
 mode = sys.argv[8] if len(sys.argv) > 8 else "fp32"
 torch.manual_seed(0)
-torch.set_num_threads(2)
+torch.set_num_threads(int(sys.argv[9]) if len(sys.argv) > 9 else 2)
 torch.set_flush_denormal(True)  # as the engine does: denormals are 100x slower on x86
 
 model = GPT(vocab, context, layers, heads, width, checkpoint=mode == "checkpoint")
