@@ -66,7 +66,9 @@ TEST(Convert, BulkConversionsMatchTheScalarOnesBitForBit) {
           float widened = type == DType::bf16 ? bf16_to_float(scalar) : f16_to_float(scalar);
           if (std::isnan(values[i])) {
             ASSERT_TRUE(std::isnan(back[i])) << i;
-            if (type == DType::bf16) ASSERT_EQ(bulk[i], scalar) << i;
+            if (type == DType::bf16) {
+              ASSERT_EQ(bulk[i], scalar) << i;
+            }
             continue;
           }
           ASSERT_EQ(bulk[i], scalar) << i << " " << values[i];
