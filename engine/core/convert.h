@@ -5,6 +5,10 @@
 //   widen(bf16_data, DType::bf16, scratch, n);         // scratch[i] = float(bf16_data[i])
 //   narrow(scratch, out, DType::bf16, n);               // out[i] = bf16(scratch[i])
 //   widen(grad16, DType::bf16, grad32, n, true);        // grad32[i] += float(grad16[i])
+//
+// widen/narrow split a large call across the OpenMP threads; widen_serial/narrow_serial run on the
+// calling thread, for kernels that convert chunks from inside their own parallel loop (a nested
+// region, even one an `if` clause keeps serial, is a libgomp call per chunk).
 #pragma once
 
 #include <cstddef>
@@ -18,6 +22,12 @@ namespace engine {
 void widen(const void* src, DType type, float* dst, int64_t n, bool accumulate = false);
 // dst[i] = src[i] rounded to `type` (f32: copied).
 void narrow(const float* src, void* dst, DType type, int64_t n);
+void widen_serial(const void* src, DType type, float* dst, int64_t n, bool accumulate = false);
+void narrow_serial(const float* src, void* dst, DType type, int64_t n);
+
+// Below this many elements a memory-bound loop runs on the calling thread: opening a parallel
+// region costs microseconds, about what two threads save on this much streaming work.
+inline constexpr int64_t kSerialElements = 32768;
 
 // One element, for kernels that read or write 16-bit storage as they go.
 inline float load_float(const void* data, DType type, int64_t i) {
@@ -34,7 +44,7 @@ inline float load_float(const void* data, DType type, int64_t i) {
 // data[i] += v, in whatever float type data holds (a 16-bit sum is rounded once).
 inline void add_float(void* data, DType type, int64_t i, float v) {
   float total = load_float(data, type, i) + v;
-  narrow(&total, static_cast<std::byte*>(data) + i * int64_t(dtype_size(type)), type, 1);
+  narrow_serial(&total, static_cast<std::byte*>(data) + i * int64_t(dtype_size(type)), type, 1);
 }
 
 }  // namespace engine

@@ -55,15 +55,15 @@ void copy_kernel(const Node& node, const KernelContext& ctx) {
   }
   if (to == DType::f32) return widen(ctx.data(in), from, ctx.f32(out), n, accumulate);
   constexpr int64_t kChunk = 4096;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > kSerialElements)
   for (int64_t begin = 0; begin < n; begin += kChunk) {
     float chunk[kChunk];
     const int64_t count = std::min(kChunk, n - begin);
     const auto* src = static_cast<const std::byte*>(ctx.data(in)) + begin * int64_t(dtype_size(from));
     auto* dst = static_cast<std::byte*>(ctx.data(out)) + begin * int64_t(dtype_size(to));
-    widen(src, from, chunk, count);
-    if (accumulate) widen(dst, to, chunk, count, true);
-    narrow(chunk, dst, to, count);
+    widen_serial(src, from, chunk, count);  // serial: this loop is the parallel one
+    if (accumulate) widen_serial(dst, to, chunk, count, true);
+    narrow_serial(chunk, dst, to, count);
   }
 }
 

@@ -11,13 +11,17 @@ void add_cpu(const Node& node, const KernelContext& ctx) {
     return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {false},
                                 ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
-                                  for (int64_t i = 0; i < count; ++i) out[0][i] = in[0][i] + in[1][i];
+                                  const float* a = in[0];
+                                  const float* b = in[1];
+                                  float* y = out[0];
+#pragma omp simd
+                                  for (int64_t i = 0; i < count; ++i) y[i] = a[i] + b[i];
                                 });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 

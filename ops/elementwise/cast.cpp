@@ -1,35 +1,19 @@
 #include "elementwise/cast.h"
 
-#include "core/convert.h"
+#include <cstring>
+
+#include "elementwise/chunked.h"
 
 namespace engine::ops {
 
 namespace {
 
 void cast_cpu(const Node& node, const KernelContext& ctx) {
-  const Tensor in = ctx.tensor(node.inputs[0]);
-  const Tensor out = ctx.tensor(node.outputs[0]);
-  const void* x = in.data;
-  void* y = out.data;
-  const int64_t n = in.numel();
-  const bool accumulate = ctx.accumulates(node, 0);
-  const DType from = in.dtype, to = out.dtype;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float v = load_float(x, from, i);
-    if (accumulate) v += load_float(y, to, i);
-    switch (to) {
-      case DType::bf16:
-        static_cast<uint16_t*>(y)[i] = float_to_bf16(v);
-        break;
-      case DType::f16:
-        static_cast<uint16_t*>(y)[i] = float_to_f16(v);
-        break;
-      default:
-        static_cast<float*>(y)[i] = v;
-        break;
-    }
-  }
+  for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {ctx.accumulates(node, 0)},
+                       ctx.shape(node.inputs[0]).numel(),
+                       [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                         std::memcpy(out[0], in[0], size_t(count) * sizeof(float));
+                       });
 }
 
 void cast_grad(GradBuilder& gb, const Node& node) {

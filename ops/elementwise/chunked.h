@@ -6,9 +6,16 @@
 // whole tensors into scratch (the executor's fallback), the data stays in cache and crosses memory
 // once. f32 values are read in place, so a kernel can use this for its 16-bit case only.
 //
+// The chunks convert with the serial widen/narrow (the loop here is the parallel one), and work
+// under kSerialElements runs on the calling thread. Bodies mark their loop `omp simd`: the chunk
+// pointers come through arrays, so without it the compiler must assume they alias.
+//
 //   for_each_chunk<1, 1>(ctx, {x}, {y}, {false}, n,
 //                        [](const float* const* in, float* const* out, int64_t begin, int64_t count) {
-//                          for (int64_t i = 0; i < count; ++i) out[0][i] = gelu(in[0][i]);
+//                          const float* x = in[0];
+//                          float* y = out[0];
+//   #pragma omp simd
+//                          for (int64_t i = 0; i < count; ++i) y[i] = gelu(x[i]);
 //                        });
 #pragma once
 
@@ -32,7 +39,7 @@ template <size_t In, size_t Out, class Body>
 void for_each_chunk(const KernelContext& ctx, const std::array<ValueId, In>& inputs,
                     const std::array<ValueId, Out>& outputs, const std::array<bool, Out>& accumulate, int64_t n,
                     Body body) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > kSerialElements)
   for (int64_t begin = 0; begin < n; begin += kChunk) {
     const int64_t count = std::min(kChunk, n - begin);
     alignas(64) float in_buffer[In][kChunk];
@@ -45,7 +52,7 @@ void for_each_chunk(const KernelContext& ctx, const std::array<ValueId, In>& inp
       if (type == DType::f32) {
         in[i] = reinterpret_cast<const float*>(data);
       } else {
-        widen(data, type, in_buffer[i], count);
+        widen_serial(data, type, in_buffer[i], count);
         in[i] = in_buffer[i];
       }
     }
@@ -54,8 +61,8 @@ void for_each_chunk(const KernelContext& ctx, const std::array<ValueId, In>& inp
     for (size_t o = 0; o < Out; ++o) {
       const DType type = ctx.dtype(outputs[o]);
       auto* data = static_cast<std::byte*>(ctx.data(outputs[o])) + begin * int64_t(dtype_size(type));
-      if (accumulate[o]) widen(data, type, out[o], count, true);  // out = stored + fresh
-      narrow(out[o], data, type, count);
+      if (accumulate[o]) widen_serial(data, type, out[o], count, true);  // out = stored + fresh
+      narrow_serial(out[o], data, type, count);
     }
   }
 }

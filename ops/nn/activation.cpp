@@ -13,12 +13,15 @@ void unary_cpu(const Node& node, const KernelContext& ctx) {
   if (!all_f32(ctx, {node.inputs[0], node.outputs[0]}))
     return for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {false}, ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
-                                  for (int64_t i = 0; i < count; ++i) out[0][i] = F::forward(in[0][i]);
+                                  const float* x = in[0];
+                                  float* y = out[0];
+#pragma omp simd
+                                  for (int64_t i = 0; i < count; ++i) y[i] = F::forward(x[i]);
                                 });
   const float* x = ctx.f32(node.inputs[0]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
   for (int64_t i = 0; i < n; ++i) y[i] = F::forward(x[i]);
 }
 
@@ -29,17 +32,21 @@ void unary_backward_cpu(const Node& node, const KernelContext& ctx) {
     return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {ctx.accumulates(node, 0)},
                                 ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
-                                  for (int64_t i = 0; i < count; ++i) out[0][i] = F::derivative(in[0][i]) * in[1][i];
+                                  const float* x = in[0];
+                                  const float* dy = in[1];
+                                  float* dx = out[0];
+#pragma omp simd
+                                  for (int64_t i = 0; i < count; ++i) dx[i] = F::derivative(x[i]) * dy[i];
                                 });
   const float* x = ctx.f32(node.inputs[0]);
   const float* dy = ctx.f32(node.inputs[1]);
   float* dx = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
   if (ctx.accumulates(node, 0)) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
     for (int64_t i = 0; i < n; ++i) dx[i] += F::derivative(x[i]) * dy[i];
   } else {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
     for (int64_t i = 0; i < n; ++i) dx[i] = F::derivative(x[i]) * dy[i];
   }
 }
@@ -63,13 +70,17 @@ void swiglu_cpu(const Node& node, const KernelContext& ctx) {
     return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {false},
                                 ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
-                                  for (int64_t i = 0; i < count; ++i) out[0][i] = Silu::forward(in[0][i]) * in[1][i];
+                                  const float* a = in[0];
+                                  const float* b = in[1];
+                                  float* y = out[0];
+#pragma omp simd
+                                  for (int64_t i = 0; i < count; ++i) y[i] = Silu::forward(a[i]) * b[i];
                                 });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
   for (int64_t i = 0; i < n; ++i) y[i] = Silu::forward(a[i]) * b[i];
 }
 
@@ -80,9 +91,15 @@ void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
     return for_each_chunk<3, 2>(ctx, {node.inputs[0], node.inputs[1], node.inputs[2]},
                                 {node.outputs[0], node.outputs[1]}, {acc_a, acc_b}, ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
+                                  const float* a = in[0];
+                                  const float* b = in[1];
+                                  const float* dy = in[2];
+                                  float* da = out[0];
+                                  float* db = out[1];
+#pragma omp simd
                                   for (int64_t i = 0; i < count; ++i) {
-                                    out[0][i] = Silu::derivative(in[0][i]) * in[1][i] * in[2][i];
-                                    out[1][i] = Silu::forward(in[0][i]) * in[2][i];
+                                    da[i] = Silu::derivative(a[i]) * b[i] * dy[i];
+                                    db[i] = Silu::forward(a[i]) * dy[i];
                                   }
                                 });
   const float* a = ctx.f32(node.inputs[0]);
@@ -91,7 +108,7 @@ void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
   float* da = ctx.f32(node.outputs[0]);
   float* db = ctx.f32(node.outputs[1]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kSerialElements)
   for (int64_t i = 0; i < n; ++i) {
     float va = Silu::derivative(a[i]) * b[i] * dy[i];
     float vb = Silu::forward(a[i]) * dy[i];

@@ -17,14 +17,13 @@ namespace engine::ops {
 struct Gelu {
   static constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
   static constexpr float kKappa = 0.044715f;
-  static float forward(float x) {
-    float inner = kBeta * (x + kKappa * x * x * x);
-    return 0.5f * x * (1.0f + fast_tanh(inner));
-  }
+  // 0.5 x (1 + tanh u) with u = kBeta (x + kKappa x^3), as x sigmoid(2u): the same function with
+  // one exp and one division, and no cancellation in 1 + tanh u for negative x.
+  static float forward(float x) { return x / (1.0f + fast_exp(-2.0f * kBeta * (x + kKappa * x * x * x))); }
+  // d/dx = s + x s (1 - s) 2u', s = sigmoid(2u), since 0.5 (1 + tanh u) = s and 1 - tanh^2 u = 4 s (1 - s).
   static float derivative(float x) {
-    float inner = kBeta * (x + kKappa * x * x * x);
-    float t = fast_tanh(inner);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kBeta * (1.0f + 3.0f * kKappa * x * x);
+    const float s = 1.0f / (1.0f + fast_exp(-2.0f * kBeta * (x + kKappa * x * x * x)));
+    return s + x * s * (1.0f - s) * (2.0f * kBeta) * (1.0f + 3.0f * kKappa * x * x);
   }
 };
 

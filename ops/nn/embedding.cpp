@@ -24,9 +24,9 @@ void embedding_cpu(const Node& node, const KernelContext& ctx) {
       std::vector<float> row(static_cast<size_t>(channels));
 #pragma omp for schedule(static)
       for (int64_t bt = 0; bt < batch * time; ++bt) {
-        widen(table + int64_t(tokens[bt]) * channels * size, type, row.data(), channels);
-        if (positions) widen(positions + (bt % time) * channels * size, type, row.data(), channels, true);
-        narrow(row.data(), out + bt * channels * size, type, channels);
+        widen_serial(table + int64_t(tokens[bt]) * channels * size, type, row.data(), channels);
+        if (positions) widen_serial(positions + (bt % time) * channels * size, type, row.data(), channels, true);
+        narrow_serial(row.data(), out + bt * channels * size, type, channels);
       }
     }
     return;

@@ -194,6 +194,39 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                    for (size_t i = 0; i < y.size(); ++i) y[i] = x[0][i] + x[1][i];
                    return y;
                  }});
+  // The memory-bound kernels at a size past the serial limit (kSerialElements), so their parallel
+  // paths, several 1024-element chunks with a partial last one, and (layernorm_backward) several
+  // row blocks of the scale gradient with a partial last one all run; odd sizes leave vector tails.
+  const int64_t wide_rows = 67, wide_c = 1031;
+  all.push_back(
+      {"layernorm (wide)",
+       {Shape{wide_rows, wide_c}, Shape{wide_c}, Shape{wide_c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::layernorm(g, p[0], p[1], p[2], 1e-5, "ln"); },
+       [=](const std::vector<Tensor>& x, const auto&) {
+         return ref_norm(x[0], x[1], &x[2], wide_rows, wide_c, false, 1e-5);
+       },
+       1e-4,
+       // The scale and shift gradients sum 67 rows of products: 67 * 2^-24 = 4e-6 of (1 + |g|) by
+       // the bound in op_harness.h (measured: 2.4e-6, bf16 seed 6).
+       8e-6});
+  all.push_back({"gelu (wide)",
+                 {Shape{wide_rows, wide_c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::gelu(g, p[0], "gelu"); },
+                 [](const std::vector<Tensor>& x, const auto&) { return ref_map(x[0], gelu_d); }});
+  all.push_back({"add (wide)",
+                 {Shape{wide_rows, wide_c}, Shape{wide_rows, wide_c}},
+                 {},
+                 0,
+                 [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::add(g, p[0], p[1], "add"); },
+                 [](const std::vector<Tensor>& x, const auto&) {
+                   Tensor y(x[0].size());
+                   for (size_t i = 0; i < y.size(); ++i) y[i] = x[0][i] + x[1][i];
+                   return y;
+                 }});
   all.push_back(
       {"embedding with positions",
        {Shape{V, c}, Shape{T + 1, c}},

@@ -3,8 +3,11 @@
 // same rounded operands.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/convert.h"
@@ -20,29 +23,59 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng) {
   return out;
 }
 
+// Both entry points (the parallel one splits large calls across threads, the serial one runs in a
+// kernel's own parallel loop), at lengths around the vector widths and past the serial limit, with
+// the values the vector rounding must get right: ties to even, overflow to infinity, subnormals,
+// signed zeros, infinities and NaNs.
 TEST(Convert, BulkConversionsMatchTheScalarOnesBitForBit) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0, 1e3f);
-  std::vector<float> values(1037);
-  for (auto& v : values) v = normal(rng);
-  values[0] = INFINITY, values[1] = -0.0f, values[2] = NAN, values[3] = 1e-40f, values[4] = 70000.0f;
-  for (DType type : {DType::bf16, DType::f16}) {
-    std::vector<uint16_t> bulk(values.size());
-    narrow(values.data(), bulk.data(), type, int64_t(values.size()));
-    std::vector<float> back(values.size()), added(values.size(), 1.0f);
-    widen(bulk.data(), type, back.data(), int64_t(values.size()));
-    widen(bulk.data(), type, added.data(), int64_t(values.size()), true);
-    for (size_t i = 0; i < values.size(); ++i) {
-      uint16_t scalar = type == DType::bf16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
-      float widened = type == DType::bf16 ? bf16_to_float(scalar) : f16_to_float(scalar);
-      if (std::isnan(values[i])) {
-        EXPECT_TRUE(std::isnan(back[i]));
-        continue;
+  for (int64_t n : {int64_t(1), int64_t(15), int64_t(16), int64_t(17), int64_t(1037), 3 * kSerialElements + 5}) {
+    std::vector<float> values(static_cast<size_t>(n));
+    for (auto& v : values) v = normal(rng);
+    const float specials[] = {INFINITY,
+                              -0.0f,
+                              NAN,
+                              1e-40f,
+                              70000.0f,
+                              std::bit_cast<float>(0x3f808000u),  // bf16 tie, rounds down to even
+                              std::bit_cast<float>(0x3f818000u),  // bf16 tie, rounds up to even
+                              std::bit_cast<float>(0x7f7fffffu),  // rounds to bf16 infinity
+                              std::bit_cast<float>(0x7f800001u),  // signalling NaN
+                              std::bit_cast<float>(0xffc00001u),  // negative NaN
+                              -INFINITY,
+                              -1e-45f};
+    for (size_t i = 0; i < values.size(); ++i)
+      if (i % 7 == 0) values[i] = specials[(i / 7) % std::size(specials)];
+    for (DType type : {DType::bf16, DType::f16})
+      for (bool serial : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(type)) + (serial ? " serial" : " parallel") + " n=" + std::to_string(n));
+        std::vector<uint16_t> bulk(values.size());
+        std::vector<float> back(values.size()), added(values.size(), 1.0f);
+        if (serial) {
+          narrow_serial(values.data(), bulk.data(), type, n);
+          widen_serial(bulk.data(), type, back.data(), n);
+          widen_serial(bulk.data(), type, added.data(), n, true);
+        } else {
+          narrow(values.data(), bulk.data(), type, n);
+          widen(bulk.data(), type, back.data(), n);
+          widen(bulk.data(), type, added.data(), n, true);
+        }
+        for (size_t i = 0; i < values.size(); ++i) {
+          uint16_t scalar = type == DType::bf16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+          float widened = type == DType::bf16 ? bf16_to_float(scalar) : f16_to_float(scalar);
+          if (std::isnan(values[i])) {
+            ASSERT_TRUE(std::isnan(back[i])) << i;
+            if (type == DType::bf16) {
+              ASSERT_EQ(bulk[i], scalar) << i;
+            }
+            continue;
+          }
+          ASSERT_EQ(bulk[i], scalar) << i << " " << values[i];
+          ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(widened)) << i;
+          ASSERT_EQ(added[i], 1.0f + widened) << i;
+        }
       }
-      EXPECT_EQ(bulk[i], scalar) << dtype_name(type) << " " << values[i];
-      EXPECT_EQ(back[i], widened);
-      EXPECT_EQ(added[i], 1.0f + widened);
-    }
   }
 }
 
