@@ -1,6 +1,9 @@
 #include "nn/activation.h"
 
+#include <type_traits>
+
 #include "elementwise/chunked.h"
+#include "nn/gelu_onednn.h"
 
 namespace engine::ops {
 
@@ -8,8 +11,28 @@ namespace {
 
 constexpr const char* kChunked16 = "fp32 on 16-bit chunks widened in cache";
 
+// GELU goes through oneDNN (nn/gelu_onednn.h) when its operands share a type and it overwrites its
+// output, for tensors big enough that the primitive's call costs nothing next to the work.
+constexpr int64_t kOnednnGeluElements = 16384;
+template <class F>
+bool through_onednn(const Node& node, const KernelContext& ctx, bool accumulate) {
+  if constexpr (!std::is_same_v<F, Gelu>) {
+    return false;
+  } else {
+    const int64_t n = ctx.shape(node.inputs[0]).numel();
+    const DType type = ctx.dtype(node.inputs[0]);
+    for (ValueId id : node.inputs)
+      if (ctx.dtype(id) != type) return false;
+    if (accumulate || n < kOnednnGeluElements || ctx.dtype(node.outputs[0]) != type) return false;
+    return node.inputs.size() == 1 ? onednn_gelu_forward(type, n, ctx.data(node.inputs[0]), ctx.data(node.outputs[0]))
+                                   : onednn_gelu_backward(type, n, ctx.data(node.inputs[0]), ctx.data(node.inputs[1]),
+                                                          ctx.data(node.outputs[0]));
+  }
+}
+
 template <class F>
 void unary_cpu(const Node& node, const KernelContext& ctx) {
+  if (through_onednn<F>(node, ctx, false)) return;
   if (!all_f32(ctx, {node.inputs[0], node.outputs[0]}))
     return for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {false}, ctx.shape(node.inputs[0]).numel(),
                                 [](const float* const* in, float* const* out, int64_t, int64_t count) {
@@ -28,6 +51,7 @@ void unary_cpu(const Node& node, const KernelContext& ctx) {
 // inputs x, dy; output dx
 template <class F>
 void unary_backward_cpu(const Node& node, const KernelContext& ctx) {
+  if (through_onednn<F>(node, ctx, ctx.accumulates(node, 0))) return;
   if (!all_f32(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}))
     return for_each_chunk<2, 1>(ctx, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {ctx.accumulates(node, 0)},
                                 ctx.shape(node.inputs[0]).numel(),
