@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
+#include "linalg/linear.h"
 
 namespace {
 
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
              for (int64_t j = 0; j < m; ++j)
                for (int64_t i = 0; i < k; ++i) dw[size_t(j * k + i)] += tmp[size_t(i * m + j)];
            }));
+    report("f32 linear_weight_gradient", median_ms(repeats, [&] {
+             engine::ops::linear_weight_gradient(dy.data(), x.data(), DType::f32, rows, m, k, dw.data());
+           }));
     report("bf16 forward (x W^T)", median_ms(repeats, [&] {
              engine::ops::gemm16({false, true, rows, m, k, k, k, m, DType::bf16, DType::bf16, false}, x16.data(),
                                  dyt16.data(), nullptr, y16.data());
@@ -101,6 +105,9 @@ int main(int argc, char** argv) {
     report("bf16 dW = dy^T x (transa, no sum)", median_ms(repeats, [&] {
              engine::ops::gemm16({true, false, m, k, rows, m, k, k, DType::bf16, DType::f32, false}, dy16.data(),
                                  x16.data(), nullptr, dw.data());
+           }));
+    report("bf16 linear_weight_gradient", median_ms(repeats, [&] {
+             engine::ops::linear_weight_gradient(dy16.data(), x16.data(), DType::bf16, rows, m, k, dw.data());
            }));
     report("bf16 transpose dy, dW += (N,N)", median_ms(repeats, [&] {
              transpose(dy16.data(), dyt16.data(), rows, m);
