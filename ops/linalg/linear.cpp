@@ -1,5 +1,10 @@
 #include "linalg/linear.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <vector>
+
 #include "core/convert.h"
 #include "core/error.h"
 #include "linalg/gemm.h"
@@ -53,39 +58,102 @@ void linear_backward_input_cpu(const Node& node, const KernelContext& ctx) {
         ctx.accumulates(node, 0) ? 1.0f : 0.0f, ctx.f32(node.outputs[0]), k);
 }
 
+// db[j] += sum over rows of dy[r, j]. The rows are streamed: each thread owns stripes of kStripe
+// columns and adds row after row of a stripe into double accumulators (contiguous, vectorised), so
+// dy is read once, in order, and each column is summed in row order whatever the thread count
+// (the same double sum, bit for bit, as a column walked down the rows).
+constexpr int64_t kStripe = 64;
+
+template <class Load>
+void column_sums(int64_t rows, int64_t m, void* db, DType db_type, Load load) {
+  const int64_t stripes = (m + kStripe - 1) / kStripe;
+#pragma omp parallel for schedule(static) if (rows * m > 32768 && stripes > 1)
+  for (int64_t s = 0; s < stripes; ++s) {
+    const int64_t j0 = s * kStripe, width = std::min(kStripe, m - j0);
+    double sum[kStripe] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * m + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) sum[j] += double(load(at + j));
+    }
+    for (int64_t j = 0; j < width; ++j) add_float(db, db_type, j0 + j, float(sum[j]));
+  }
+}
+
+void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void* db, DType db_type) {
+  const auto* d16 = static_cast<const uint16_t*>(dy);
+  switch (type) {
+    case DType::bf16:
+      column_sums(rows, m, db, db_type, [=](int64_t i) { return std::bit_cast<float>(uint32_t(d16[i]) << 16); });
+      return;
+    case DType::f16:
+      column_sums(rows, m, db, db_type, [=](int64_t i) { return f16_to_float(d16[i]); });
+      return;
+    default: {
+      const auto* d = static_cast<const float*>(dy);
+      column_sums(rows, m, db, db_type, [=](int64_t i) { return d[i]; });
+      return;
+    }
+  }
+}
+
+// A weight much taller than wide (a language model's head: 50257 x 384) computes faster as blocks
+// of its transpose, dW^T[:, block] = x^T dy[:, block] (K x kBlock, measured 1.3 to 1.8x faster
+// than dy^T x on this shape with oneDNN, fp32 and bf16), each added back transposed while in cache.
+constexpr int64_t kBlock = 2048;
+
+bool tall_weight(int64_t m, int64_t k) { return m >= 8 * k && m >= 2 * kBlock; }
+
+void add_transposed(const float* t, int64_t k, int64_t width, float* dw) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < width; j0 += 32)
+    for (int64_t i0 = 0; i0 < k; i0 += 32)
+      for (int64_t j = j0; j < std::min(width, j0 + 32); ++j)
+        for (int64_t i = i0; i < std::min(k, i0 + 32); ++i) dw[j * k + i] += t[i * width + j];
+}
+
+}  // namespace
+
+void linear_weight_gradient(const void* dy, const void* x, DType type, int64_t rows, int64_t m, int64_t k, float* dw) {
+  const size_t size = dtype_size(type);
+  if (!tall_weight(m, k)) {
+    if (type == DType::f32)
+      sgemm('T', 'N', m, k, rows, 1.0f, static_cast<const float*>(dy), m, static_cast<const float*>(x), k, 1.0f, dw, k);
+    else
+      gemm16({true, false, m, k, rows, m, k, k, type, DType::f32, true}, dy, x, nullptr, dw);
+    return;
+  }
+  static thread_local std::vector<float> block;
+  block.resize(size_t(k * kBlock));
+  for (int64_t j0 = 0; j0 < m; j0 += kBlock) {
+    const int64_t width = std::min(kBlock, m - j0);
+    const void* dy_block = static_cast<const std::byte*>(dy) + size_t(j0) * size;
+    if (type == DType::f32)
+      sgemm('T', 'N', k, width, rows, 1.0f, static_cast<const float*>(x), k, static_cast<const float*>(dy_block), m,
+            0.0f, block.data(), width);
+    else
+      gemm16({true, false, k, width, rows, k, m, width, type, DType::f32, false}, x, dy_block, nullptr, block.data());
+    add_transposed(block.data(), k, width, dw + j0 * k);
+  }
+}
+
+namespace {
+
 // inputs: dy (rows, M), x (rows, K); outputs dW (M, K) [, db (M)], accumulated
 void linear_backward_weight_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& dys = ctx.shape(node.inputs[0]);
   const Shape& xs = ctx.shape(node.inputs[1]);
   int64_t rows = dys.rows(), m = dys.last(), k = xs.last();
-  if (DType type = operand_type(node, ctx, 2); type != DType::f32) {
+  const DType type = operand_type(node, ctx, 2);
+  if (ctx.dtype(node.outputs[0]) == DType::f32) {
+    linear_weight_gradient(ctx.data(node.inputs[0]), ctx.data(node.inputs[1]), type, rows, m, k,
+                           ctx.f32(node.outputs[0]));
+  } else {
     gemm16({true, false, m, k, rows, m, k, k, type, ctx.dtype(node.outputs[0]), true}, ctx.data(node.inputs[0]),
            ctx.data(node.inputs[1]), nullptr, ctx.data(node.outputs[0]));
-    if (node.outputs.size() > 1) {
-      const void* dy = ctx.data(node.inputs[0]);
-      void* db = ctx.data(node.outputs[1]);
-      const DType db_type = ctx.dtype(node.outputs[1]);
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < m; ++j) {
-        double sum = 0;
-        for (int64_t r = 0; r < rows; ++r) sum += load_float(dy, type, r * m + j);
-        add_float(db, db_type, j, float(sum));
-      }
-    }
-    return;
   }
-  const float* dy = ctx.f32(node.inputs[0]);
-  sgemm('T', 'N', m, k, rows, 1.0f, dy, m, ctx.f32(node.inputs[1]), k, 1.0f, ctx.f32(node.outputs[0]), k);
-  if (node.outputs.size() > 1) {
-    float* db = ctx.f32(node.outputs[1]);
-    // Column sums in a fixed order per column: deterministic whatever the thread count.
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < m; ++j) {
-      double sum = 0;
-      for (int64_t r = 0; r < rows; ++r) sum += dy[r * m + j];
-      db[j] += static_cast<float>(sum);
-    }
-  }
+  if (node.outputs.size() > 1)
+    add_bias_gradient(ctx.data(node.inputs[0]), type, rows, m, ctx.data(node.outputs[1]), ctx.dtype(node.outputs[1]));
 }
 
 void linear_grad(GradBuilder& gb, const Node& node) {

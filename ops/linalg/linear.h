@@ -14,4 +14,8 @@ ValueId linear(Graph& g, ValueId x, ValueId w, ValueId b, const std::string& nam
 
 extern const OpDef kLinear, kLinearBackwardInput, kLinearBackwardWeight;
 
+// dW (M, K) += dy^T x for dy (rows, M) and x (rows, K) in `type` (f32 or 16-bit), dW in fp32: the
+// weight gradient's product as linear_backward_weight computes it (bench/linear_weight_bench.cpp).
+void linear_weight_gradient(const void* dy, const void* x, DType type, int64_t rows, int64_t m, int64_t k, float* dw);
+
 }  // namespace engine::ops

@@ -1,38 +1,148 @@
 #include "loss/cross_entropy.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
-
-#include "core/convert.h"
-#include "nn/fast_math.h"
-
+#include <bit>
+#include <cmath>
 #include <vector>
 
-#include <cmath>
+#include "nn/fast_math.h"
 
 namespace engine::ops {
 
 namespace {
 
-// One row: the loss, and the row overwritten with its gradient (softmax - onehot) * scale.
-float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
-  float max_logit = -INFINITY;
-#pragma omp simd reduction(max : max_logit)
-  for (int64_t v = 0; v < vocab; ++v) max_logit = std::max(max_logit, z[v]);
-  // Exponentials in float (vectorised); the sum in double, a block of float partial sums at a time.
+// A row is streamed in chunks of at least this many logits (a widened 16-bit chunk stays in L1);
+// longer rows get longer chunks so that a row never has more than kMaxChunks.
+constexpr int64_t kChunk = 512;
+constexpr int64_t kMaxChunks = 1024;
+
+int64_t chunk_length(int64_t vocab) {
+  const int64_t needed = (vocab + kMaxChunks - 1) / kMaxChunks;
+  return std::max(kChunk, (needed + 15) / 16 * 16);
+}
+
+// float -> bf16, round to nearest even, NaN kept quiet: float_to_bf16's arithmetic, vectorisable.
+inline uint16_t round_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t nan = (bits >> 16) | 0x0040u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// n 16-bit values to floats, without the parallel-region entry of widen().
+void widen_chunk(const uint16_t* src, DType type, float* dst, int64_t n) {
+  int64_t i = 0;
+  if (type == DType::bf16) {
+#pragma omp simd
+    for (i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t(src[i]) << 16);
+    return;
+  }
+#ifdef __F16C__
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+
+// dst[i] = src[i] * factor, rounded to the 16-bit type (once).
+void scale_narrow_chunk(const float* src, float factor, uint16_t* dst, DType type, int64_t n) {
+  int64_t i = 0;
+  if (type == DType::bf16) {
+#pragma omp simd
+    for (i = 0; i < n; ++i) dst[i] = round_to_bf16(src[i] * factor);
+    return;
+  }
+#ifdef __F16C__
+  const __m256 f = _mm256_set1_ps(factor);
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), f), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = float_to_f16(src[i] * factor);
+}
+
+// The read pass of one row, an online log-sum-exp. `work` holds the row's logits as floats (the
+// fp32 row itself, or `widen(begin, n, work + begin)` fills it chunk by chunk from 16-bit storage).
+// Each chunk c is overwritten with exp(z - shift[c]), shift[c] the running max after the chunk, and
+// the sum of exponentials is rescaled to the new max as it rises: one exp per logit. The chunks'
+// float partial sums are added in order into a double, so the result does not depend on threads.
+// Returns log(sum exp(z)).
+template <class Widen>
+double exp_pass(float* work, int64_t vocab, int64_t chunk, float* shift, Widen widen) {
+  float running = -INFINITY, last_shift = 0.0f;
   double sum = 0;
-  for (int64_t begin = 0; begin < vocab; begin += 1024) {
-    const int64_t end = std::min(vocab, begin + 1024);
+  for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
+    const int64_t n = std::min(chunk, vocab - begin);
+    float* w = work + begin;
+    widen(begin, n, w);
+    float chunk_max = -INFINITY;
+#pragma omp simd reduction(max : chunk_max)
+    for (int64_t i = 0; i < n; ++i) chunk_max = std::max(chunk_max, w[i]);
+    const float top = std::max(running, chunk_max);
+    // While every logit so far is -inf, exponentials are taken from 0 (exp(-inf - 0) = 0, not NaN).
+    const float s = top == -INFINITY ? 0.0f : top;
     float partial = 0.0f;
 #pragma omp simd reduction(+ : partial)
-    for (int64_t v = begin; v < end; ++v) partial += fast_exp(z[v] - max_logit);
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = fast_exp(w[i] - s);
+      partial += w[i];
+    }
+    if (running != -INFINITY) sum *= std::exp(double(running) - double(s));
     sum += partial;
+    running = top;
+    shift[c] = last_shift = s;
   }
-  const float log_sum = float(std::log(sum)) + max_logit;
-  const float loss = log_sum - z[target];
+  return double(last_shift) + std::log(sum);
+}
+
+// The factor that turns chunk c's exponentials into scale * softmax: exp(shift[c] - log_sum) * scale.
+float chunk_factor(float shift, double log_sum, float scale) {
+  return float(std::exp(double(shift) - log_sum) * double(scale));
+}
+
+// fp32 row: the loss; the row overwritten in place with (softmax - onehot) * scale.
+float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
+  const int64_t chunk = chunk_length(vocab);
+  float shift[kMaxChunks];
+  const float z_target = z[target];
+  const double log_sum = exp_pass(z, vocab, chunk, shift, [](int64_t, int64_t, float*) {});
+  for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
+    const int64_t n = std::min(chunk, vocab - begin);
+    const float factor = chunk_factor(shift[c], log_sum, scale);
+    float* w = z + begin;
 #pragma omp simd
-  for (int64_t v = 0; v < vocab; ++v) z[v] = fast_exp(z[v] - log_sum) * scale;
+    for (int64_t i = 0; i < n; ++i) w[i] *= factor;
+  }
   z[target] -= scale;
-  return loss;
+  return float(log_sum - double(z_target));
+}
+
+// 16-bit row: the same, its exponentials held in `work` (vocab floats, in cache for the write
+// pass) and the gradient rounded to the storage type once, the target's after its -scale.
+float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target, float scale) {
+  const int64_t chunk = chunk_length(vocab);
+  float shift[kMaxChunks];
+  float z_target;
+  widen_chunk(z + target, type, &z_target, 1);
+  const double log_sum = exp_pass(work, vocab, chunk, shift,
+                                  [&](int64_t begin, int64_t n, float* w) { widen_chunk(z + begin, type, w, n); });
+  for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
+    const int64_t n = std::min(chunk, vocab - begin);
+    const float factor = chunk_factor(shift[c], log_sum, scale);
+    if (target >= begin && target < begin + n) {
+      // Subtract the one-hot before rounding, so the target's gradient is rounded once.
+      const int64_t t = target - begin;
+      work[begin + t] = work[begin + t] * factor - scale;
+      scale_narrow_chunk(work + begin, factor, z + begin, type, t);
+      scale_narrow_chunk(work + begin + t, 1.0f, z + begin + t, type, 1);
+      scale_narrow_chunk(work + begin + t + 1, factor, z + begin + t + 1, type, n - t - 1);
+    } else {
+      scale_narrow_chunk(work + begin, factor, z + begin, type, n);
+    }
+  }
+  return float(log_sum - double(z_target));
 }
 
 void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
@@ -43,24 +153,24 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
   // The gradient of the mean loss, times the loss scale of fp16 training.
   const float scale = float(node.attrs.floats[0]) * ctx.loss_scale;
   const DType type = ctx.dtype(node.inputs[0]);
+  // Small inputs (tests, tiny models) are not worth a parallel region.
+  const bool parallel = rows > 1 && rows * vocab > 32768;
   if (type == DType::f32) {
     float* logits = ctx.f32(node.inputs[0]);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel)
     for (int64_t r = 0; r < rows; ++r) losses[r] = cross_entropy_row(logits + r * vocab, vocab, targets[r], scale);
     return;
   }
-  // 16-bit logits: each row is widened, computed in fp32 and its gradient rounded back in place.
-  auto* logits = static_cast<std::byte*>(ctx.data(node.inputs[0]));
-#pragma omp parallel
+  auto* logits = static_cast<uint16_t*>(ctx.data(node.inputs[0]));
+#pragma omp parallel if (parallel)
   {
-    std::vector<float> row(static_cast<size_t>(vocab));
+    // Each thread's exponentials of one row, kept between calls (a row of the largest vocabulary
+    // seen; 200 KB for 50257).
+    static thread_local std::vector<float> work;
+    if (work.size() < size_t(vocab)) work.resize(size_t(vocab));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      void* stored = logits + r * vocab * 2;
-      widen(stored, type, row.data(), vocab);
-      losses[r] = cross_entropy_row(row.data(), vocab, targets[r], scale);
-      narrow(row.data(), stored, type, vocab);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      losses[r] = cross_entropy_row16(logits + r * vocab, type, work.data(), vocab, targets[r], scale);
   }
 }
 

@@ -18,6 +18,7 @@ namespace {
 // reshape (a copy in the stored type).
 // The value says whether the parameters' gradient is rounded to the storage type on its way.
 const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
+                                              {"linear+bias (wide)", false},
                                               {"linear (3-D input, no bias)", false},
                                               {"layernorm", false},
                                               {"layernorm without shift", false},
@@ -32,6 +33,7 @@ const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
                                               {"add (wide)", false},
                                               {"embedding with positions", false},
                                               {"softmax_cross_entropy", true},
+                                              {"softmax_cross_entropy (long rows)", true},
                                               {"reshape", false}};
 
 class OpHarness16 : public ::testing::TestWithParam<std::tuple<int, DType>> {};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "core/convert.h"
 #include "core/error.h"
@@ -124,6 +125,15 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
        0,
        [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::linear(g, p[0], p[1], p[2], "linear"); },
        [=](const std::vector<Tensor>& x, const auto&) { return ref_linear(x[0], x[1], &x[2], rows, k, m); }});
+  // Wider than two of the bias gradient's 64-column stripes, the last one partial.
+  const int64_t wide = 2 * 64 + pick(1, 63);
+  all.push_back(
+      {"linear+bias (wide)",
+       {Shape{rows, k}, Shape{wide, k}, Shape{wide}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::linear(g, p[0], p[1], p[2], "linear"); },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_linear(x[0], x[1], &x[2], rows, k, wide); }});
   all.push_back(
       {"linear (3-D input, no bias)",
        {Shape{2, rows, k}, Shape{m, k}},
@@ -385,25 +395,31 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
     c16.straight_through = true;
     all.push_back(c16);
   }
-  Case xent{"softmax_cross_entropy",
-            {Shape{rows, V}},
-            Shape{rows},
-            V,
-            [](Graph& g, const std::vector<ValueId>& p, ValueId t) {
-              return ops::softmax_cross_entropy(g, p[0], t, 1.0, "xent");
-            },
-            [=](const std::vector<Tensor>& x, const std::vector<int32_t>& tok) {
-              Tensor y(static_cast<size_t>(rows));
-              for (int64_t r = 0; r < rows; ++r) {
-                double mx = -1e300, z = 0;
-                for (int64_t v = 0; v < V; ++v) mx = std::max(mx, x[0][size_t(r * V + v)]);
-                for (int64_t v = 0; v < V; ++v) z += std::exp(x[0][size_t(r * V + v)] - mx);
-                y[size_t(r)] = std::log(z) + mx - x[0][size_t(r * V + tok[size_t(r)])];
-              }
-              return y;
-            }};
-  xent.weighted = false;
-  all.push_back(xent);
+  // The kernel streams a row in chunks of 512 logits with a running max: a short row is one
+  // chunk; a long one spans three, the last partial, and its max rises from chunk to chunk.
+  const int64_t long_rows = pick(4, 8), long_v = 2 * 512 + pick(1, 511);
+  for (auto [name, n, vocab] : {std::tuple{"softmax_cross_entropy", rows, V},
+                                std::tuple{"softmax_cross_entropy (long rows)", long_rows, long_v}}) {
+    Case xent{name,
+              {Shape{n, vocab}},
+              Shape{n},
+              vocab,
+              [](Graph& g, const std::vector<ValueId>& p, ValueId t) {
+                return ops::softmax_cross_entropy(g, p[0], t, 1.0, "xent");
+              },
+              [=](const std::vector<Tensor>& x, const std::vector<int32_t>& tok) {
+                Tensor y(static_cast<size_t>(n));
+                for (int64_t r = 0; r < n; ++r) {
+                  double mx = -1e300, z = 0;
+                  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, x[0][size_t(r * vocab + v)]);
+                  for (int64_t v = 0; v < vocab; ++v) z += std::exp(x[0][size_t(r * vocab + v)] - mx);
+                  y[size_t(r)] = std::log(z) + mx - x[0][size_t(r * vocab + tok[size_t(r)])];
+                }
+                return y;
+              }};
+    xent.weighted = false;
+    all.push_back(xent);
+  }
   return all;
 }
 
