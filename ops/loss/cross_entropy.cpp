@@ -1,12 +1,10 @@
 #include "loss/cross_entropy.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <vector>
 
+#include "core/convert.h"
 #include "nn/fast_math.h"
 
 namespace engine::ops {
@@ -23,44 +21,11 @@ int64_t chunk_length(int64_t vocab) {
   return std::max(kChunk, (needed + 15) / 16 * 16);
 }
 
-// float -> bf16, round to nearest even, NaN kept quiet: float_to_bf16's arithmetic, vectorisable.
-inline uint16_t round_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t nan = (bits >> 16) | 0x0040u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-// n 16-bit values to floats, without the parallel-region entry of widen().
-void widen_chunk(const uint16_t* src, DType type, float* dst, int64_t n) {
-  int64_t i = 0;
-  if (type == DType::bf16) {
+// dst[i] = src[i] * factor (src scaled in place), rounded to the 16-bit type once.
+void scale_narrow_chunk(float* src, float factor, uint16_t* dst, DType type, int64_t n) {
 #pragma omp simd
-    for (i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t(src[i]) << 16);
-    return;
-  }
-#ifdef __F16C__
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = f16_to_float(src[i]);
-}
-
-// dst[i] = src[i] * factor, rounded to the 16-bit type (once).
-void scale_narrow_chunk(const float* src, float factor, uint16_t* dst, DType type, int64_t n) {
-  int64_t i = 0;
-  if (type == DType::bf16) {
-#pragma omp simd
-    for (i = 0; i < n; ++i) dst[i] = round_to_bf16(src[i] * factor);
-    return;
-  }
-#ifdef __F16C__
-  const __m256 f = _mm256_set1_ps(factor);
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), f), _MM_FROUND_TO_NEAREST_INT));
-#endif
-  for (; i < n; ++i) dst[i] = float_to_f16(src[i] * factor);
+  for (int64_t i = 0; i < n; ++i) src[i] *= factor;
+  narrow_serial(src, dst, type, n);
 }
 
 // The read pass of one row, an online log-sum-exp. `work` holds the row's logits as floats (the
@@ -125,9 +90,9 @@ float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab, i
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   float z_target;
-  widen_chunk(z + target, type, &z_target, 1);
+  widen_serial(z + target, type, &z_target, 1);
   const double log_sum = exp_pass(work, vocab, chunk, shift,
-                                  [&](int64_t begin, int64_t n, float* w) { widen_chunk(z + begin, type, w, n); });
+                                  [&](int64_t begin, int64_t n, float* w) { widen_serial(z + begin, type, w, n); });
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
     const float factor = chunk_factor(shift[c], log_sum, scale);
