@@ -10,14 +10,16 @@
 #
 # Shapes: the benchmark GPT (bench/gpt-bench.yaml: 6 layers, d_model 384, context 256, batch 8) with
 # the GPT-2 vocabulary and with 256 tokens, and GPT-2 small (bench/gpt2-small.yaml: 12 layers,
-# d_model 768, context 1024, batch 2). PYTHON picks the PyTorch (default: .venv-torch/bin/python
-# when scripts/setup --bench-torch made it, else Debian's python3-torch); both sides use 2 threads
-# unless THREADS says otherwise.
+# d_model 768, context 1024, batch 2).
+#   ENGINE   the engine's command (default build/engine)
+#   PYTHON   the Python with PyTorch (default .venv-torch/bin/python, which `scripts/setup
+#            --bench-torch` makes, else Debian's python3 and its python3-torch)
+#   THREADS  threads of each side (default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
 threads=${THREADS:-2}
-engine=${ENGINE:-build/engine}
+read -r -a engine <<< "${ENGINE:-build/engine}"  # a command, e.g. "bash .device/run.sh engine"
 default_python=/usr/bin/python3
 [ -x .venv-torch/bin/python ] && default_python=.venv-torch/bin/python
 python=${PYTHON:-$default_python}
@@ -54,7 +56,7 @@ for shape in "${shapes[@]}"; do
   for dtype in fp32 bf16; do
     run=$out/$dtype-${name// /_}
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=$threads "$engine" train "$recipe" $overrides precision.mode="$dtype" train.steps="$steps" \
+    OMP_NUM_THREADS=$threads "${engine[@]}" train "$recipe" $overrides precision.mode="$dtype" train.steps="$steps" \
       telemetry.op_table=true telemetry.tensorboard=false run.output_dir="$run" > "$run.log" 2>&1 ||
       { cat "$run.log" >&2; exit 1; }
     read -r tps mfu model_flops peak < <(engine_figures "$run"/*/)
