@@ -181,21 +181,19 @@ void attention_cpu(const Node& node, const KernelContext& ctx) {
   }
 }
 
-// inputs dout, qkv, out, lse; output dqkv
+// inputs dout, qkv, out, lse; output dqkv (out is not read: delta comes from P and dP)
 //
 // One task per (batch, kv head): the query heads of a group add to the same dk and dv rows. A task
 // runs its group's query heads and their blocks in order, summing dk and dv in fp32 tiles that it
 // writes once at the end, so every sum has one order whatever the number of threads.
 void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
-  const ValueId dout_id = node.inputs[0], qkv_id = node.inputs[1], out_id = node.inputs[2], dqkv_id = node.outputs[0];
+  const ValueId dout_id = node.inputs[0], qkv_id = node.inputs[1], dqkv_id = node.outputs[0];
   const Dims d = dims_of(ctx.shape(qkv_id), node);
   const void* dout = ctx.data(dout_id);
   const void* qkv = ctx.data(qkv_id);
-  const void* out = ctx.data(out_id);
   const float* lse = ctx.f32(node.inputs[3]);
   void* dqkv = ctx.data(dqkv_id);
-  const DType dout_type = ctx.dtype(dout_id), qkv_type = ctx.dtype(qkv_id), out_type = ctx.dtype(out_id);
-  const DType dqkv_type = ctx.dtype(dqkv_id);
+  const DType dout_type = ctx.dtype(dout_id), qkv_type = ctx.dtype(qkv_id), dqkv_type = ctx.dtype(dqkv_id);
   const bool accumulate = ctx.accumulates(node, 0);
   const float scale = 1.0f / std::sqrt(float(d.head_size));
   const int64_t T = d.time, hd = d.head_size, C = d.channels;
@@ -203,7 +201,7 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
   {
     auto p_tile = floats(kBlock * T), ds_tile = floats(kBlock * T), k_tile = floats(T * hd), v_tile = floats(T * hd);
     auto dk = floats(T * hd), dv = floats(T * hd), q_tile = floats(kBlock * hd), do_tile = floats(kBlock * hd);
-    auto o_tile = floats(kBlock * hd), dq_tile = floats(kBlock * hd);
+    auto dq_tile = floats(kBlock * hd);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.batch; ++b) {
       for (int64_t kh = 0; kh < d.kv_heads; ++kh) {
@@ -217,7 +215,6 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
             const int64_t t0 = block * kBlock, m = std::min(kBlock, T - t0), n = t0 + m;
             const Rows q = rows(qkv, qkv_type, d.row, first + t0, m, d.q(h), hd, q_tile.get());
             const Rows dO = rows(dout, dout_type, C, first + t0, m, h * hd, hd, do_tile.get());
-            const Rows o = rows(out, out_type, C, first + t0, m, h * hd, hd, o_tile.get());
             // P = exp(Q K^T / sqrt(hd) - lse), zero above the diagonal.
             float* p = p_tile.get();
             float* ds = ds_tile.get();
@@ -230,18 +227,17 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
               for (int64_t j = 0; j < seen; ++j) row[j] = fast_exp(row[j] - l[i]);
               std::fill(row + seen, row + n, 0.0f);
             }
-            // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta), delta = dO . O per query.
+            // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta) with delta = dO . out = sum_s P dP per
+            // query, summed here from fp32 P rather than read from the stored (in 16 bits, rounded) out.
             sgemm('T', 'N', n, hd, m, 1.0f, p, n, dO.data, dO.ld, 1.0f, dv.get(), hd);
             sgemm('N', 'T', m, n, hd, 1.0f, dO.data, dO.ld, v.data, v.ld, 0.0f, ds, n);
             for (int64_t i = 0; i < m; ++i) {
-              const float* g = dO.data + i * dO.ld;
-              const float* y = o.data + i * o.ld;
-              float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-              for (int64_t c = 0; c < hd; ++c) delta += g[c] * y[c];
               const float* pr = p + i * n;
               float* dr = ds + i * n;
               const int64_t seen = t0 + i + 1;
+              float delta = 0.0f;
+#pragma omp simd reduction(+ : delta)
+              for (int64_t j = 0; j < seen; ++j) delta += pr[j] * dr[j];
 #pragma omp simd
               for (int64_t j = 0; j < seen; ++j) dr[j] = pr[j] * (dr[j] - delta);
               std::fill(dr + seen, dr + n, 0.0f);
