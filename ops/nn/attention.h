@@ -9,8 +9,10 @@
 //
 // Backward (causal_attention_backward) recomputes the probabilities from lse:
 // dv_s += p_ts do_t,  ds_ts = p_ts (do_t . v_s - do_t . out_t),  dq_t += ds_ts k_s / sqrt(hd),
-// dk_s += ds_ts q_t / sqrt(hd). The K/V gradients of a group sum over its query heads. Work is split
-// over (batch, kv head) and a group's query heads run in order, so sums run in a fixed order.
+// dk_s += ds_ts q_t / sqrt(hd), with do_t . out_t summed as sum_s p_ts do_t . v_s from the fp32
+// probabilities (the stored out, rounded in 16-bit storage, is not read). The K/V gradients of a
+// group sum over its query heads. Work is split over (batch, kv head) and a group's query heads run
+// in order, so sums run in a fixed order.
 //
 // Both kernels take 64 queries at a time and do the matrix work as GEMMs (scores, P V and, backward,
 // P^T dO, dO V^T, dS K, dS^T Q) over the keys up to the block's last query only. In bf16 or fp16
