@@ -7,10 +7,17 @@
 //   -> out (B, T, H hd)  and  lse (B, H, T): log-sum-exp of each query's scaled scores
 //   out[b, t, h] = sum_{s <= t} softmax_s(q_{t,h} . k_{s,g(h)} / sqrt(hd)) v_{s,g(h)},  g(h) = h / (H / KV)
 //
-// Backward (causal_attention_backward) recomputes the probabilities row by row from lse:
+// Backward (causal_attention_backward) recomputes the probabilities from lse:
 // dv_s += p_ts do_t,  ds_ts = p_ts (do_t . v_s - do_t . out_t),  dq_t += ds_ts k_s / sqrt(hd),
-// dk_s += ds_ts q_t / sqrt(hd). The K/V gradients of a group sum over its query heads. Work is split
-// over (batch, kv head) and a group's query heads run in order, so sums run in a fixed order.
+// dk_s += ds_ts q_t / sqrt(hd), with do_t . out_t summed as sum_s p_ts do_t . v_s from the fp32
+// probabilities (the stored out, rounded in 16-bit storage, is not read). The K/V gradients of a
+// group sum over its query heads. Work is split over (batch, kv head) and a group's query heads run
+// in order, so sums run in a fixed order.
+//
+// Both kernels take 64 queries at a time and do the matrix work as GEMMs (scores, P V and, backward,
+// P^T dO, dO V^T, dS K, dS^T Q) over the keys up to the block's last query only. In bf16 or fp16
+// storage they widen the tiles a block reads into per-thread fp32 scratch and round what they
+// write; the log-sum-exp stays fp32.
 #pragma once
 
 #include "op_util.h"

@@ -14,8 +14,8 @@ namespace engine::op_harness {
 namespace {
 
 // The ops with a 16-bit path: elementwise chunks (activations, add, swiglu), the norms, the
-// embedding, cross-entropy, the linear layer (oneDNN's 16-bit matmul where this CPU has one) and
-// reshape (a copy in the stored type).
+// embedding, cross-entropy, the linear layer (oneDNN's 16-bit matmul where this CPU has one),
+// reshape (a copy in the stored type) and causal attention (fp32 GEMMs on widened tiles).
 // The value says whether the parameters' gradient is rounded to the storage type on its way.
 const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
                                               {"linear+bias (wide)", false},
@@ -34,7 +34,11 @@ const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
                                               {"embedding with positions", false},
                                               {"softmax_cross_entropy", true},
                                               {"softmax_cross_entropy (long rows)", true},
-                                              {"reshape", false}};
+                                              {"reshape", false},
+                                              {"causal_attention", false},
+                                              {"causal_attention (grouped-query)", false},
+                                              {"causal_attention (grouped-query, over query blocks)", false},
+                                              {"causal_attention of an activation", true}};
 
 class OpHarness16 : public ::testing::TestWithParam<std::tuple<int, DType>> {};
 

@@ -117,6 +117,9 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   const int64_t B = pick(1, 3), T = pick(1, 7), H = pick(1, 3), hd = 2 * pick(1, 3), C = H * hd, V = pick(2, 13);
   // Grouped-query attention: KV key/value heads, each shared by `group` query heads.
   const int64_t KV = pick(1, 2), group = pick(2, 3), GH = KV * group, GC = GH * hd;
+  // Attention over more than one block of queries (the kernels work on 64 at a time), the last one
+  // partial, with grouped-query heads.
+  const int64_t LT = 64 + pick(1, 60), LKV = pick(1, 2), LH = LKV * pick(1, 2), LC = LH * hd;
   std::vector<Case> all;
   all.push_back(
       {"linear+bias",
@@ -264,6 +267,25 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
        0,
        [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::causal_attention(g, p[0], GH, "attn", KV); },
        [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], B, T, GC, GH, KV); }});
+  all.push_back({"causal_attention (grouped-query, over query blocks)",
+                 {Shape{1, LT, LC + 2 * LKV * hd}},
+                 {},
+                 0,
+                 [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                   return ops::causal_attention(g, p[0], LH, "attn", LKV);
+                 },
+                 [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], 1, LT, LC, LH, LKV); }});
+  // The same through a reshape: qkv is then an activation, so in 16-bit storage its gradient is
+  // 16-bit too (a parameter's accumulates in fp32) and the kernel writes it in the stored type.
+  all.push_back({"causal_attention of an activation",
+                 {Shape{2 * LT, LC + 2 * LKV * hd}},
+                 {},
+                 0,
+                 [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                   ValueId qkv = ops::reshape(g, p[0], Shape{2, LT, LC + 2 * LKV * hd}, "r");
+                   return ops::causal_attention(g, qkv, LH, "attn", LKV);
+                 },
+                 [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], 2, LT, LC, LH, LKV); }});
   all.push_back(
       {"rotary",
        {Shape{B, T, 3 * C}},
