@@ -172,6 +172,8 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
       "trajectory", "Run one recipe in this environment and write its trajectory (a golden file without a band)");
   golden_trajectory->add_option("recipe", golden_args.recipes, "Recipe file")->required()->expected(1);
   golden_trajectory->add_option("--out", golden_args.out, "Where to write the trajectory")->required();
+  golden_trajectory->add_flag("--gradient-noise", golden_args.gradient_noise,
+                              "Move every fp32 gradient element by up to one ulp each step (a band variant)");
 
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");

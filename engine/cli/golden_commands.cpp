@@ -10,6 +10,7 @@
 #include "core/version.h"
 #include "dist/communicator.h"
 #include "golden/golden.h"
+#include "golden/gradient_noise.h"
 #include "golden/variants.h"
 
 namespace engine::cli {
@@ -57,7 +58,7 @@ LoadedRecipe load_at(const fs::path& recipe_path, int world, const std::string& 
 
 // `engine golden trajectory`: one rank of `world_size_from_environment()` (every rank runs, rank 0
 // writes). A rank that fails ends the job, as the others may wait in a collective it never joins.
-void write_trajectory(const fs::path& recipe_path, const fs::path& out) {
+void write_trajectory(const fs::path& recipe_path, const fs::path& out, bool gradient_noise) {
   LoadOptions options;
   options.world = world_size_from_environment();
   LoadedRecipe loaded = load_recipe(recipe_path, options);
@@ -65,13 +66,17 @@ void write_trajectory(const fs::path& recipe_path, const fs::path& out) {
   if (comm->size() != loaded.world.size)
     throw UserError("world size " + std::to_string(loaded.world.size) + " (from " + loaded.world.source +
                     ") but this process is one of " + std::to_string(comm->size()));
+  TrajectoryProbes probes;
+  // The variant's noise has its own seed; the power test's another (tests/golden/golden_power_test.cpp).
+  if (gradient_noise)
+    probes.after_backward = [](int64_t step, Session& session) { add_one_ulp_gradient_noise(1, step, session); };
   auto run = [&] {
     GoldenFile golden{.engine_version = kVersion,
                       .engine_commit = kGitRevision,
                       .recipe_hash = recipe_hash(loaded),
                       .environment = current_environment(),
                       .band = {},
-                      .trajectory = run_trajectory(loaded, {}, comm.get()),
+                      .trajectory = run_trajectory(loaded, probes, comm.get()),
                       .world_size = comm->size()};
     if (comm->rank() == 0) write_golden(out, golden);
   };
@@ -103,7 +108,7 @@ int recorded_world_size(const fs::path& path) {
 
 int golden(const GoldenArgs& args) {
   if (args.action == GoldenArgs::Action::trajectory) {
-    write_trajectory(args.recipes.at(0), args.out);
+    write_trajectory(args.recipes.at(0), args.out, args.gradient_noise);
     return kExitOk;
   }
   if (const WorldSize launched = world_size_from_environment(); launched.size != 1)

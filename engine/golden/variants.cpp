@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 std::string VariantSpec::label() const {
   return (max_cpu_isa.empty() ? std::string("machine ISA") : "ONEDNN_MAX_CPU_ISA=" + max_cpu_isa) +
-         " OMP_NUM_THREADS=" + std::to_string(threads);
+         " OMP_NUM_THREADS=" + std::to_string(threads) + (gradient_noise ? " with one-ulp gradient noise" : "");
 }
 
 std::vector<VariantSpec> default_variants(int recording_threads) {
@@ -26,6 +26,7 @@ std::vector<VariantSpec> default_variants(int recording_threads) {
   for (const char* isa : {"", "AVX512_CORE", "AVX2"})
     for (int threads : {1, 2, 3, 4})
       if (*isa || threads != recording_threads) specs.push_back({isa, threads});
+  specs.push_back({"", recording_threads, true});
   return specs;
 }
 
@@ -96,6 +97,7 @@ GoldenFile run_trajectory_processes(const fs::path& engine_binary, const fs::pat
   std::vector<std::string> args;
   if (world > 1) args = {find_mpirun(std::getenv("PATH")).string(), "-n", std::to_string(world), "--oversubscribe"};
   args.insert(args.end(), {engine_binary.string(), "golden", "trajectory", recipe.string(), "--out", out.string()});
+  if (spec && spec->gradient_noise) args.push_back("--gradient-noise");
   std::vector<std::string> env = child_environment(spec, world);
   auto argv = pointers(args), envp = pointers(env);
   pid_t pid = 0;

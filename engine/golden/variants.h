@@ -18,15 +18,17 @@
 namespace engine {
 
 struct VariantSpec {
-  std::string max_cpu_isa;  // ONEDNN_MAX_CPU_ISA, "" for the machine's own
-  int threads = 1;          // OMP_NUM_THREADS
+  std::string max_cpu_isa;      // ONEDNN_MAX_CPU_ISA, "" for the machine's own
+  int threads = 1;              // OMP_NUM_THREADS
+  bool gradient_noise = false;  // golden/gradient_noise.h, for kernels this machine cannot force
   std::string label() const;
 };
 
 // ISA caps {machine, AVX512_CORE (no bf16 instructions), AVX2 (no AVX-512)} x threads {1, 2, 3, 4},
 // less the recording itself: the kernels and ISAs machines differ by (AMX, AVX512-BF16, AVX-512,
 // AVX2), and thread counts, which change dnnl_sgemm's blocking (and so its rounding) on AVX2.
-// A cap above the machine's ISA leaves it as it is.
+// A cap above the machine's ISA leaves it as it is. Plus the recording's environment with one-ulp
+// gradient noise: the rounding of kernels no cap can force here (AMX on a CPU without it).
 std::vector<VariantSpec> default_variants(int recording_threads);
 
 // Runs `engine golden trajectory` at `world` ranks under the variant; throws UserError if the

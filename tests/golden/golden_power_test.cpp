@@ -11,8 +11,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "core/rng.h"
 #include "golden/golden.h"
+#include "golden/gradient_noise.h"
 #include "trainer/session.h"
 
 namespace engine {
@@ -32,21 +32,6 @@ Golden load(const std::string& name) {
   return g;
 }
 
-// Moves every fp32 gradient element by one ulp up, one ulp down or not at all, pseudo-randomly per
-// (step, element): the size of rounding differences between two matmul kernels.
-void nudge_gradients_by_one_ulp(int64_t step, Session& session) {
-  ASSERT_EQ(session.store.grad_dtype(), DType::f32);
-  uint64_t counter = 0;
-  for (size_t u = 0; u < session.model.graph.units().size(); ++u) {
-    float* g = session.store.opt_grad(u);
-    for (int64_t i = 0; i < session.store.range_size(u); ++i) {
-      const uint64_t r = mix64(uint64_t(step) * 0x9e3779b97f4a7c15ull + counter++) % 3;
-      if (r == 1) g[i] = std::nextafter(g[i], INFINITY);
-      if (r == 2) g[i] = std::nextafter(g[i], -INFINITY);
-    }
-  }
-}
-
 Comparison check(const Golden& g, const TrajectoryProbes& probes) {
   return compare(g.file, run_trajectory(g.recipe, probes), g.elsewhere);
 }
@@ -56,7 +41,11 @@ class GoldenPower : public ::testing::TestWithParam<std::string> {};
 TEST_P(GoldenPower, OneUlpGradientNoisePassesTheBandButNotTheBitwiseCheck) {
   Golden g = load(GetParam());
   TrajectoryProbes probes;
-  probes.after_backward = nudge_gradients_by_one_ulp;
+  // Another seed than the band's own noise variant (engine golden trajectory --gradient-noise).
+  probes.after_backward = [](int64_t step, Session& session) {
+    ASSERT_EQ(session.store.grad_dtype(), DType::f32);
+    add_one_ulp_gradient_noise(2, step, session);
+  };
   Trajectory nudged = run_trajectory(g.recipe, probes);
   Comparison banded = compare(g.file, nudged, g.elsewhere);
   // The perturbation is real: this process's unperturbed run differs from it bitwise.
