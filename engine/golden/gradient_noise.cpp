@@ -8,7 +8,6 @@
 namespace engine {
 
 void add_one_ulp_gradient_noise(uint64_t seed, int64_t step, Session& session) {
-  if (session.store.grad_dtype() != DType::f32) return;
   uint64_t counter = mix64(seed);
   for (size_t u = 0; u < session.model.graph.units().size(); ++u) {
     float* g = session.store.opt_grad(u);

@@ -1,5 +1,6 @@
-// Rounding noise of the size another machine's kernels make: every fp32 gradient element moved by
-// one ulp up, one ulp down or not at all, pseudo-randomly per (seed, step, element).
+// Rounding noise of the size another machine's kernels make: every fp32 gradient element the
+// optimizer reads moved by one fp32 ulp up, one down or not at all, pseudo-randomly per (seed, step,
+// element).
 //
 // A golden's band is measured from reruns under the kernels this machine can force (ISA caps,
 // thread counts). Where those all round alike for many steps (bf16 training with exact fp32
@@ -18,8 +19,8 @@ namespace engine {
 
 struct Session;
 
-// Perturbs the fp32 optimizer gradients of this rank's units in place. Gradients stored in 16 bits
-// are left as they are (their own rounding is coarser than the noise).
+// Perturbs the fp32 gradients the optimizer reads, this rank's units, in place: with 16-bit
+// gradient storage, their widened fp32 copies.
 void add_one_ulp_gradient_noise(uint64_t seed, int64_t step, Session& session);
 
 }  // namespace engine
