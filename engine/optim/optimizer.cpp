@@ -146,18 +146,25 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
 namespace {
 
 // Per unit, this rank's shard of an optimizer-range buffer (wherever the range starts), in blocks.
+// Each block sums in element order, so the partials are the same on any number of threads; the
+// blocks run in parallel (a serial pass took 0.4 s per step for GPT-2 small's 124M gradients).
 template <class Buffer>
 std::vector<double> shard_norm_partials(const ParameterStore& store, Buffer&& buffer) {
   const ShardLayout& layout = store.layout();
-  std::vector<double> partials;
-  partials.reserve(size_t(layout.total_shard() / kShardBlock));
+  std::vector<const float*> blocks;
+  blocks.reserve(size_t(layout.total_shard() / kShardBlock));
   for (size_t u = 0; u < layout.units(); ++u) {
     const float* x = buffer(u) + (layout.begin(u) - store.range_begin(u));
-    for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) {
-      double sum = 0;
-      for (int64_t k = block; k < block + kShardBlock; ++k) sum += double(x[k]) * x[k];
-      partials.push_back(sum);
-    }
+    for (int64_t block = 0; block < layout.shard(u); block += kShardBlock) blocks.push_back(x + block);
+  }
+  std::vector<double> partials(blocks.size());
+  const auto count = int64_t(blocks.size());
+#pragma omp parallel for schedule(static) if (count > 16)
+  for (int64_t b = 0; b < count; ++b) {
+    const float* x = blocks[size_t(b)];
+    double sum = 0;
+    for (int64_t k = 0; k < kShardBlock; ++k) sum += double(x[k]) * x[k];
+    partials[size_t(b)] = sum;
   }
   return partials;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <cstring>
 #include <fstream>
 
@@ -337,12 +338,15 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
     zero.finish_gradients();
   }
   if (hooks.after_backward) hooks.after_backward();
-  trace::Scope event("optimizer", "optimizer step");  // norm, clipping, update, parameter copies
+  // Three flat events on the trace's step lane: the norm, the update (clipping included), the copies.
+  std::optional<trace::Scope> event(std::in_place, "optimizer", "gradient norm");
   StepResult result;
   result.loss = loss;
   result.loss_scale = scale;
   result.lr = learning_rate(recipe, updates);
   const double scaled_norm = zero.gradient_norm();
+  event.reset();
+  event.emplace("optimizer", "optimizer update");
   if (!std::isfinite(scaled_norm) && scaler.enabled()) {
     result.grad_norm = scaled_norm;
     result.overflow = result.skipped = true;
@@ -372,6 +376,8 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
   }
   if (factor != 1.0) scale_gradients(store, factor);
   optimizer->step(result.lr);
+  event.reset();
+  event.emplace("optimizer", "parameter copies");
   zero.finish_update(!optimizer->writes_copies());
   scaler.update(false);
   ++updates;
