@@ -30,12 +30,15 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 const fs::path kSource = ENGINE_SOURCE_DIR;
 
-// ~20 M parameters (6 layers, d_model 512, vocabulary 2048) and a small batch, so that the model
-// states (80 MB of fp32 weights, the gradients, AdamW's moments) are most of the plan and the
-// process's own footprint (~12 MB before the session) is small beside it.
+// ~39 M parameters (12 layers, d_model 512, vocabulary 2048) and a small batch, so that the model
+// states (157 MB of fp32 weights, the gradients, AdamW's moments) are most of the plan and what the
+// plan leaves out is small beside it: the process's own footprint (~12 MB before the session), and
+// a constant 7-13 MB that appears during the step (library code first run then, oneDNN's GEMM
+// workspaces, the loader's batches). At 6 layers that constant alone was 7% of a bf16 plan once
+// attention ran its products through oneDNN's sgemm.
 const std::vector<std::string> kShape = {
     "train.steps=2",         "train.log_every=1",       "train.eval_every=0",      "scheduler.warmup_steps=0",
-    "model.vocab_size=2048", "model.n_embd=512",        "model.n_head=8",          "model.n_layer=6",
+    "model.vocab_size=2048", "model.n_embd=512",        "model.n_head=8",          "model.n_layer=12",
     "data.vocab_size=64",    "model.context_length=64", "train.micro_batch_size=4"};
 
 struct Choice {
