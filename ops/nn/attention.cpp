@@ -1,12 +1,10 @@
 #include "nn/attention.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <memory>
 
+#include "core/convert.h"
 #include "linalg/gemm.h"
 #include "nn/fast_math.h"
 #include "nn/qkv_layout.h"
@@ -46,21 +44,10 @@ struct Rows {
   int64_t ld;
 };
 
-// src[offset, offset + n), stored in a 16-bit type, widened to fp32. (Not core/convert.h's widen:
-// its parallel-region call, even when it does not fork, costs more than a 64-float row.)
+// src[offset, offset + n), stored in a 16-bit type, widened to fp32 (serially: these rows are
+// 64 floats, less work than a parallel region's entry).
 inline void widen_row(const void* src, DType type, int64_t offset, int64_t n, float* dst) {
-  const auto* s = static_cast<const uint16_t*>(src) + offset;
-  if (type == DType::bf16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(uint32_t(s[i]) << 16);
-    return;
-  }
-  int64_t i = 0;
-#ifdef __F16C__
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-#endif
-  for (; i < n; ++i) dst[i] = f16_to_float(s[i]);
+  widen_serial(static_cast<const uint16_t*>(src) + offset, type, dst, n);
 }
 
 // `width` columns from `column` of rows [first, first + count) of a value stored in any float type,
@@ -70,14 +57,6 @@ Rows rows(const void* data, DType type, int64_t stride, int64_t first, int64_t c
   if (type == DType::f32) return {static_cast<const float*>(data) + first * stride + column, stride};
   for (int64_t r = 0; r < count; ++r) widen_row(data, type, (first + r) * stride + column, width, scratch + r * width);
   return {scratch, width};
-}
-
-// float_to_bf16's rounding (to nearest even, NaN kept quiet), written so the loop vectorises.
-inline uint16_t round_to_bf16(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t nan = (bits >> 16) | 0x0040u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 // dst[offset, offset + n) in `type` = (or += when accumulating) src, rounded once.
@@ -93,27 +72,8 @@ inline void store_row(float* src, void* dst, DType type, int64_t offset, int64_t
     return;
   }
   auto* d = static_cast<uint16_t*>(dst) + offset;
-  if (accumulate) {
-    alignas(64) float stored[256];
-    for (int64_t begin = 0; begin < n; begin += 256) {
-      const int64_t count = std::min<int64_t>(256, n - begin);
-      widen_row(dst, type, offset + begin, count, stored);
-#pragma omp simd
-      for (int64_t i = 0; i < count; ++i) src[begin + i] += stored[i];
-    }
-  }
-  if (type == DType::bf16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = round_to_bf16(src[i]);
-    return;
-  }
-  int64_t i = 0;
-#ifdef __F16C__
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-  for (; i < n; ++i) d[i] = float_to_f16(src[i]);
+  if (accumulate) widen_serial(d, type, src, n, true);  // src = stored + fresh
+  narrow_serial(src, d, type, n);
 }
 
 // Per-thread fp32 scratch, uninitialised (every tile is written before it is read).
