@@ -35,21 +35,7 @@ shapes=(
   "GPT-2 small|bench/gpt2-small.yaml||50257 1024 12 12 768 2"
 )
 
-# Mean tokens/s and MFU over the timed steps, the model FLOPs per step and the peak of a run.
-engine_figures() {
-  python3 - "$1" <<'PY'
-import json, sys
-run = sys.argv[1]
-rows = [json.loads(line) for line in open(run + "/metrics.jsonl") if '"loss"' in line]
-timed = [r for r in rows if r["step"] > 2]
-summary = json.load(open(run + "/summary.json"))
-print(f'{sum(r["tokens_per_second"] for r in timed) / len(timed):.1f}',
-      f'{sum(r["mfu"] for r in timed) / len(timed):.6f}',
-      summary["model_flops_per_step"], summary["peak_flops_per_rank"])
-PY
-}
-
-torch_version=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} "$python" -c 'import torch; print(torch.__version__)')
+torch_version=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} "$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)
 for shape in "${shapes[@]}"; do
   IFS='|' read -r name recipe overrides torch_args <<< "$shape"
   read -r vocab context layers heads width batch <<< "$torch_args"
@@ -59,7 +45,7 @@ for shape in "${shapes[@]}"; do
     OMP_NUM_THREADS=$threads "${engine[@]}" train "$recipe" $overrides precision.mode="$dtype" train.steps="$steps" \
       telemetry.op_table=true telemetry.tensorboard=false run.output_dir="$run" > "$run.log" 2>&1 ||
       { cat "$run.log" >&2; exit 1; }
-    read -r tps mfu model_flops peak < <(engine_figures "$run"/*/)
+    read -r tps mfu model_flops peak < <(python3 bench/engine_figures.py "$run"/*/)
     torch_tps=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} OMP_NUM_THREADS=$threads "$python" bench/pytorch_gpt.py \
                   $vocab $context $layers $heads $width $batch "$steps" "$dtype" "$threads" 2> "$run.torch.log" |
                 sed -n 's/^tokens_per_second=//p')

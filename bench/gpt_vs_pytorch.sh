@@ -17,17 +17,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 OMP_NUM_THREADS=2 "$engine" train bench/gpt-bench.yaml run.output_dir="$out" train.steps="$steps" > "$out/engine.log"
-read -r engine_tps engine_mfu model_flops peak < <("$python" - "$out/gpt-bench" <<'PY'
-import json, sys
-run = sys.argv[1]
-rows = [json.loads(line) for line in open(run + "/metrics.jsonl") if '"loss"' in line]
-timed = [r for r in rows if r["step"] > 2]
-summary = json.load(open(run + "/summary.json"))
-print(f'{sum(r["tokens_per_second"] for r in timed) / len(timed):.1f}',
-      f'{sum(r["mfu"] for r in timed) / len(timed):.4f}',
-      summary["model_flops_per_step"], summary["peak_flops_per_rank"])
-PY
-)
+read -r engine_tps engine_mfu model_flops peak < <("$python" bench/engine_figures.py "$out/gpt-bench")
 torch_tps=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} OMP_NUM_THREADS=2 "$python" bench/pytorch_gpt.py 50257 256 6 6 384 8 "$steps" 2> "$out/torch.log" |
             sed -n 's/^tokens_per_second=//p')
 torch_version=$("$python" -c 'import torch; print(torch.__version__)')
