@@ -57,7 +57,10 @@ double exp_pass(float* work, int64_t vocab, int64_t chunk, float* shift, Widen w
     if (running != -INFINITY) sum *= std::exp(double(running) - double(s));
     sum += partial;
     running = top;
-    shift[c] = last_shift = s;
+    // The chunk's factor is taken from the true running max: while it is -inf, exp(-inf - log_sum)
+    // gives the chunk's (zero) gradient, where exp(0 - log_sum) could overflow to inf and 0 * inf.
+    shift[c] = top;
+    last_shift = s;
   }
   return double(last_shift) + std::log(sum);
 }

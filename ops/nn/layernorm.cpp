@@ -38,6 +38,32 @@ std::vector<float> output_buffer(DType type, int64_t width) {
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
 
+// A row's mean (0 for rmsnorm) and its sum of squared deviations from it: vectorised float sums,
+// or double ones where a float sum overflows (|x| past about 1e19 / sqrt(c), which bf16 can hold).
+struct Moments {
+  float mean;
+  double squares;
+};
+Moments row_moments(const float* x, int64_t c, bool rms) {
+  float mean = 0;
+  if (!rms) {
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < c; ++i) sum += x[i];
+    mean = sum / float(c);
+  }
+  float squares = 0;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < c; ++i) squares += (x[i] - mean) * (x[i] - mean);
+  if (std::isfinite(mean) && std::isfinite(squares)) return {mean, double(squares)};
+  double sum = 0, wide_squares = 0;
+  if (!rms)
+    for (int64_t i = 0; i < c; ++i) sum += x[i];
+  const double wide_mean = sum / double(c);
+  for (int64_t i = 0; i < c; ++i) wide_squares += (x[i] - wide_mean) * (x[i] - wide_mean);
+  return {float(wide_mean), wide_squares};
+}
+
 // inputs x, w [, b]; outputs y, mean, rstd
 //
 // Each row in two passes over its (cached) values: the mean, then the variance around it (two
@@ -65,17 +91,8 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.row(r, x_buffer.data());
-      float mean = 0;
-      if (!rms) {
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < c; ++i) sum += xr[i];
-        mean = sum / float(c);
-      }
-      float squares = 0;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < c; ++i) squares += (xr[i] - mean) * (xr[i] - mean);
-      const float rstd = float(1.0 / std::sqrt(double(squares) / double(c) + eps));
+      const auto [mean, squares] = row_moments(xr, c, rms);
+      const float rstd = float(1.0 / std::sqrt(squares / double(c) + eps));
       float* yr = y_type == DType::f32 ? reinterpret_cast<float*>(y_data) + r * c : y_buffer.data();
       if (b) {
 #pragma omp simd
