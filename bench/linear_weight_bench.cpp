@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   const int64_t rows = 2048;
   const int64_t shapes[][2] = {{1152, 384}, {384, 384}, {1536, 384}, {384, 1536}, {50257, 384}};  // (M, K)
   std::printf("%-12s %-34s %9s %9s\n", "M x K", "variant", "ms", "GFLOP/s");
-  for (auto [m, k] : shapes) {
+  for (const auto& shape_mk : shapes) {
+    const int64_t m = shape_mk[0], k = shape_mk[1];  // named variables: lambdas below capture them
     const double flops = 2.0 * double(rows) * double(m) * double(k);
     std::vector<float> dy(size_t(rows * m)), x(size_t(rows * k)), dw(size_t(m * k)), dyt(size_t(rows * m)),
         tmp(size_t(m * k));

@@ -17,7 +17,7 @@
 
 namespace engine {
 
-struct Session;
+class Session;
 
 // Perturbs the fp32 gradients the optimizer reads, this rank's units, in place: with 16-bit
 // gradient storage, their widened fp32 copies.
