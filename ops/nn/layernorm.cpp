@@ -91,8 +91,9 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.row(r, x_buffer.data());
-      const auto [mean, squares] = row_moments(xr, c, rms);
-      const float rstd = float(1.0 / std::sqrt(squares / double(c) + eps));
+      const Moments moments = row_moments(xr, c, rms);
+      const float mean = moments.mean;
+      const float rstd = float(1.0 / std::sqrt(moments.squares / double(c) + eps));
       float* yr = y_type == DType::f32 ? reinterpret_cast<float*>(y_data) + r * c : y_buffer.data();
       if (b) {
 #pragma omp simd

@@ -424,8 +424,11 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   // The kernel streams a row in chunks of 512 logits with a running max: a short row is one
   // chunk; a long one spans three, the last partial, and its max rises from chunk to chunk.
   const int64_t long_rows = pick(4, 8), long_v = 2 * 512 + pick(1, 511);
-  for (auto [name, n, vocab] : {std::tuple{"softmax_cross_entropy", rows, V},
-                                std::tuple{"softmax_cross_entropy (long rows)", long_rows, long_v}}) {
+  for (const auto& shape : {std::tuple{"softmax_cross_entropy", rows, V},
+                            std::tuple{"softmax_cross_entropy (long rows)", long_rows, long_v}}) {
+    // Named variables: the reference lambda captures them (clang cannot capture structured bindings).
+    const char* name = std::get<0>(shape);
+    const int64_t n = std::get<1>(shape), vocab = std::get<2>(shape);
     Case xent{name,
               {Shape{n, vocab}},
               Shape{n},
