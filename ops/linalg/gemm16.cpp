@@ -2,33 +2,15 @@
 
 #include <map>
 #include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
 
 #include "core/error.h"
+#include "onednn_util.h"
 
 namespace engine::ops {
 
 namespace {
-
-using dt = dnnl::memory::data_type;
-
-dt onednn_type(DType type) {
-  switch (type) {
-    case DType::bf16:
-      return dt::bf16;
-    case DType::f16:
-      return dt::f16;
-    default:
-      return dt::f32;
-  }
-}
-
-dnnl::engine& cpu() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 struct Primitive {
   dnnl::matmul matmul;
@@ -52,7 +34,7 @@ Primitive make(const Gemm16& s, bool with_bias) {
     attr.set_post_ops(post);
   }
   auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
-  dnnl::matmul::primitive_desc pd(desc, attr, cpu());
+  dnnl::matmul::primitive_desc pd(desc, attr, onednn_cpu());
   return {dnnl::matmul(pd), a, b, c, bias, pd.impl_info_str()};
 }
 
@@ -96,11 +78,11 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
     }
     p = &it->second;
   }
-  dnnl::stream stream(cpu());
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p->a, cpu(), const_cast<void*>(a))},
-                                             {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, cpu(), const_cast<void*>(b))},
-                                             {DNNL_ARG_DST, dnnl::memory(p->c, cpu(), c)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p->bias, cpu(), const_cast<void*>(bias)));
+  dnnl::stream stream(onednn_cpu());
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p->a, onednn_cpu(), const_cast<void*>(a))},
+                                             {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, onednn_cpu(), const_cast<void*>(b))},
+                                             {DNNL_ARG_DST, dnnl::memory(p->c, onednn_cpu(), c)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p->bias, onednn_cpu(), const_cast<void*>(bias)));
   p->matmul.execute(stream, args);
   stream.wait();
 }

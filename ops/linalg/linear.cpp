@@ -67,7 +67,7 @@ constexpr int64_t kStripe = 64;
 template <class Load>
 void column_sums(int64_t rows, int64_t m, void* db, DType db_type, Load load) {
   const int64_t stripes = (m + kStripe - 1) / kStripe;
-#pragma omp parallel for schedule(static) if (rows * m > 32768 && stripes > 1)
+#pragma omp parallel for schedule(static) if (rows * m > kSerialElements && stripes > 1)
   for (int64_t s = 0; s < stripes; ++s) {
     const int64_t j0 = s * kStripe, width = std::min(kStripe, m - j0);
     double sum[kStripe] = {};

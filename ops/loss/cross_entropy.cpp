@@ -21,13 +21,6 @@ int64_t chunk_length(int64_t vocab) {
   return std::max(kChunk, (needed + 15) / 16 * 16);
 }
 
-// dst[i] = src[i] * factor (src scaled in place), rounded to the 16-bit type once.
-void scale_narrow_chunk(float* src, float factor, uint16_t* dst, DType type, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) src[i] *= factor;
-  narrow_serial(src, dst, type, n);
-}
-
 // The read pass of one row, an online log-sum-exp. `work` holds the row's logits as floats (the
 // fp32 row itself, or `widen(begin, n, work + begin)` fills it chunk by chunk from 16-bit storage).
 // Each chunk c is overwritten with exp(z - shift[c]), shift[c] the running max after the chunk, and
@@ -99,16 +92,14 @@ float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab, i
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
     const float factor = chunk_factor(shift[c], log_sum, scale);
-    if (target >= begin && target < begin + n) {
-      // Subtract the one-hot before rounding, so the target's gradient is rounded once.
-      const int64_t t = target - begin;
-      work[begin + t] = work[begin + t] * factor - scale;
-      scale_narrow_chunk(work + begin, factor, z + begin, type, t);
-      scale_narrow_chunk(work + begin + t, 1.0f, z + begin + t, type, 1);
-      scale_narrow_chunk(work + begin + t + 1, factor, z + begin + t + 1, type, n - t - 1);
-    } else {
-      scale_narrow_chunk(work + begin, factor, z + begin, type, n);
-    }
+    float* w = work + begin;
+    const bool has_target = target >= begin && target < begin + n;
+    const float target_exp = has_target ? w[target - begin] : 0.0f;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) w[i] *= factor;
+    // The one-hot is subtracted before rounding, so the target's gradient is rounded once.
+    if (has_target) w[target - begin] = target_exp * factor - scale;
+    narrow_serial(w, z + begin, type, n);
   }
   return float(log_sum - double(z_target));
 }
@@ -122,7 +113,7 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
   const float scale = float(node.attrs.floats[0]) * ctx.loss_scale;
   const DType type = ctx.dtype(node.inputs[0]);
   // Small inputs (tests, tiny models) are not worth a parallel region.
-  const bool parallel = rows > 1 && rows * vocab > 32768;
+  const bool parallel = rows > 1 && rows * vocab > kSerialElements;
   if (type == DType::f32) {
     float* logits = ctx.f32(node.inputs[0]);
 #pragma omp parallel for schedule(static) if (parallel)

@@ -44,18 +44,14 @@ struct Rows {
   int64_t ld;
 };
 
-// src[offset, offset + n), stored in a 16-bit type, widened to fp32 (serially: these rows are
-// 64 floats, less work than a parallel region's entry).
-inline void widen_row(const void* src, DType type, int64_t offset, int64_t n, float* dst) {
-  widen_serial(static_cast<const uint16_t*>(src) + offset, type, dst, n);
-}
-
 // `width` columns from `column` of rows [first, first + count) of a value stored in any float type,
 // rows `stride` elements apart: fp32 rows in place, 16-bit rows widened into `scratch`.
 Rows rows(const void* data, DType type, int64_t stride, int64_t first, int64_t count, int64_t column, int64_t width,
           float* scratch) {
   if (type == DType::f32) return {static_cast<const float*>(data) + first * stride + column, stride};
-  for (int64_t r = 0; r < count; ++r) widen_row(data, type, (first + r) * stride + column, width, scratch + r * width);
+  // Serially: these rows are 64 floats, less work than a parallel region's entry.
+  for (int64_t r = 0; r < count; ++r)
+    widen_serial(static_cast<const uint16_t*>(data) + (first + r) * stride + column, type, scratch + r * width, width);
   return {scratch, width};
 }
 

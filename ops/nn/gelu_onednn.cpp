@@ -2,32 +2,15 @@
 
 #include <map>
 #include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "onednn_util.h"
+
 namespace engine::ops {
 
 namespace {
-
-dnnl::engine& cpu() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-std::optional<dnnl::memory::data_type> onednn_type(DType type) {
-  switch (type) {
-    case DType::f32:
-      return dnnl::memory::data_type::f32;
-    case DType::bf16:
-      return dnnl::memory::data_type::bf16;
-    case DType::f16:
-      return dnnl::memory::data_type::f16;
-    default:
-      return std::nullopt;
-  }
-}
 
 // Both directions for one length and type; empty when oneDNN has no JIT kernel for them.
 struct Primitives {
@@ -40,17 +23,16 @@ bool jit(const std::string& implementation) { return implementation.find("ref") 
 
 Primitives make(DType type, int64_t n) {
   Primitives p;
-  const auto data_type = onednn_type(type);
-  if (!data_type) return p;
-  p.data = dnnl::memory::desc({n}, *data_type, dnnl::memory::format_tag::a);
+  if (type != DType::f32 && type != DType::bf16 && type != DType::f16) return p;
+  p.data = dnnl::memory::desc({n}, onednn_type(type), dnnl::memory::format_tag::a);
   try {
     const auto algorithm = dnnl::algorithm::eltwise_gelu_tanh;
     dnnl::eltwise_forward::primitive_desc forward(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, p.data, 0.0f, 0.0f), cpu());
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, p.data, 0.0f, 0.0f), onednn_cpu());
     if (!jit(forward.impl_info_str())) return p;
     p.forward.emplace(forward);
     dnnl::eltwise_backward::primitive_desc backward(dnnl::eltwise_backward::desc(algorithm, p.data, p.data, 0.0f, 0.0f),
-                                                    cpu(), forward);
+                                                    onednn_cpu(), forward);
     if (jit(backward.impl_info_str())) p.backward.emplace(backward);
   } catch (const dnnl::error&) {
     // No primitive for this type on this CPU: the caller's own loop runs.
@@ -69,7 +51,7 @@ const Primitives& primitives(DType type, int64_t n) {
 }
 
 dnnl::memory bind(const dnnl::memory::desc& desc, const void* data) {
-  return dnnl::memory(desc, cpu(), const_cast<void*>(data));
+  return dnnl::memory(desc, onednn_cpu(), const_cast<void*>(data));
 }
 
 }  // namespace
@@ -77,7 +59,7 @@ dnnl::memory bind(const dnnl::memory::desc& desc, const void* data) {
 bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y) {
   const Primitives& p = primitives(type, n);
   if (!p.forward) return false;
-  dnnl::stream stream(cpu());
+  dnnl::stream stream(onednn_cpu());
   p.forward->execute(stream, {{DNNL_ARG_SRC, bind(p.data, x)}, {DNNL_ARG_DST, bind(p.data, y)}});
   stream.wait();
   return true;
@@ -86,7 +68,7 @@ bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y) {
 bool onednn_gelu_backward(DType type, int64_t n, const void* x, const void* dy, void* dx) {
   const Primitives& p = primitives(type, n);
   if (!p.backward) return false;
-  dnnl::stream stream(cpu());
+  dnnl::stream stream(onednn_cpu());
   p.backward->execute(
       stream,
       {{DNNL_ARG_SRC, bind(p.data, x)}, {DNNL_ARG_DIFF_DST, bind(p.data, dy)}, {DNNL_ARG_DIFF_SRC, bind(p.data, dx)}});
