@@ -18,7 +18,14 @@ struct Primitive {
   std::string implementation;  // oneDNN's name for the kernel it chose ("ref:any" for the slow C++ one)
 };
 
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool>;
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, float>;
+
+// A thread's handle on a shared primitive: its own memory objects, pointed at each call's data.
+struct Bound {
+  const Primitive* primitive;
+  dnnl::memory a, b, c, bias;
+  dnnl::stream stream;
+};
 
 Primitive make(const Gemm16& s, bool with_bias) {
   using dims = dnnl::memory::dims;
@@ -28,6 +35,7 @@ Primitive make(const Gemm16& s, bool with_bias) {
   dnnl::memory::desc bias;
   if (with_bias) bias = dnnl::memory::desc({1, s.n}, onednn_type(s.operands), dims{s.n, 1});
   dnnl::primitive_attr attr;
+  if (s.scale != 1.0f) attr.set_output_scales(0, {s.scale});
   if (s.accumulate) {
     dnnl::post_ops post;
     post.append_sum(1.0f);
@@ -60,31 +68,51 @@ std::string matmul_16bit_kernel(DType type) {
 
 bool matmul_16bit_available(DType type) { return !matmul_16bit_kernel(type).empty(); }
 
-void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
+namespace {
+
+// The primitive for `key`, made on first use; shared by every thread (executing one is thread-safe).
+const Primitive& primitive(const Key& key, const Gemm16& s, bool with_bias) {
   static std::map<Key, Primitive> cache;
   static std::mutex mutex;
-  Key key{s.transa,     s.transb,       s.m, s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
-          s.accumulate, bias != nullptr};
-  Primitive* p;
-  {
-    std::lock_guard lock(mutex);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      try {
-        it = cache.emplace(key, make(s, bias != nullptr)).first;
-      } catch (const dnnl::error& e) {
-        ENGINE_CHECK(false, std::string("oneDNN matmul: ") + e.what());
-      }
+  std::lock_guard lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    try {
+      it = cache.emplace(key, make(s, with_bias)).first;
+    } catch (const dnnl::error& e) {
+      ENGINE_CHECK(false, std::string("oneDNN matmul: ") + e.what());
     }
-    p = &it->second;
   }
-  dnnl::stream stream(onednn_cpu());
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p->a, onednn_cpu(), const_cast<void*>(a))},
-                                             {DNNL_ARG_WEIGHTS, dnnl::memory(p->b, onednn_cpu(), const_cast<void*>(b))},
-                                             {DNNL_ARG_DST, dnnl::memory(p->c, onednn_cpu(), c)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p->bias, onednn_cpu(), const_cast<void*>(bias)));
-  p->matmul.execute(stream, args);
-  stream.wait();
+  return it->second;
+}
+
+}  // namespace
+
+void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
+  const Key key{s.transa, s.transb, s.m,          s.n,   s.k,     s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
+                s.accumulate, bias != nullptr, s.scale};
+  // Memory objects are bound per thread: set_data_handle on a shared one would race.
+  static thread_local std::map<Key, Bound> bound;
+  auto it = bound.find(key);
+  if (it == bound.end()) {
+    const Primitive& p = primitive(key, s, bias != nullptr);
+    const dnnl::engine& cpu = onednn_cpu();
+    Bound fresh{&p, dnnl::memory(p.a, cpu, DNNL_MEMORY_NONE), dnnl::memory(p.b, cpu, DNNL_MEMORY_NONE),
+                dnnl::memory(p.c, cpu, DNNL_MEMORY_NONE), {}, dnnl::stream(cpu)};
+    if (bias) fresh.bias = dnnl::memory(p.bias, cpu, DNNL_MEMORY_NONE);
+    it = bound.emplace(key, std::move(fresh)).first;
+  }
+  Bound& t = it->second;
+  t.a.set_data_handle(const_cast<void*>(a));
+  t.b.set_data_handle(const_cast<void*>(b));
+  t.c.set_data_handle(c);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}};
+  if (bias) {
+    t.bias.set_data_handle(const_cast<void*>(bias));
+    args.emplace(DNNL_ARG_BIAS, t.bias);
+  }
+  t.primitive->matmul.execute(t.stream, args);
+  t.stream.wait();
 }
 
 }  // namespace engine::ops

@@ -21,6 +21,7 @@ struct Gemm16 {
   DType operands = DType::bf16;         // A, B and the bias
   DType result = DType::f32;            // C
   bool accumulate = false;              // C += instead of C =
+  float scale = 1.0f;                   // C (+)= scale op(A) op(B)
 };
 
 // Whether oneDNN has a matmul for operands of `type` on this CPU (probed once).
@@ -30,7 +31,9 @@ bool matmul_16bit_available(DType type);
 // no usable 16-bit matmul for `type` and linears compute in fp32 on widened copies.
 std::string matmul_16bit_kernel(DType type);
 
-// C = op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating).
+// C = scale op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating). Each thread keeps its
+// own bound copy of a shape's primitive, so a call costs a few microseconds of overhead: small
+// products inside parallel loops (attention's tiles) pay little for it.
 void gemm16(const Gemm16& shape, const void* a, const void* b, const void* bias, void* c);
 
 }  // namespace engine::ops

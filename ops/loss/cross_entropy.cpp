@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "core/convert.h"
-#include "nn/fast_math.h"
+#include "core/cpu_isa.h"
+#include "nn/softmax_rows.h"
 
 namespace engine::ops {
 
@@ -28,25 +29,17 @@ int64_t chunk_length(int64_t vocab) {
 // float partial sums are added in order into a double, so the result does not depend on threads.
 // Returns log(sum exp(z)).
 template <class Widen>
-double exp_pass(float* work, int64_t vocab, int64_t chunk, float* shift, Widen widen) {
+[[gnu::always_inline]] inline double exp_pass(float* work, int64_t vocab, int64_t chunk, float* shift, Widen widen) {
   float running = -INFINITY, last_shift = 0.0f;
   double sum = 0;
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
     float* w = work + begin;
     widen(begin, n, w);
-    float chunk_max = -INFINITY;
-#pragma omp simd reduction(max : chunk_max)
-    for (int64_t i = 0; i < n; ++i) chunk_max = std::max(chunk_max, w[i]);
-    const float top = std::max(running, chunk_max);
+    const float top = std::max(running, row_max(w, n));
     // While every logit so far is -inf, exponentials are taken from 0 (exp(-inf - 0) = 0, not NaN).
     const float s = top == -INFINITY ? 0.0f : top;
-    float partial = 0.0f;
-#pragma omp simd reduction(+ : partial)
-    for (int64_t i = 0; i < n; ++i) {
-      w[i] = fast_exp(w[i] - s);
-      partial += w[i];
-    }
+    const float partial = exp_row_sum(w, n, s);
     if (running != -INFINITY) sum *= std::exp(double(running) - double(s));
     sum += partial;
     running = top;
@@ -64,7 +57,7 @@ float chunk_factor(float shift, double log_sum, float scale) {
 }
 
 // fp32 row: the loss; the row overwritten in place with (softmax - onehot) * scale.
-float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
+[[gnu::always_inline]] inline float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   const float z_target = z[target];
@@ -82,7 +75,8 @@ float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
 
 // 16-bit row: the same, its exponentials held in `work` (vocab floats, in cache for the write
 // pass) and the gradient rounded to the storage type once, the target's after its -scale.
-float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target, float scale) {
+[[gnu::always_inline]] inline float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab,
+                                                       int32_t target, float scale) {
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   float z_target;
@@ -104,6 +98,21 @@ float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab, i
   return float(log_sum - double(z_target));
 }
 
+// The rows at each ISA (core/cpu_isa.h): the same code, the same bits.
+float row_avx2(float* z, int64_t vocab, int32_t target, float scale) {
+  return cross_entropy_row(z, vocab, target, scale);
+}
+float row16_avx2(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target, float scale) {
+  return cross_entropy_row16(z, type, work, vocab, target, scale);
+}
+ENGINE_TARGET_AVX512 float row_avx512(float* z, int64_t vocab, int32_t target, float scale) {
+  return cross_entropy_row(z, vocab, target, scale);
+}
+ENGINE_TARGET_AVX512 float row16_avx512(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target,
+                                        float scale) {
+  return cross_entropy_row16(z, type, work, vocab, target, scale);
+}
+
 void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& ls = ctx.shape(node.inputs[0]);
   int64_t rows = ls.rows(), vocab = ls.last();
@@ -114,12 +123,15 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
   const DType type = ctx.dtype(node.inputs[0]);
   // Small inputs (tests, tiny models) are not worth a parallel region.
   const bool parallel = rows > 1 && rows * vocab > kSerialElements;
+  const bool avx512 = kernel_isa() == CpuIsa::avx512;
   if (type == DType::f32) {
     float* logits = ctx.f32(node.inputs[0]);
+    auto* row = avx512 ? row_avx512 : row_avx2;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t r = 0; r < rows; ++r) losses[r] = cross_entropy_row(logits + r * vocab, vocab, targets[r], scale);
+    for (int64_t r = 0; r < rows; ++r) losses[r] = row(logits + r * vocab, vocab, targets[r], scale);
     return;
   }
+  auto* row16 = avx512 ? row16_avx512 : row16_avx2;
   auto* logits = static_cast<uint16_t*>(ctx.data(node.inputs[0]));
 #pragma omp parallel if (parallel)
   {
@@ -129,7 +141,7 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
     if (work.size() < size_t(vocab)) work.resize(size_t(vocab));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
-      losses[r] = cross_entropy_row16(logits + r * vocab, type, work.data(), vocab, targets[r], scale);
+      losses[r] = row16(logits + r * vocab, type, work.data(), vocab, targets[r], scale);
   }
 }
 

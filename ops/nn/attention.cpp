@@ -6,37 +6,19 @@
 
 #include "core/convert.h"
 #include "linalg/gemm.h"
-#include "nn/fast_math.h"
+#include "nn/attention16.h"
+#include "nn/attention_blocks.h"
 #include "nn/qkv_layout.h"
 
 namespace engine::ops {
 
 namespace {
 
-// Both kernels work on blocks of kBlock queries: the block's scores against every key it sees
-// (S = Q K^T over keys [0, last query], the keys above the diagonal never computed), the causal
-// softmax of those rows, and the products with V (and, backward, with dO, K and Q) as GEMMs.
-// 64 rows keep a block's scores (64 x T floats) and its q, k, v tiles in L2 at T = 1024.
-constexpr int64_t kBlock = 64;
+using namespace attention_detail;
 
-// Stored in the 16-bit types, values are widened into per-thread fp32 tiles as a block needs them.
-const char* const kWidenedTiles16 = "fp32 GEMMs on 16-bit tiles widened in cache";
-
-// channels: the width of q and of the output (H hd); kv_channels: the width of k and of v (KV hd).
-struct Dims {
-  int64_t batch, time, channels, heads, kv_heads, head_size, kv_channels, row;
-  int64_t group() const { return heads / kv_heads; }
-  int64_t blocks() const { return (time + kBlock - 1) / kBlock; }
-  // Offsets in a row of qkv of query head h, and of the key and value heads it reads.
-  int64_t q(int64_t h) const { return h * head_size; }
-  int64_t k(int64_t h) const { return channels + (h / group()) * head_size; }
-  int64_t v(int64_t h) const { return channels + kv_channels + (h / group()) * head_size; }
-};
-
-Dims dims_of(const Shape& s, const Node& node) {
-  int64_t h = node.attrs.ints[0], kv = node.attrs.ints[1], hd = s[2] / (h + 2 * kv);
-  return {s[0], s[1], h * hd, h, kv, hd, kv * hd, s[2]};
-}
+// In 16-bit storage: 16-bit products where the CPU has a 16-bit matmul (nn/attention16.h), else
+// fp32 GEMMs on tiles widened into per-thread fp32 scratch as a block needs them.
+const char* const kTiles16 = "16-bit matmuls (oneDNN) with fp32 softmax, else fp32 GEMMs on tiles widened in cache";
 
 // A tile of fp32 rows for the GEMMs: `ld` floats apart.
 struct Rows {
@@ -55,39 +37,20 @@ Rows rows(const void* data, DType type, int64_t stride, int64_t first, int64_t c
   return {scratch, width};
 }
 
-// dst[offset, offset + n) in `type` = (or += when accumulating) src, rounded once.
-inline void store_row(float* src, void* dst, DType type, int64_t offset, int64_t n, bool accumulate) {
-  if (type == DType::f32) {
-    float* d = static_cast<float*>(dst) + offset;
-    if (accumulate) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) d[i] += src[i];
-    } else {
-      std::copy_n(src, n, d);
-    }
-    return;
-  }
-  auto* d = static_cast<uint16_t*>(dst) + offset;
-  if (accumulate) widen_serial(d, type, src, n, true);  // src = stored + fresh
-  narrow_serial(src, d, type, n);
-}
-
-// Per-thread fp32 scratch, uninitialised (every tile is written before it is read).
-std::unique_ptr<float[]> floats(int64_t n) {
-  return std::unique_ptr<float[]>(new float[size_t(std::max<int64_t>(n, 1))]);
-}
-
 // One task per (batch, head, query block), the latest (costliest) blocks handed out first so the
 // cheap ones fill the threads' tails. Each task writes its own rows of out and lse.
 void attention_cpu(const Node& node, const KernelContext& ctx) {
+  if (attention16_applies(node, ctx)) return attention16_forward(node, ctx);
   const ValueId qkv_id = node.inputs[0], out_id = node.outputs[0];
   const Dims d = dims_of(ctx.shape(qkv_id), node);
   const void* qkv = ctx.data(qkv_id);
   void* out = ctx.data(out_id);
   float* lse = ctx.f32(node.outputs[1]);
   const DType qkv_type = ctx.dtype(qkv_id), out_type = ctx.dtype(out_id);
+  const bool rounds = attention16_types(node, ctx);  // P rounded as the 16-bit products would read it
   const float scale = 1.0f / std::sqrt(float(d.head_size));
   const int64_t T = d.time, hd = d.head_size, heads = d.batch * d.heads, tasks = heads * d.blocks();
+  const BlockLoops& loops = block_loops();
 #pragma omp parallel
   {
     auto scores = floats(kBlock * T), q_tile = floats(kBlock * hd), k_tile = floats(T * hd), v_tile = floats(T * hd);
@@ -103,22 +66,8 @@ void attention_cpu(const Node& node, const KernelContext& ctx) {
       float* s = scores.get();
       sgemm('N', 'T', m, n, hd, scale, q.data, q.ld, k.data, k.ld, 0.0f, s, n);
       float inv[kBlock];
-      for (int64_t i = 0; i < m; ++i) {
-        float* p = s + i * n;
-        const int64_t seen = t0 + i + 1;  // keys 0..t
-        float max_score = -INFINITY;
-#pragma omp simd reduction(max : max_score)
-        for (int64_t j = 0; j < seen; ++j) max_score = std::max(max_score, p[j]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < seen; ++j) {
-          p[j] = fast_exp(p[j] - max_score);
-          sum += p[j];
-        }
-        std::fill(p + seen, p + n, 0.0f);
-        inv[i] = 1.0f / sum;
-        lse[(b * d.heads + h) * T + t0 + i] = max_score + std::log(sum);
-      }
+      loops.softmax(s, m, n, t0, inv, lse + (b * d.heads + h) * T + t0);
+      if (rounds) round_through(s, m * n, qkv_type);
       // O = P V, then each row divided by its sum.
       float* o = o_tile.get();
       int64_t ldo = hd;
@@ -143,6 +92,7 @@ void attention_cpu(const Node& node, const KernelContext& ctx) {
 // runs its group's query heads and their blocks in order, summing dk and dv in fp32 tiles that it
 // writes once at the end, so every sum has one order whatever the number of threads.
 void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
+  if (attention16_applies(node, ctx)) return attention16_backward(node, ctx);
   const ValueId dout_id = node.inputs[0], qkv_id = node.inputs[1], dqkv_id = node.outputs[0];
   const Dims d = dims_of(ctx.shape(qkv_id), node);
   const void* dout = ctx.data(dout_id);
@@ -150,14 +100,16 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
   const float* lse = ctx.f32(node.inputs[3]);
   void* dqkv = ctx.data(dqkv_id);
   const DType dout_type = ctx.dtype(dout_id), qkv_type = ctx.dtype(qkv_id), dqkv_type = ctx.dtype(dqkv_id);
+  const bool rounds = attention16_types(node, ctx);  // P and dS rounded as the 16-bit products would read them
   const bool accumulate = ctx.accumulates(node, 0);
   const float scale = 1.0f / std::sqrt(float(d.head_size));
   const int64_t T = d.time, hd = d.head_size, C = d.channels;
+  const BlockLoops& loops = block_loops();
 #pragma omp parallel
   {
     auto p_tile = floats(kBlock * T), ds_tile = floats(kBlock * T), k_tile = floats(T * hd), v_tile = floats(T * hd);
     auto dk = floats(T * hd), dv = floats(T * hd), q_tile = floats(kBlock * hd), do_tile = floats(kBlock * hd);
-    auto dq_tile = floats(kBlock * hd);
+    auto dq_tile = floats(kBlock * hd), p_rounded = floats(rounds ? kBlock * T : 0);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.batch; ++b) {
       for (int64_t kh = 0; kh < d.kv_heads; ++kh) {
@@ -175,29 +127,18 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
             float* p = p_tile.get();
             float* ds = ds_tile.get();
             sgemm('N', 'T', m, n, hd, scale, q.data, q.ld, k.data, k.ld, 0.0f, p, n);
-            const float* l = lse + (b * d.heads + h) * T + t0;
-            for (int64_t i = 0; i < m; ++i) {
-              float* row = p + i * n;
-              const int64_t seen = t0 + i + 1;
-#pragma omp simd
-              for (int64_t j = 0; j < seen; ++j) row[j] = fast_exp(row[j] - l[i]);
-              std::fill(row + seen, row + n, 0.0f);
+            loops.probabilities(p, m, n, t0, lse + (b * d.heads + h) * T + t0);
+            const float* p_product = p;  // what dV's product reads: P, or P rounded to 16 bits
+            if (rounds) {
+              std::copy_n(p, m * n, p_rounded.get());
+              round_through(p_rounded.get(), m * n, qkv_type);
+              p_product = p_rounded.get();
             }
-            // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta) with delta = dO . out = sum_s P dP per
-            // query, summed here from fp32 P rather than read from the stored (in 16 bits, rounded) out.
-            sgemm('T', 'N', n, hd, m, 1.0f, p, n, dO.data, dO.ld, 1.0f, dv.get(), hd);
+            // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta).
+            sgemm('T', 'N', n, hd, m, 1.0f, p_product, n, dO.data, dO.ld, 1.0f, dv.get(), hd);
             sgemm('N', 'T', m, n, hd, 1.0f, dO.data, dO.ld, v.data, v.ld, 0.0f, ds, n);
-            for (int64_t i = 0; i < m; ++i) {
-              const float* pr = p + i * n;
-              float* dr = ds + i * n;
-              const int64_t seen = t0 + i + 1;
-              float delta = 0.0f;
-#pragma omp simd reduction(+ : delta)
-              for (int64_t j = 0; j < seen; ++j) delta += pr[j] * dr[j];
-#pragma omp simd
-              for (int64_t j = 0; j < seen; ++j) dr[j] = pr[j] * (dr[j] - delta);
-              std::fill(dr + seen, dr + n, 0.0f);
-            }
+            loops.score_gradient(p, ds, m, n, t0);
+            if (rounds) round_through(ds, m * n, qkv_type);
             // dK += dS^T Q / sqrt(hd);  dQ = dS K / sqrt(hd), written (or added) to its rows.
             sgemm('T', 'N', n, hd, m, scale, ds, n, q.data, q.ld, 1.0f, dk.get(), hd);
             if (dqkv_type == DType::f32) {
@@ -239,10 +180,10 @@ double attention_flops(const Shape& s, const Node& n, double per_entry) {
 const OpDef kCausalAttention{
     "causal_attention", attention_cpu,
     attention_grad,     [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
-    kWidenedTiles16,    0b10};  // the log-sum-exp in fp32
+    kTiles16,    0b10};  // the log-sum-exp in fp32
 const OpDef kCausalAttentionBackward{
     "causal_attention_backward", attention_backward_cpu, nullptr,
-    [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); }, kWidenedTiles16};
+    [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); }, kTiles16};
 
 ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;

@@ -1,0 +1,106 @@
+// Times the engine's own CPU kernels that run at two vector widths (core/cpu_isa.h) on each path
+// this machine has, on the benchmark GPT's shapes (bench/gpt-bench.yaml: batch 8, context 256,
+// 6 heads of 64, vocabulary 50257): causal attention forward and backward, and softmax
+// cross-entropy, in fp32 and bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
+// --repeats runs; both paths give the same bits (tests/ops/kernel_isa_test.cpp).
+//
+//   OMP_NUM_THREADS=2 build/kernel_isa_bench [--repeats 7] [--attention (attention alone)]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/cpu_isa.h"
+#include "loss/cross_entropy.h"
+#include "nn/attention.h"
+
+namespace {
+
+using namespace engine;
+
+double median_ms(int repeats, const std::function<void()>& run) {
+  run();  // warm-up: first touch, oneDNN primitive creation
+  std::vector<double> times;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Memory for every value of `g`, filled with normal values (targets: indices below `vocab`).
+struct Buffers {
+  std::vector<std::vector<char>> memory;
+  KernelContext ctx;
+  Buffers(const Graph& g, int64_t vocab) {
+    ctx.graph = &g;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    for (const Value& v : g.values()) {
+      memory.emplace_back(size_t(v.shape.numel()) * dtype_size(v.dtype));
+      if (v.dtype == DType::i32) {
+        auto* targets = reinterpret_cast<int32_t*>(memory.back().data());
+        for (int64_t i = 0; i < v.shape.numel(); ++i) targets[i] = int32_t(rng() % uint32_t(vocab));
+      } else {
+        std::vector<float> values(size_t(v.shape.numel()));
+        for (float& x : values) x = normal(rng);
+        narrow(values.data(), memory.back().data(), v.dtype, v.shape.numel());
+      }
+      ctx.pointers.push_back(memory.back().data());
+      ctx.dtypes.push_back(v.dtype);
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int repeats = 7;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--repeats") repeats = std::atoi(argv[i + 1]);
+  bool attention_only = false;
+  for (int i = 1; i < argc; ++i) attention_only = attention_only || std::string(argv[i]) == "--attention";
+  const int64_t B = 8, T = 256, H = 6, hd = 64, vocab = 50257;
+  std::vector<CpuIsa> paths{CpuIsa::avx2};
+  if (kernel_isa() == CpuIsa::avx512) paths.push_back(CpuIsa::avx512);
+  std::printf("%-28s %-6s %-7s %9s\n", "kernel", "type", "path", "ms");
+  for (DType type : {DType::f32, DType::bf16}) {
+    Graph g;
+    ValueId qkv = g.add_activation("qkv", Shape{B, T, 3 * H * hd}, type);
+    ValueId out = g.add_activation("out", Shape{B, T, H * hd}, type);
+    ValueId lse = g.add_activation("lse", Shape{B, H, T}, DType::f32);
+    ValueId dout = g.add_activation("dout", Shape{B, T, H * hd}, type);
+    ValueId dqkv = g.add_activation("dqkv", Shape{B, T, 3 * H * hd}, type);
+    ValueId logits = g.add_activation("logits", Shape{B * T, vocab}, type);
+    ValueId targets = g.add_activation("targets", Shape{B * T}, DType::i32);
+    ValueId losses = g.add_activation("losses", Shape{B * T}, DType::f32);
+    const Node forward{&ops::kCausalAttention, {qkv}, {out, lse}, Attrs{{H, H}, {}}, false, false, "a"};
+    const Node backward{&ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, H}, {}},
+                        false, false, "a"};
+    const Node loss{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {1.0 / double(B * T)}},
+                    false, false, "loss"};
+    Buffers buffers(g, vocab);
+    const KernelContext& ctx = buffers.ctx;
+    for (CpuIsa isa : paths) {
+      ScopedKernelIsa scoped(isa);
+      const std::string type_name(dtype_name(type));
+      std::printf("%-28s %-6s %-7s %9.2f\n", "causal_attention", type_name.c_str(), cpu_isa_name(isa),
+                  median_ms(repeats, [&] { forward.op->cpu(forward, ctx); }));
+      std::printf("%-28s %-6s %-7s %9.2f\n", "causal_attention_backward", type_name.c_str(), cpu_isa_name(isa),
+                  median_ms(repeats, [&] { backward.op->cpu(backward, ctx); }));
+      // The kernel overwrites the logits with their gradient, whose values stay finite and small:
+      // later runs time the same work.
+      if (!attention_only)
+        std::printf("%-28s %-6s %-7s %9.2f\n", "softmax_cross_entropy", type_name.c_str(), cpu_isa_name(isa),
+                    median_ms(repeats, [&] { loss.op->cpu(loss, ctx); }));
+    }
+  }
+  return 0;
+}

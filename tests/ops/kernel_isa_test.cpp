@@ -1,0 +1,95 @@
+// The kernels the engine compiles at two vector widths (core/cpu_isa.h) give the same bits at both,
+// so a run on an AVX-512 machine and one on an AVX2 machine differ only where oneDNN's kernels do:
+// cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage) and the
+// bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/cpu_isa.h"
+#include "loss/cross_entropy.h"
+#include "random_values.h"
+
+namespace engine {
+namespace {
+
+void require_avx512() {
+  if (kernel_isa() != CpuIsa::avx512) GTEST_SKIP() << "this CPU has no AVX-512: only the AVX2 kernels run here";
+}
+
+// Losses and logit gradients of one cross-entropy over `rows` rows of `vocab` logits.
+std::vector<char> run_cross_entropy(DType type, int64_t rows, int64_t vocab, CpuIsa isa) {
+  const ScopedKernelIsa scoped_isa(isa);
+  Graph g;
+  const ValueId logits = g.add_activation("logits", Shape{rows, vocab}, type);
+  const ValueId targets = g.add_activation("targets", Shape{rows}, DType::i32);
+  const ValueId losses = g.add_activation("losses", Shape{rows});
+  const Node node{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {0.25}}, false, false, "loss"};
+  test_util::RandomValues values(g, 11, vocab);
+  node.op->cpu(node, values.ctx);
+  std::vector<char> result = values.bytes(losses);
+  result.insert(result.end(), values.bytes(logits).begin(), values.bytes(logits).end());
+  return result;
+}
+
+TEST(KernelIsa, CrossEntropyGivesTheSameBitsAtEveryWidth) {
+  require_avx512();
+  // 1100 logits: three 512-logit chunks, the last of 76 (not a multiple of 16); 4 rows.
+  for (DType type : {DType::f32, DType::bf16, DType::f16})
+    for (int64_t vocab : {int64_t(7), int64_t(1100)})
+      EXPECT_TRUE(run_cross_entropy(type, 4, vocab, CpuIsa::avx2) == run_cross_entropy(type, 4, vocab, CpuIsa::avx512))
+          << dtype_name(type) << ", vocabulary " << vocab;
+}
+
+TEST(KernelIsa, Bf16ConversionsGiveTheSameBitsAtEveryWidth) {
+  require_avx512();
+  std::vector<float> floats;
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x00000001u, 0x007fffffu, 0x80000001u, 0x7f7fffffu,
+                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu, 0x00000000u, 0x80000000u})
+    floats.push_back(std::bit_cast<float>(bits));
+  for (int i = 0; i < 1000; ++i) floats.push_back(std::ldexp(float(i % 97) - 48.5f, i % 60 - 30));
+  const int64_t n = int64_t(floats.size());
+  std::vector<uint16_t> narrow_avx2(floats.size()), narrow_avx512(floats.size());
+  std::vector<float> widen_avx2(floats.size(), 1.5f), widen_avx512(floats.size(), 1.5f);
+  {
+    const ScopedKernelIsa scoped_isa(CpuIsa::avx2);
+    narrow_serial(floats.data(), narrow_avx2.data(), DType::bf16, n);
+    widen_serial(narrow_avx2.data(), DType::bf16, widen_avx2.data(), n, /*accumulate=*/true);
+  }
+  {
+    const ScopedKernelIsa scoped_isa(CpuIsa::avx512);
+    narrow_serial(floats.data(), narrow_avx512.data(), DType::bf16, n);
+    widen_serial(narrow_avx512.data(), DType::bf16, widen_avx512.data(), n, /*accumulate=*/true);
+  }
+  EXPECT_TRUE(narrow_avx2 == narrow_avx512);
+  EXPECT_EQ(0, std::memcmp(widen_avx2.data(), widen_avx512.data(), floats.size() * sizeof(float)));
+}
+
+TEST(KernelIsa, OneDnnIsaCapAlsoCapsTheEnginesKernels) {
+  EXPECT_FALSE(max_cpu_isa_allows_avx512("AVX2"));
+  EXPECT_FALSE(max_cpu_isa_allows_avx512("avx2_vnni_2"));
+  EXPECT_FALSE(max_cpu_isa_allows_avx512("SSE41"));
+  EXPECT_TRUE(max_cpu_isa_allows_avx512("AVX512_CORE_BF16"));
+  EXPECT_TRUE(max_cpu_isa_allows_avx512("avx512_core_amx"));
+  EXPECT_TRUE(max_cpu_isa_allows_avx512("AVX10_1_512"));
+  EXPECT_TRUE(max_cpu_isa_allows_avx512("ALL"));
+}
+
+TEST(KernelIsa, ScopedIsaNeverExceedsTheCpu) {
+  const CpuIsa machine = kernel_isa();
+  {
+    const ScopedKernelIsa scoped_isa(CpuIsa::avx2);
+    EXPECT_EQ(kernel_isa(), CpuIsa::avx2);
+    const ScopedKernelIsa inner(CpuIsa::avx512);
+    EXPECT_EQ(kernel_isa(), machine);
+  }
+  EXPECT_EQ(kernel_isa(), machine);
+}
+
+}  // namespace
+}  // namespace engine
