@@ -1,7 +1,7 @@
 // Times the engine's own CPU kernels that run at two vector widths (core/cpu_isa.h) on each path
 // this machine has, on the benchmark GPT's shapes (bench/gpt-bench.yaml: batch 8, context 256,
-// 6 heads of 64, vocabulary 50257): causal attention forward and backward, and softmax
-// cross-entropy, in fp32 and bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
+// 6 heads of 64, vocabulary 50257): causal attention forward and backward, the fc layer's weight
+// and bias gradients, and softmax cross-entropy, in fp32 and bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
 // --repeats runs; both paths give the same bits (tests/ops/kernel_isa_test.cpp).
 //
 //   OMP_NUM_THREADS=2 build/kernel_isa_bench [--repeats 7] [--attention (attention alone)]
@@ -16,6 +16,7 @@
 
 #include "core/convert.h"
 #include "core/cpu_isa.h"
+#include "linalg/linear.h"
 #include "loss/cross_entropy.h"
 #include "nn/attention.h"
 
@@ -84,6 +85,13 @@ int main(int argc, char** argv) {
     const Node forward{&ops::kCausalAttention, {qkv}, {out, lse}, Attrs{{H, H}, {}}, false, false, "a"};
     const Node backward{&ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, H}, {}},
                         false, false, "a"};
+    // The fc layer's weight and bias gradients (2048 x 1536 outputs from 384 inputs); the bias
+    // gradient's column sums are the part that runs at two widths.
+    ValueId dy = g.add_activation("dy", Shape{B * T, 4 * H * hd}, type);
+    ValueId x = g.add_activation("x", Shape{B * T, H * hd}, type);
+    ValueId dw = g.add_activation("dw", Shape{4 * H * hd, H * hd}, DType::f32);
+    ValueId db = g.add_activation("db", Shape{4 * H * hd}, DType::f32);
+    const Node weight_gradient{&ops::kLinearBackwardWeight, {dy, x}, {dw, db}, {}, true, true, "fc"};
     const Node loss{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {1.0 / double(B * T)}},
                     false, false, "loss"};
     Buffers buffers(g, vocab);
@@ -97,6 +105,8 @@ int main(int argc, char** argv) {
                   median_ms(repeats, [&] { backward.op->cpu(backward, ctx); }));
       // The kernel overwrites the logits with their gradient, whose values stay finite and small:
       // later runs time the same work.
+      std::printf("%-28s %-6s %-7s %9.2f\n", "linear_backward_weight+bias", type_name.c_str(), cpu_isa_name(isa),
+                  median_ms(repeats, [&] { weight_gradient.op->cpu(weight_gradient, ctx); }));
       if (!attention_only)
         std::printf("%-28s %-6s %-7s %9.2f\n", "softmax_cross_entropy", type_name.c_str(), cpu_isa_name(isa),
                     median_ms(repeats, [&] { loss.op->cpu(loss, ctx); }));

@@ -68,7 +68,7 @@ double measure_gemm_flops(DType compute, int64_t n, int runs) {
   };
   product();  // primitive creation and first touch
   double best = 1e300, spent = 0;
-  for (int run = 0; run < runs || (spent < 0.2 && run < 50); ++run) {
+  for (int run = 0; run < runs || (spent < 0.5 && run < 200); ++run) {
     const auto start = std::chrono::steady_clock::now();
     product();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

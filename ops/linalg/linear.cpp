@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "core/cpu_isa.h"
 #include "core/error.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
@@ -64,36 +65,51 @@ void linear_backward_input_cpu(const Node& node, const KernelContext& ctx) {
 // (the same double sum, bit for bit, as a column walked down the rows).
 constexpr int64_t kStripe = 64;
 
+// sum[j] = sum over rows of load(r * m + j0 + j), j < width, in row order.
 template <class Load>
-void column_sums(int64_t rows, int64_t m, void* db, DType db_type, Load load) {
+[[gnu::always_inline]] inline void stripe_sums(int64_t rows, int64_t m, int64_t j0, int64_t width, double* sum,
+                                               Load load) {
+  for (int64_t j = 0; j < width; ++j) sum[j] = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = r * m + j0;
+#pragma omp simd
+    for (int64_t j = 0; j < width; ++j) sum[j] += double(load(at + j));
+  }
+}
+
+[[gnu::always_inline]] inline void stripe_sums_of(const void* dy, DType type, int64_t rows, int64_t m, int64_t j0,
+                                                  int64_t width, double* sum) {
+  const auto* d16 = static_cast<const uint16_t*>(dy);
+  const auto* d32 = static_cast<const float*>(dy);
+  switch (type) {
+    case DType::bf16:
+      return stripe_sums(rows, m, j0, width, sum, [=](int64_t i) { return std::bit_cast<float>(uint32_t(d16[i]) << 16); });
+    case DType::f16:
+      return stripe_sums(rows, m, j0, width, sum, [=](int64_t i) { return f16_to_float(d16[i]); });
+    default:
+      return stripe_sums(rows, m, j0, width, sum, [=](int64_t i) { return d32[i]; });
+  }
+}
+
+// A stripe at each vector width (core/cpu_isa.h): the same double sums in the same order. The
+// parallel loop stays outside them (an OpenMP region's body is compiled once, at the build's width).
+void stripe_sums_avx2(const void* dy, DType type, int64_t rows, int64_t m, int64_t j0, int64_t width, double* sum) {
+  stripe_sums_of(dy, type, rows, m, j0, width, sum);
+}
+ENGINE_TARGET_AVX512 void stripe_sums_avx512(const void* dy, DType type, int64_t rows, int64_t m, int64_t j0,
+                                             int64_t width, double* sum) {
+  stripe_sums_of(dy, type, rows, m, j0, width, sum);
+}
+
+void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void* db, DType db_type) {
+  auto* stripe = kernel_isa() == CpuIsa::avx512 ? stripe_sums_avx512 : stripe_sums_avx2;
   const int64_t stripes = (m + kStripe - 1) / kStripe;
 #pragma omp parallel for schedule(static) if (rows * m > kSerialElements && stripes > 1)
   for (int64_t s = 0; s < stripes; ++s) {
     const int64_t j0 = s * kStripe, width = std::min(kStripe, m - j0);
-    double sum[kStripe] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = r * m + j0;
-#pragma omp simd
-      for (int64_t j = 0; j < width; ++j) sum[j] += double(load(at + j));
-    }
+    double sum[kStripe];
+    stripe(dy, type, rows, m, j0, width, sum);
     for (int64_t j = 0; j < width; ++j) add_float(db, db_type, j0 + j, float(sum[j]));
-  }
-}
-
-void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void* db, DType db_type) {
-  const auto* d16 = static_cast<const uint16_t*>(dy);
-  switch (type) {
-    case DType::bf16:
-      column_sums(rows, m, db, db_type, [=](int64_t i) { return std::bit_cast<float>(uint32_t(d16[i]) << 16); });
-      return;
-    case DType::f16:
-      column_sums(rows, m, db, db_type, [=](int64_t i) { return f16_to_float(d16[i]); });
-      return;
-    default: {
-      const auto* d = static_cast<const float*>(dy);
-      column_sums(rows, m, db, db_type, [=](int64_t i) { return d[i]; });
-      return;
-    }
   }
 }
 

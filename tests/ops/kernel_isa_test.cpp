@@ -1,7 +1,7 @@
 // The kernels the engine compiles at two vector widths (core/cpu_isa.h) give the same bits at both,
 // so a run on an AVX-512 machine and one on an AVX2 machine differ only where oneDNN's kernels do:
-// cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage) and the
-// bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
+// cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage), a linear
+// layer's bias gradient and the bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -12,6 +12,8 @@
 
 #include "core/convert.h"
 #include "core/cpu_isa.h"
+#include "linalg/gemm16.h"
+#include "linalg/linear.h"
 #include "loss/cross_entropy.h"
 #include "random_values.h"
 
@@ -44,6 +46,31 @@ TEST(KernelIsa, CrossEntropyGivesTheSameBitsAtEveryWidth) {
     for (int64_t vocab : {int64_t(7), int64_t(1100)})
       EXPECT_TRUE(run_cross_entropy(type, 4, vocab, CpuIsa::avx2) == run_cross_entropy(type, 4, vocab, CpuIsa::avx512))
           << dtype_name(type) << ", vocabulary " << vocab;
+}
+
+// The weight and bias gradients of a linear layer (the bias gradient's column sums run at two widths).
+std::vector<char> run_bias_gradient(DType type, CpuIsa isa) {
+  const ScopedKernelIsa scoped_isa(isa);
+  const int64_t rows = 70, out = 150, in = 9;  // stripes of 64 columns and a ragged one
+  Graph g;
+  const ValueId dy = g.add_activation("dy", Shape{rows, out}, type);
+  const ValueId x = g.add_activation("x", Shape{rows, in}, type);
+  const ValueId dw = g.add_activation("dw", Shape{out, in});
+  const ValueId db = g.add_activation("db", Shape{out});
+  const Node node{&ops::kLinearBackwardWeight, {dy, x}, {dw, db}, {}, true, true, "fc"};
+  test_util::RandomValues values(g, 3);
+  node.op->cpu(node, values.ctx);
+  std::vector<char> result = values.bytes(db);
+  result.insert(result.end(), values.bytes(dw).begin(), values.bytes(dw).end());
+  return result;
+}
+
+TEST(KernelIsa, BiasGradientGivesTheSameBitsAtEveryWidth) {
+  require_avx512();
+  for (DType type : {DType::f32, DType::bf16, DType::f16}) {
+    if (type != DType::f32 && !ops::matmul_16bit_available(type)) continue;  // the op needs one in 16 bits
+    EXPECT_TRUE(run_bias_gradient(type, CpuIsa::avx2) == run_bias_gradient(type, CpuIsa::avx512)) << dtype_name(type);
+  }
 }
 
 TEST(KernelIsa, Bf16ConversionsGiveTheSameBitsAtEveryWidth) {
