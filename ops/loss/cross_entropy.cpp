@@ -28,7 +28,7 @@ int64_t chunk_length(int64_t vocab) {
 // the sum of exponentials is rescaled to the new max as it rises: one exp per logit. The chunks'
 // float partial sums are added in order into a double, so the result does not depend on threads.
 // Returns log(sum exp(z)).
-template <class Widen>
+template <bool wide, class Widen>
 [[gnu::always_inline]] inline double exp_pass(float* work, int64_t vocab, int64_t chunk, float* shift, Widen widen) {
   float running = -INFINITY, last_shift = 0.0f;
   double sum = 0;
@@ -39,7 +39,11 @@ template <class Widen>
     const float top = std::max(running, row_max(w, n));
     // While every logit so far is -inf, exponentials are taken from 0 (exp(-inf - 0) = 0, not NaN).
     const float s = top == -INFINITY ? 0.0f : top;
-    const float partial = exp_row_sum(w, n, s);
+    float partial;
+    if constexpr (wide)
+      partial = exp_row_sum16(w, n, s);
+    else
+      partial = exp_row_sum(w, n, s);
     if (running != -INFINITY) sum *= std::exp(double(running) - double(s));
     sum += partial;
     running = top;
@@ -57,11 +61,12 @@ float chunk_factor(float shift, double log_sum, float scale) {
 }
 
 // fp32 row: the loss; the row overwritten in place with (softmax - onehot) * scale.
+template <bool wide>
 [[gnu::always_inline]] inline float cross_entropy_row(float* z, int64_t vocab, int32_t target, float scale) {
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   const float z_target = z[target];
-  const double log_sum = exp_pass(z, vocab, chunk, shift, [](int64_t, int64_t, float*) {});
+  const double log_sum = exp_pass<wide>(z, vocab, chunk, shift, [](int64_t, int64_t, float*) {});
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
     const float factor = chunk_factor(shift[c], log_sum, scale);
@@ -75,13 +80,14 @@ float chunk_factor(float shift, double log_sum, float scale) {
 
 // 16-bit row: the same, its exponentials held in `work` (vocab floats, in cache for the write
 // pass) and the gradient rounded to the storage type once, the target's after its -scale.
+template <bool wide>
 [[gnu::always_inline]] inline float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab,
                                                        int32_t target, float scale) {
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   float z_target;
   widen_serial(z + target, type, &z_target, 1);
-  const double log_sum = exp_pass(work, vocab, chunk, shift,
+  const double log_sum = exp_pass<wide>(work, vocab, chunk, shift,
                                   [&](int64_t begin, int64_t n, float* w) { widen_serial(z + begin, type, w, n); });
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
@@ -100,17 +106,17 @@ float chunk_factor(float shift, double log_sum, float scale) {
 
 // The rows at each ISA (core/cpu_isa.h): the same code, the same bits.
 float row_avx2(float* z, int64_t vocab, int32_t target, float scale) {
-  return cross_entropy_row(z, vocab, target, scale);
+  return cross_entropy_row<false>(z, vocab, target, scale);
 }
 float row16_avx2(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target, float scale) {
-  return cross_entropy_row16(z, type, work, vocab, target, scale);
+  return cross_entropy_row16<false>(z, type, work, vocab, target, scale);
 }
 ENGINE_TARGET_AVX512 float row_avx512(float* z, int64_t vocab, int32_t target, float scale) {
-  return cross_entropy_row(z, vocab, target, scale);
+  return cross_entropy_row<true>(z, vocab, target, scale);
 }
 ENGINE_TARGET_AVX512 float row16_avx512(uint16_t* z, DType type, float* work, int64_t vocab, int32_t target,
                                         float scale) {
-  return cross_entropy_row16(z, type, work, vocab, target, scale);
+  return cross_entropy_row16<true>(z, type, work, vocab, target, scale);
 }
 
 void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {

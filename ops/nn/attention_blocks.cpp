@@ -14,12 +14,13 @@ namespace {
 // [0, t0 + i]: always inlined into one wrapper per ISA (core/cpu_isa.h), the same bits on each.
 
 // Scores to probabilities in place (zero above the diagonal); inv[i] = 1 / row sum, lse[i] = its log-sum-exp.
+template <bool wide>
 [[gnu::always_inline]] inline void softmax_block(float* s, int64_t m, int64_t n, int64_t t0, float* inv, float* lse) {
   for (int64_t i = 0; i < m; ++i) {
     float* p = s + i * n;
     const int64_t seen = t0 + i + 1;
     const float top = row_max(p, seen);
-    const float sum = exp_row_sum(p, seen, top);
+    const float sum = wide ? exp_row_sum16(p, seen, top) : exp_row_sum(p, seen, top);
     std::fill(p + seen, p + n, 0.0f);
     inv[i] = 1.0f / sum;
     lse[i] = top + std::log(sum);
@@ -27,12 +28,17 @@ namespace {
 }
 
 // Scores to the forward's probabilities, exp(s - lse), from its saved log-sum-exp.
+template <bool wide>
 [[gnu::always_inline]] inline void probabilities_block(float* s, int64_t m, int64_t n, int64_t t0, const float* lse) {
   for (int64_t i = 0; i < m; ++i) {
     float* row = s + i * n;
     const int64_t seen = t0 + i + 1;
+    if constexpr (wide) {
+      exp_row16(row, seen, lse[i]);
+    } else {
 #pragma omp simd
-    for (int64_t j = 0; j < seen; ++j) row[j] = fast_exp(row[j] - lse[i]);
+      for (int64_t j = 0; j < seen; ++j) row[j] = fast_exp(row[j] - lse[i]);
+    }
     std::fill(row + seen, row + n, 0.0f);
   }
 }
@@ -48,19 +54,19 @@ namespace {
 }
 
 void softmax_block_avx2(float* s, int64_t m, int64_t n, int64_t t0, float* inv, float* lse) {
-  softmax_block(s, m, n, t0, inv, lse);
+  softmax_block<false>(s, m, n, t0, inv, lse);
 }
 void probabilities_block_avx2(float* s, int64_t m, int64_t n, int64_t t0, const float* lse) {
-  probabilities_block(s, m, n, t0, lse);
+  probabilities_block<false>(s, m, n, t0, lse);
 }
 void score_gradient_block_avx2(const float* p, float* ds, int64_t m, int64_t n, int64_t t0) {
   score_gradient_block(p, ds, m, n, t0);
 }
 ENGINE_TARGET_AVX512 void softmax_block_avx512(float* s, int64_t m, int64_t n, int64_t t0, float* inv, float* lse) {
-  softmax_block(s, m, n, t0, inv, lse);
+  softmax_block<true>(s, m, n, t0, inv, lse);
 }
 ENGINE_TARGET_AVX512 void probabilities_block_avx512(float* s, int64_t m, int64_t n, int64_t t0, const float* lse) {
-  probabilities_block(s, m, n, t0, lse);
+  probabilities_block<true>(s, m, n, t0, lse);
 }
 ENGINE_TARGET_AVX512 void score_gradient_block_avx512(const float* p, float* ds, int64_t m, int64_t n, int64_t t0) {
   score_gradient_block(p, ds, m, n, t0);

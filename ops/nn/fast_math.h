@@ -19,25 +19,27 @@
 
 namespace engine::ops {
 
+// The multiply-adds are explicit fused ones (__builtin_fmaf), so every compiler and every vector
+// width computes the same bits; fast_exp16 (nn/fast_math_avx512.h) is its AVX-512 twin.
 inline float fast_exp(float x) {
   // Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float. NaN
   // fails both comparisons and flows through the arithmetic to a NaN result.
   float c = x < -104.0f ? -104.0f : x;
   c = c > 89.0f ? 89.0f : c;
-  const float v = c * 1.44269504088896341f + 0.5f;
+  const float v = __builtin_fmaf(c, 1.44269504088896341f, 0.5f);
   // n = floor(v), in [-150, 128] (or NaN), from rint: GCC makes floorf a library call (which stops
   // vectorisation) unless its result is converted to int, and there is no such conversion here.
   float n = __builtin_rintf(v);
   n = n > v ? n - 1.0f : n;
-  float r = c - n * 0.693359375f;  // ln 2 split in two for an exact reduction
-  r = r + n * 2.12194440e-4f;
+  float r = __builtin_fmaf(-n, 0.693359375f, c);  // ln 2 split in two for an exact reduction
+  r = __builtin_fmaf(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  const float e = __builtin_fmaf(p * r, r, r) + 1.0f;
   // n as an integer without converting a float to int (undefined for NaN): adding 1.5 * 2^23 puts
   // the integer n in the low mantissa bits. For NaN the bits are meaningless, and unused: e is NaN.
   const auto k = static_cast<int32_t>(std::bit_cast<uint32_t>(n + 12582912.0f) - 0x4b400000u);

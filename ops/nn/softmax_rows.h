@@ -19,7 +19,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cpu_isa.h"
 #include "nn/fast_math.h"
+#include "nn/fast_math_avx512.h"
 
 namespace engine::ops {
 
@@ -66,6 +68,45 @@ inline constexpr int kRowLanes = 16;
   }
   return lane_total(lanes);
 }
+
+// exp_row_sum and w[i] = exp(w[i] - shift) with fast_exp16 (nn/fast_math_avx512.h): the same bits,
+// for the AVX-512 instantiations of the kernels (`if constexpr (wide)` in a template that only an
+// ENGINE_TARGET_AVX512 wrapper instantiates with wide = true). Not always-inline: GCC inlines a
+// function with more target features only into a function that has them, so these are inlined
+// once their caller has been inlined into its AVX-512 wrapper, or else called.
+#if ENGINE_HAS_AVX512_KERNELS
+ENGINE_TARGET_AVX512 inline float exp_row_sum16(float* w, int64_t n, float shift) {
+  __m512 sum = _mm512_setzero_ps();
+  const __m512 s = _mm512_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const __m512 e = fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(w + i), s));
+    _mm512_storeu_ps(w + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  float lanes[kRowLanes];
+  _mm512_storeu_ps(lanes, sum);
+  for (int j = 0; i + j < n; ++j) {
+    const float e = fast_exp(w[i + j] - shift);
+    w[i + j] = e;
+    lanes[j] += e;
+  }
+  return lane_total(lanes);
+}
+
+ENGINE_TARGET_AVX512 inline void exp_row16(float* w, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes)
+    _mm512_storeu_ps(w + i, fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(w + i), s)));
+  for (; i < n; ++i) w[i] = fast_exp(w[i] - shift);
+}
+#else
+inline float exp_row_sum16(float* w, int64_t n, float shift) { return exp_row_sum(w, n, shift); }
+inline void exp_row16(float* w, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) w[i] = fast_exp(w[i] - shift);
+}
+#endif
 
 // The softmax backward of one row, in place: dp[i] = p[i] (dp[i] - delta), delta = sum p[i] dp[i].
 [[gnu::always_inline]] inline void softmax_backward_row(const float* p, float* dp, int64_t n) {

@@ -12,7 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu_isa.h"
 #include "nn/fast_math.h"
+#include "nn/fast_math_avx512.h"
 
 namespace engine {
 namespace {
@@ -91,6 +93,32 @@ std::vector<float> tanh_loop(const std::vector<float>& x) {
 
 bool same(float a, float b) {
   return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+}
+
+#if ENGINE_HAS_AVX512_KERNELS
+// fast_exp16 over x, 16 at a time (the tail padded with zeros).
+ENGINE_TARGET_AVX512 std::vector<float> exp16_loop(const std::vector<float>& x) {
+  std::vector<float> padded = x;
+  padded.resize((x.size() + 15) / 16 * 16, 0.0f);
+  std::vector<float> y(padded.size());
+  for (size_t i = 0; i < padded.size(); i += 16)
+    _mm512_storeu_ps(y.data() + i, ops::fast_exp16(_mm512_loadu_ps(padded.data() + i)));
+  y.resize(x.size());
+  return y;
+}
+#endif
+
+TEST(FastMath, Exp16IsFastExpBitForBit) {
+#if ENGINE_HAS_AVX512_KERNELS
+  if (kernel_isa() != CpuIsa::avx512) GTEST_SKIP() << "this CPU has no AVX-512: fast_exp16 cannot run here";
+  const std::vector<float> x = edge_inputs();
+  const std::vector<float> sixteen = exp16_loop(x);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_TRUE(same(sixteen[i], ops::fast_exp(x[i]))) << "x = " << x[i] << " (bits " << std::bit_cast<uint32_t>(x[i])
+                                                       << "): " << sixteen[i] << " vs " << ops::fast_exp(x[i]);
+#else
+  GTEST_SKIP() << "not an x86-64 build: no AVX-512 kernels";
+#endif
 }
 
 TEST(FastMath, ExpMatchesStdExpEverywhereIncludingNanInfinitiesAndSubnormals) {
