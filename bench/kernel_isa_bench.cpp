@@ -1,10 +1,11 @@
 // Times the engine's own CPU kernels that run at two vector widths (core/cpu_isa.h) on each path
 // this machine has, on the benchmark GPT's shapes (bench/gpt-bench.yaml: batch 8, context 256,
 // 6 heads of 64, vocabulary 50257): causal attention forward and backward, the fc layer's weight
-// and bias gradients, and softmax cross-entropy, in fp32 and bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
+// and bias gradients, a layernorm forward and backward, and softmax cross-entropy, in fp32 and
+// bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
 // --repeats runs; both paths give the same bits (tests/ops/kernel_isa_test.cpp).
 //
-//   OMP_NUM_THREADS=2 build/kernel_isa_bench [--repeats 7] [--attention (attention alone)]
+//   OMP_NUM_THREADS=2 build/kernel_isa_bench [--repeats 7] [--attention (all but cross-entropy)]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "core/cpu_isa.h"
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
+#include "nn/layernorm.h"
 #include "nn/attention.h"
 
 namespace {
@@ -92,6 +94,18 @@ int main(int argc, char** argv) {
     ValueId dw = g.add_activation("dw", Shape{4 * H * hd, H * hd}, DType::f32);
     ValueId db = g.add_activation("db", Shape{4 * H * hd}, DType::f32);
     const Node weight_gradient{&ops::kLinearBackwardWeight, {dy, x}, {dw, db}, {}, true, true, "fc"};
+    // A layernorm over the model's width, forward and backward.
+    ValueId ln_w = g.add_activation("ln_w", Shape{H * hd}, type);
+    ValueId ln_b = g.add_activation("ln_b", Shape{H * hd}, type);
+    ValueId ln_y = g.add_activation("ln_y", Shape{B * T, H * hd}, type);
+    ValueId ln_mean = g.add_activation("ln_mean", Shape{B * T});
+    ValueId ln_rstd = g.add_activation("ln_rstd", Shape{B * T});
+    ValueId ln_dw = g.add_activation("ln_dw", Shape{H * hd});
+    ValueId ln_db = g.add_activation("ln_db", Shape{H * hd});
+    const Attrs ln_attrs{{0, 1}, {1e-5}};
+    const Node norm{&ops::kLayerNorm, {x, ln_w, ln_b}, {ln_y, ln_mean, ln_rstd}, ln_attrs, false, false, "ln"};
+    const Node norm_backward{&ops::kLayerNormBackward, {ln_y, x, ln_w, ln_mean, ln_rstd}, {ln_y, ln_dw, ln_db},
+                             ln_attrs, false, true, "ln"};
     const Node loss{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {1.0 / double(B * T)}},
                     false, false, "loss"};
     Buffers buffers(g, vocab);
@@ -107,6 +121,10 @@ int main(int argc, char** argv) {
       // later runs time the same work.
       std::printf("%-28s %-6s %-7s %9.2f\n", "linear_backward_weight+bias", type_name.c_str(), cpu_isa_name(isa),
                   median_ms(repeats, [&] { weight_gradient.op->cpu(weight_gradient, ctx); }));
+      std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm", type_name.c_str(), cpu_isa_name(isa),
+                  median_ms(repeats, [&] { norm.op->cpu(norm, ctx); }));
+      std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm_backward", type_name.c_str(), cpu_isa_name(isa),
+                  median_ms(repeats, [&] { norm_backward.op->cpu(norm_backward, ctx); }));
       if (!attention_only)
         std::printf("%-28s %-6s %-7s %9.2f\n", "softmax_cross_entropy", type_name.c_str(), cpu_isa_name(isa),
                     median_ms(repeats, [&] { loss.op->cpu(loss, ctx); }));

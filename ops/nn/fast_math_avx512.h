@@ -16,7 +16,7 @@
 
 namespace engine::ops {
 
-ENGINE_TARGET_AVX512 [[gnu::always_inline]] inline __m512 fast_exp16(__m512 x) {
+[[gnu::always_inline]] ENGINE_TARGET_AVX512 inline __m512 fast_exp16(__m512 x) {
   // max/min return their second operand when either is NaN: a NaN x stays NaN. (The zero-masked
   // forms with every lane set are the plain instructions; GCC 12 warns about the plain intrinsics'
   // undefined pass-through operand.)

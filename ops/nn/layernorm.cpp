@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/convert.h"
+#include "core/cpu_isa.h"
+#include "nn/softmax_rows.h"
 
 namespace engine::ops {
 
@@ -38,38 +41,110 @@ std::vector<float> output_buffer(DType type, int64_t width) {
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
 
-// A row's mean (0 for rmsnorm) and its sum of squared deviations from it: vectorised float sums,
-// or double ones where a float sum overflows (|x| past about 1e19 / sqrt(c), which bf16 can hold).
+// A row's mean (0 for rmsnorm) and its sum of squared deviations from it: float sums over 16
+// interleaved lanes added in a fixed tree (nn/softmax_rows.h), the same bits at every vector
+// width, or double ones where a float sum overflows (|x| past about 1e19 / sqrt(c), which bf16 can
+// hold).
 struct Moments {
   float mean;
   double squares;
 };
-Moments row_moments(const float* x, int64_t c, bool rms) {
+[[gnu::always_inline]] inline Moments row_moments(const float* x, int64_t c, bool rms) {
   float mean = 0;
-  if (!rms) {
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < c; ++i) sum += x[i];
-    mean = sum / float(c);
-  }
-  float squares = 0;
-#pragma omp simd reduction(+ : squares)
-  for (int64_t i = 0; i < c; ++i) squares += (x[i] - mean) * (x[i] - mean);
+  if (!rms) mean = row_sum(x, c) / float(c);
+  float lanes[kRowLanes] = {};
+  int64_t i = 0;
+  for (; i + kRowLanes <= c; i += kRowLanes)
+#pragma omp simd
+    for (int j = 0; j < kRowLanes; ++j) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
+  for (int j = 0; i + j < c; ++j) lanes[j] += (x[i + j] - mean) * (x[i + j] - mean);
+  const float squares = lane_total(lanes);
   if (std::isfinite(mean) && std::isfinite(squares)) return {mean, double(squares)};
   double sum = 0, wide_squares = 0;
   if (!rms)
-    for (int64_t i = 0; i < c; ++i) sum += x[i];
+    for (int64_t k = 0; k < c; ++k) sum += x[k];
   const double wide_mean = sum / double(c);
-  for (int64_t i = 0; i < c; ++i) wide_squares += (x[i] - wide_mean) * (x[i] - wide_mean);
+  for (int64_t k = 0; k < c; ++k) wide_squares += (x[k] - wide_mean) * (x[k] - wide_mean);
   return {float(wide_mean), wide_squares};
+}
+
+// One row of the forward: y = (x - mean) rstd w (+ b); returns {mean, rstd}.
+[[gnu::always_inline]] inline std::pair<float, float> norm_row(const float* xr, int64_t c, bool rms, double eps,
+                                                              const float* w, const float* b, float* yr) {
+  const Moments moments = row_moments(xr, c, rms);
+  const float mean = moments.mean;
+  const float rstd = float(1.0 / std::sqrt(moments.squares / double(c) + eps));
+  if (b) {
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - mean) * rstd * w[i];
+  }
+  return {mean, rstd};
+}
+
+// One row of the backward: dx (= or +=) rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (rmsnorm:
+// no mean(g) term), and dy xhat (and dy) added to the block's scale (and shift) gradient sums.
+[[gnu::always_inline]] inline void norm_backward_row(const float* dyr, const float* xr, const float* w, float m,
+                                                     float s, int64_t c, bool rms, float* dw_sum, float* db_sum,
+                                                     float* dxr, bool accumulate) {
+  float sum_g[kRowLanes] = {}, sum_gx[kRowLanes] = {};
+  int64_t i = 0;
+  for (; i + kRowLanes <= c; i += kRowLanes)
+#pragma omp simd
+    for (int j = 0; j < kRowLanes; ++j) {
+      const float g = dyr[i + j] * w[i + j], xhat = (xr[i + j] - m) * s;
+      sum_g[j] += g;
+      sum_gx[j] += g * xhat;
+      dw_sum[i + j] += dyr[i + j] * xhat;
+    }
+  for (int j = 0; i + j < c; ++j) {
+    const float g = dyr[i + j] * w[i + j], xhat = (xr[i + j] - m) * s;
+    sum_g[j] += g;
+    sum_gx[j] += g * xhat;
+    dw_sum[i + j] += dyr[i + j] * xhat;
+  }
+  if (db_sum) {
+#pragma omp simd
+    for (int64_t k = 0; k < c; ++k) db_sum[k] += dyr[k];
+  }
+  const float inv_c = 1.0f / float(c);
+  const float mean_g = rms ? 0.0f : lane_total(sum_g) * inv_c, mean_gx = lane_total(sum_gx) * inv_c;
+  if (accumulate) {
+#pragma omp simd
+    for (int64_t k = 0; k < c; ++k) dxr[k] += s * (dyr[k] * w[k] - mean_g - (xr[k] - m) * s * mean_gx);
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < c; ++k) dxr[k] = s * (dyr[k] * w[k] - mean_g - (xr[k] - m) * s * mean_gx);
+  }
+}
+
+// The rows at each vector width (core/cpu_isa.h), called from the parallel loops below.
+std::pair<float, float> norm_row_avx2(const float* xr, int64_t c, bool rms, double eps, const float* w,
+                                      const float* b, float* yr) {
+  return norm_row(xr, c, rms, eps, w, b, yr);
+}
+ENGINE_TARGET_AVX512 std::pair<float, float> norm_row_avx512(const float* xr, int64_t c, bool rms, double eps,
+                                                             const float* w, const float* b, float* yr) {
+  return norm_row(xr, c, rms, eps, w, b, yr);
+}
+void norm_backward_row_avx2(const float* dyr, const float* xr, const float* w, float m, float s, int64_t c, bool rms,
+                            float* dw_sum, float* db_sum, float* dxr, bool accumulate) {
+  norm_backward_row(dyr, xr, w, m, s, c, rms, dw_sum, db_sum, dxr, accumulate);
+}
+ENGINE_TARGET_AVX512 void norm_backward_row_avx512(const float* dyr, const float* xr, const float* w, float m, float s,
+                                                   int64_t c, bool rms, float* dw_sum, float* db_sum, float* dxr,
+                                                   bool accumulate) {
+  norm_backward_row(dyr, xr, w, m, s, c, rms, dw_sum, db_sum, dxr, accumulate);
 }
 
 // inputs x, w [, b]; outputs y, mean, rstd
 //
 // Each row in two passes over its (cached) values: the mean, then the variance around it (two
-// passes, not one of x and x^2, so a large mean does not cancel the variance away), both in float
-// vector lanes - eight partial sums per lane set, far below fp32's 1e-4 forward tolerance at any
-// width a model uses - and the output in a third pass.
+// passes, not one of x and x^2, so a large mean does not cancel the variance away), both in 16
+// float lanes - far below fp32's 1e-4 forward tolerance at any width a model uses - and the output
+// in a third pass.
 void norm_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& xs = ctx.shape(node.inputs[0]);
   const int64_t rows = xs.rows(), c = xs.last();
@@ -85,26 +160,18 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
   auto* y_data = static_cast<std::byte*>(ctx.data(node.outputs[0]));
   float* mean_out = ctx.f32(node.outputs[1]);
   float* rstd_out = ctx.f32(node.outputs[2]);
+  auto* row = kernel_isa() == CpuIsa::avx512 ? norm_row_avx512 : norm_row_avx2;
 #pragma omp parallel if (rows * c > kSerialElements)
   {
     std::vector<float> x_buffer = x.buffer(), y_buffer = output_buffer(y_type, c);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.row(r, x_buffer.data());
-      const Moments moments = row_moments(xr, c, rms);
-      const float mean = moments.mean;
-      const float rstd = float(1.0 / std::sqrt(moments.squares / double(c) + eps));
       float* yr = y_type == DType::f32 ? reinterpret_cast<float*>(y_data) + r * c : y_buffer.data();
-      if (b) {
-#pragma omp simd
-        for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - mean) * rstd * w[i] + b[i];
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < c; ++i) yr[i] = (xr[i] - mean) * rstd * w[i];
-      }
+      const std::pair<float, float> mean_rstd = row(xr, c, rms, eps, w, b, yr);
       if (y_type != DType::f32) narrow_serial(yr, y_data + r * c * 2, y_type, c);
-      mean_out[r] = mean;
-      rstd_out[r] = rstd;
+      mean_out[r] = mean_rstd.first;
+      rstd_out[r] = mean_rstd.second;
     }
   }
 }
@@ -131,7 +198,7 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
   const bool accumulate_dx = ctx.accumulates(node, 0);
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   std::vector<float> dw_blocks(static_cast<size_t>(blocks * c)), db_blocks(shift ? dw_blocks.size() : 0);
-  const float inv_c = 1.0f / float(c);
+  auto* row = kernel_isa() == CpuIsa::avx512 ? norm_backward_row_avx512 : norm_backward_row_avx2;
 #pragma omp parallel if (rows * c > kSerialElements)
   {
     std::vector<float> dy_buffer = dy.buffer(), x_buffer = x.buffer(), dx_buffer = output_buffer(dx_type, c);
@@ -142,31 +209,10 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
       for (int64_t r = block * kBlockRows; r < std::min(rows, (block + 1) * kBlockRows); ++r) {
         const float* dyr = dy.row(r, dy_buffer.data());
         const float* xr = x.row(r, x_buffer.data());
-        const float m = mean[r], s = rstd[r];
-        // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w   (rms: no mean(g) term)
-        float sum_g = 0, sum_gx = 0;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t i = 0; i < c; ++i) {
-          const float g = dyr[i] * w[i], xhat = (xr[i] - m) * s;
-          sum_g += g;
-          sum_gx += g * xhat;
-          dw_sum[i] += dyr[i] * xhat;
-        }
-        if (db_sum) {
-#pragma omp simd
-          for (int64_t i = 0; i < c; ++i) db_sum[i] += dyr[i];
-        }
-        const float mean_g = rms ? 0.0f : sum_g * inv_c, mean_gx = sum_gx * inv_c;
         auto* dx_row = dx_data + r * c * int64_t(dtype_size(dx_type));
         float* dxr = dx_type == DType::f32 ? reinterpret_cast<float*>(dx_row) : dx_buffer.data();
         if (dx_type != DType::f32 && accumulate_dx) widen_serial(dx_row, dx_type, dxr, c);
-        if (accumulate_dx) {
-#pragma omp simd
-          for (int64_t i = 0; i < c; ++i) dxr[i] += s * (dyr[i] * w[i] - mean_g - (xr[i] - m) * s * mean_gx);
-        } else {
-#pragma omp simd
-          for (int64_t i = 0; i < c; ++i) dxr[i] = s * (dyr[i] * w[i] - mean_g - (xr[i] - m) * s * mean_gx);
-        }
+        row(dyr, xr, w, mean[r], rstd[r], c, rms, dw_sum, db_sum, dxr, accumulate_dx);
         if (dx_type != DType::f32) narrow_serial(dxr, dx_row, dx_type, c);
       }
     }

@@ -50,6 +50,17 @@ inline constexpr int kRowLanes = 16;
   return lanes[0];
 }
 
+// The sum of w[0, n) in the lanes' order.
+[[gnu::always_inline]] inline float row_sum(const float* w, int64_t n) {
+  float lanes[kRowLanes] = {};
+  int64_t i = 0;
+  for (; i + kRowLanes <= n; i += kRowLanes)
+#pragma omp simd
+    for (int j = 0; j < kRowLanes; ++j) lanes[j] += w[i + j];
+  for (int j = 0; i + j < n; ++j) lanes[j] += w[i + j];
+  return lane_total(lanes);
+}
+
 // w[i] = exp(w[i] - shift) for i < n; returns their sum.
 [[gnu::always_inline]] inline float exp_row_sum(float* w, int64_t n, float shift) {
   float lanes[kRowLanes] = {};

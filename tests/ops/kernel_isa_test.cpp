@@ -1,7 +1,7 @@
 // The kernels the engine compiles at two vector widths (core/cpu_isa.h) give the same bits at both,
 // so a run on an AVX-512 machine and one on an AVX2 machine differ only where oneDNN's kernels do:
-// cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage), a linear
-// layer's bias gradient and the bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
+// cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage), the norms,
+// a linear layer's bias gradient and the bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -15,6 +15,7 @@
 #include "linalg/gemm16.h"
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
+#include "nn/layernorm.h"
 #include "random_values.h"
 
 namespace engine {
@@ -71,6 +72,51 @@ TEST(KernelIsa, BiasGradientGivesTheSameBitsAtEveryWidth) {
     if (type != DType::f32 && !ops::matmul_16bit_available(type)) continue;  // the op needs one in 16 bits
     EXPECT_TRUE(run_bias_gradient(type, CpuIsa::avx2) == run_bias_gradient(type, CpuIsa::avx512)) << dtype_name(type);
   }
+}
+
+// A layernorm (or rmsnorm) forward and backward over rows of 150 (nine 16-lane blocks and a ragged
+// tail), in 40 rows (two 32-row blocks of the scale and shift gradients).
+std::vector<char> run_norm(DType type, bool rms, CpuIsa isa) {
+  const ScopedKernelIsa scoped_isa(isa);
+  const int64_t rows = 40, c = 150;
+  Graph g;
+  const ValueId x = g.add_activation("x", Shape{rows, c}, type);
+  const ValueId w = g.add_activation("w", Shape{c}, type);
+  const ValueId b = g.add_activation("b", Shape{c}, type);
+  const ValueId y = g.add_activation("y", Shape{rows, c}, type);
+  const ValueId mean = g.add_activation("mean", Shape{rows});
+  const ValueId rstd = g.add_activation("rstd", Shape{rows});
+  const ValueId dy = g.add_activation("dy", Shape{rows, c}, type);
+  const ValueId dx = g.add_activation("dx", Shape{rows, c}, type);
+  const ValueId dw = g.add_activation("dw", Shape{c});
+  const ValueId db = g.add_activation("db", Shape{c});
+  const Attrs attrs{{rms ? 1 : 0, rms ? 0 : 1}, {1e-5}};
+  const std::vector<ValueId> params = rms ? std::vector<ValueId>{x, w} : std::vector<ValueId>{x, w, b};
+  const Node forward{rms ? &ops::kRmsNorm : &ops::kLayerNorm, params, {y, mean, rstd}, attrs, false, false, "ln"};
+  std::vector<ValueId> grads{dx, dw};
+  if (!rms) grads.push_back(db);
+  const Node backward{rms ? &ops::kRmsNormBackward : &ops::kLayerNormBackward,
+                      {dy, x, w, mean, rstd},
+                      grads,
+                      attrs,
+                      true,  // accumulate into dx's random start
+                      true,
+                      "ln"};
+  test_util::RandomValues values(g, 7);
+  forward.op->cpu(forward, values.ctx);
+  backward.op->cpu(backward, values.ctx);
+  std::vector<char> result;
+  for (ValueId id : {y, mean, rstd, dx, dw, db})
+    result.insert(result.end(), values.bytes(id).begin(), values.bytes(id).end());
+  return result;
+}
+
+TEST(KernelIsa, NormsGiveTheSameBitsAtEveryWidth) {
+  require_avx512();
+  for (DType type : {DType::f32, DType::bf16, DType::f16})
+    for (bool rms : {false, true})
+      EXPECT_TRUE(run_norm(type, rms, CpuIsa::avx2) == run_norm(type, rms, CpuIsa::avx512))
+          << dtype_name(type) << (rms ? " rmsnorm" : " layernorm");
 }
 
 TEST(KernelIsa, Bf16ConversionsGiveTheSameBitsAtEveryWidth) {
