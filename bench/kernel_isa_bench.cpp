@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
 #include "nn/layernorm.h"
+#include "random_values.h"
 #include "nn/attention.h"
 
 namespace {
@@ -37,30 +37,6 @@ double median_ms(int repeats, const std::function<void()>& run) {
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }
-
-// Memory for every value of `g`, filled with normal values (targets: indices below `vocab`).
-struct Buffers {
-  std::vector<std::vector<char>> memory;
-  KernelContext ctx;
-  Buffers(const Graph& g, int64_t vocab) {
-    ctx.graph = &g;
-    std::mt19937 rng(5);
-    std::normal_distribution<float> normal;
-    for (const Value& v : g.values()) {
-      memory.emplace_back(size_t(v.shape.numel()) * dtype_size(v.dtype));
-      if (v.dtype == DType::i32) {
-        auto* targets = reinterpret_cast<int32_t*>(memory.back().data());
-        for (int64_t i = 0; i < v.shape.numel(); ++i) targets[i] = int32_t(rng() % uint32_t(vocab));
-      } else {
-        std::vector<float> values(size_t(v.shape.numel()));
-        for (float& x : values) x = normal(rng);
-        narrow(values.data(), memory.back().data(), v.dtype, v.shape.numel());
-      }
-      ctx.pointers.push_back(memory.back().data());
-      ctx.dtypes.push_back(v.dtype);
-    }
-  }
-};
 
 }  // namespace
 
@@ -108,8 +84,8 @@ int main(int argc, char** argv) {
                              ln_attrs, false, true, "ln"};
     const Node loss{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {1.0 / double(B * T)}},
                     false, false, "loss"};
-    Buffers buffers(g, vocab);
-    const KernelContext& ctx = buffers.ctx;
+    test_util::RandomValues values(g, 5, vocab);  // as the op tests fill them
+    const KernelContext& ctx = values.ctx;
     for (CpuIsa isa : paths) {
       ScopedKernelIsa scoped(isa);
       const std::string type_name(dtype_name(type));
