@@ -18,9 +18,9 @@
 #include "core/cpu_isa.h"
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
+#include "nn/attention.h"
 #include "nn/layernorm.h"
 #include "random_values.h"
-#include "nn/attention.h"
 
 namespace {
 
@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
     ValueId targets = g.add_activation("targets", Shape{B * T}, DType::i32);
     ValueId losses = g.add_activation("losses", Shape{B * T}, DType::f32);
     const Node forward{&ops::kCausalAttention, {qkv}, {out, lse}, Attrs{{H, H}, {}}, false, false, "a"};
-    const Node backward{&ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, H}, {}},
-                        false, false, "a"};
+    const Node backward{
+        &ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, H}, {}}, false, false, "a"};
     // The fc layer's weight and bias gradients (2048 x 1536 outputs from 384 inputs); the bias
     // gradient's column sums are the part that runs at two widths.
     ValueId dy = g.add_activation("dy", Shape{B * T, 4 * H * hd}, type);
@@ -80,10 +80,15 @@ int main(int argc, char** argv) {
     ValueId ln_db = g.add_activation("ln_db", Shape{H * hd});
     const Attrs ln_attrs{{0, 1}, {1e-5}};
     const Node norm{&ops::kLayerNorm, {x, ln_w, ln_b}, {ln_y, ln_mean, ln_rstd}, ln_attrs, false, false, "ln"};
-    const Node norm_backward{&ops::kLayerNormBackward, {ln_y, x, ln_w, ln_mean, ln_rstd}, {ln_y, ln_dw, ln_db},
-                             ln_attrs, false, true, "ln"};
-    const Node loss{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {1.0 / double(B * T)}},
-                    false, false, "loss"};
+    const Node norm_backward{
+        &ops::kLayerNormBackward, {ln_y, x, ln_w, ln_mean, ln_rstd}, {ln_y, ln_dw, ln_db}, ln_attrs, false, true, "ln"};
+    const Node loss{&ops::kSoftmaxCrossEntropy,
+                    {logits, targets},
+                    {losses},
+                    Attrs{{}, {1.0 / double(B * T)}},
+                    false,
+                    false,
+                    "loss"};
     test_util::RandomValues values(g, 5, vocab);  // as the op tests fill them
     const KernelContext& ctx = values.ctx;
     for (CpuIsa isa : paths) {

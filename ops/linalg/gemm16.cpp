@@ -89,7 +89,7 @@ const Primitive& primitive(const Key& key, const Gemm16& s, bool with_bias) {
 }  // namespace
 
 void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
-  const Key key{s.transa, s.transb, s.m,          s.n,   s.k,     s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
+  const Key key{s.transa,     s.transb,        s.m,    s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
                 s.accumulate, bias != nullptr, s.scale};
   // Memory objects are bound per thread: set_data_handle on a shared one would race.
   static thread_local std::map<Key, Bound> bound;
@@ -97,8 +97,12 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
   if (it == bound.end()) {
     const Primitive& p = primitive(key, s, bias != nullptr);
     const dnnl::engine& cpu = onednn_cpu();
-    Bound fresh{&p, dnnl::memory(p.a, cpu, DNNL_MEMORY_NONE), dnnl::memory(p.b, cpu, DNNL_MEMORY_NONE),
-                dnnl::memory(p.c, cpu, DNNL_MEMORY_NONE), {}, dnnl::stream(cpu)};
+    Bound fresh{&p,
+                dnnl::memory(p.a, cpu, DNNL_MEMORY_NONE),
+                dnnl::memory(p.b, cpu, DNNL_MEMORY_NONE),
+                dnnl::memory(p.c, cpu, DNNL_MEMORY_NONE),
+                {},
+                dnnl::stream(cpu)};
     if (bias) fresh.bias = dnnl::memory(p.bias, cpu, DNNL_MEMORY_NONE);
     it = bound.emplace(key, std::move(fresh)).first;
   }

@@ -83,7 +83,8 @@ template <class Load>
   const auto* d32 = static_cast<const float*>(dy);
   switch (type) {
     case DType::bf16:
-      return stripe_sums(rows, m, j0, width, sum, [=](int64_t i) { return std::bit_cast<float>(uint32_t(d16[i]) << 16); });
+      return stripe_sums(rows, m, j0, width, sum,
+                         [=](int64_t i) { return std::bit_cast<float>(uint32_t(d16[i]) << 16); });
     case DType::f16:
       return stripe_sums(rows, m, j0, width, sum, [=](int64_t i) { return f16_to_float(d16[i]); });
     default:

@@ -82,13 +82,13 @@ template <bool wide>
 // pass) and the gradient rounded to the storage type once, the target's after its -scale.
 template <bool wide>
 [[gnu::always_inline]] inline float cross_entropy_row16(uint16_t* z, DType type, float* work, int64_t vocab,
-                                                       int32_t target, float scale) {
+                                                        int32_t target, float scale) {
   const int64_t chunk = chunk_length(vocab);
   float shift[kMaxChunks];
   float z_target;
   widen_serial(z + target, type, &z_target, 1);
-  const double log_sum = exp_pass<wide>(work, vocab, chunk, shift,
-                                  [&](int64_t begin, int64_t n, float* w) { widen_serial(z + begin, type, w, n); });
+  const double log_sum = exp_pass<wide>(
+      work, vocab, chunk, shift, [&](int64_t begin, int64_t n, float* w) { widen_serial(z + begin, type, w, n); });
   for (int64_t c = 0, begin = 0; begin < vocab; ++c, begin += chunk) {
     const int64_t n = std::min(chunk, vocab - begin);
     const float factor = chunk_factor(shift[c], log_sum, scale);

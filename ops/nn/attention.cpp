@@ -180,7 +180,7 @@ double attention_flops(const Shape& s, const Node& n, double per_entry) {
 const OpDef kCausalAttention{
     "causal_attention", attention_cpu,
     attention_grad,     [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
-    kTiles16,    0b10};  // the log-sum-exp in fp32
+    kTiles16,           0b10};  // the log-sum-exp in fp32
 const OpDef kCausalAttentionBackward{
     "causal_attention_backward", attention_backward_cpu, nullptr,
     [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); }, kTiles16};

@@ -55,8 +55,16 @@ void attention16_forward(const Node& node, const KernelContext& ctx) {
       const uint16_t* k = qkv + b * T * d.row + d.k(h);
       const uint16_t* v = qkv + b * T * d.row + d.v(h);
       float* s = scores.get();
-      gemm16({.transb = true, .m = m, .n = n, .k = hd, .lda = d.row, .ldb = d.row, .ldc = n, .operands = type,
-              .result = DType::f32, .scale = scale},
+      gemm16({.transb = true,
+              .m = m,
+              .n = n,
+              .k = hd,
+              .lda = d.row,
+              .ldb = d.row,
+              .ldc = n,
+              .operands = type,
+              .result = DType::f32,
+              .scale = scale},
              q, k, nullptr, s);
       float inv[kBlock];
       loops.softmax(s, m, n, t0, inv, lse + (b * d.heads + h) * T + t0);
@@ -111,26 +119,65 @@ void attention16_backward(const Node& node, const KernelContext& ctx) {
             float* p = p_tile.get();
             float* ds = ds_tile.get();
             // P = exp(Q K^T / sqrt(hd) - lse), zero above the diagonal.
-            gemm16({.transb = true, .m = m, .n = n, .k = hd, .lda = d.row, .ldb = d.row, .ldc = n, .operands = type,
-                    .result = DType::f32, .scale = scale},
+            gemm16({.transb = true,
+                    .m = m,
+                    .n = n,
+                    .k = hd,
+                    .lda = d.row,
+                    .ldb = d.row,
+                    .ldc = n,
+                    .operands = type,
+                    .result = DType::f32,
+                    .scale = scale},
                    q, k, nullptr, p);
             loops.probabilities(p, m, n, t0, lse + (b * d.heads + h) * T + t0);
             narrow_serial(p, p16.get(), type, m * n);
             // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta).
-            gemm16({.transa = true, .m = n, .n = hd, .k = m, .lda = n, .ldb = C, .ldc = hd, .operands = type,
-                    .result = DType::f32, .accumulate = true},
+            gemm16({.transa = true,
+                    .m = n,
+                    .n = hd,
+                    .k = m,
+                    .lda = n,
+                    .ldb = C,
+                    .ldc = hd,
+                    .operands = type,
+                    .result = DType::f32,
+                    .accumulate = true},
                    p16.get(), dO, nullptr, dv.get());
-            gemm16({.transb = true, .m = m, .n = n, .k = hd, .lda = C, .ldb = d.row, .ldc = n, .operands = type,
+            gemm16({.transb = true,
+                    .m = m,
+                    .n = n,
+                    .k = hd,
+                    .lda = C,
+                    .ldb = d.row,
+                    .ldc = n,
+                    .operands = type,
                     .result = DType::f32},
                    dO, v, nullptr, ds);
             loops.score_gradient(p, ds, m, n, t0);
             narrow_serial(ds, ds16.get(), type, m * n);
             // dK += dS^T Q / sqrt(hd);  dQ = dS K / sqrt(hd), written (or added) to its rows.
-            gemm16({.transa = true, .m = n, .n = hd, .k = m, .lda = n, .ldb = d.row, .ldc = hd, .operands = type,
-                    .result = DType::f32, .accumulate = true, .scale = scale},
+            gemm16({.transa = true,
+                    .m = n,
+                    .n = hd,
+                    .k = m,
+                    .lda = n,
+                    .ldb = d.row,
+                    .ldc = hd,
+                    .operands = type,
+                    .result = DType::f32,
+                    .accumulate = true,
+                    .scale = scale},
                    ds16.get(), q, nullptr, dk.get());
-            gemm16({.m = m, .n = hd, .k = n, .lda = n, .ldb = d.row, .ldc = hd, .operands = type,
-                    .result = DType::f32, .scale = scale},
+            gemm16({.m = m,
+                    .n = hd,
+                    .k = n,
+                    .lda = n,
+                    .ldb = d.row,
+                    .ldc = hd,
+                    .operands = type,
+                    .result = DType::f32,
+                    .scale = scale},
                    ds16.get(), k, nullptr, dq.get());
             for (int64_t i = 0; i < m; ++i)
               store_row(dq.get() + i * hd, dqkv, type, (first + t0 + i) * d.row + d.q(h), hd, accumulate);

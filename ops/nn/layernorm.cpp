@@ -70,7 +70,7 @@ struct Moments {
 
 // One row of the forward: y = (x - mean) rstd w (+ b); returns {mean, rstd}.
 [[gnu::always_inline]] inline std::pair<float, float> norm_row(const float* xr, int64_t c, bool rms, double eps,
-                                                              const float* w, const float* b, float* yr) {
+                                                               const float* w, const float* b, float* yr) {
   const Moments moments = row_moments(xr, c, rms);
   const float mean = moments.mean;
   const float rstd = float(1.0 / std::sqrt(moments.squares / double(c) + eps));
@@ -121,8 +121,8 @@ struct Moments {
 }
 
 // The rows at each vector width (core/cpu_isa.h), called from the parallel loops below.
-std::pair<float, float> norm_row_avx2(const float* xr, int64_t c, bool rms, double eps, const float* w,
-                                      const float* b, float* yr) {
+std::pair<float, float> norm_row_avx2(const float* xr, int64_t c, bool rms, double eps, const float* w, const float* b,
+                                      float* yr) {
   return norm_row(xr, c, rms, eps, w, b, yr);
 }
 ENGINE_TARGET_AVX512 std::pair<float, float> norm_row_avx512(const float* xr, int64_t c, bool rms, double eps,

@@ -10,9 +10,9 @@
 
 #include "core/convert.h"
 #include "core/cpu_isa.h"
+#include "linalg/gemm16.h"
 #include "nn/attention.h"
 #include "nn/attention16.h"
-#include "linalg/gemm16.h"
 #include "random_values.h"
 
 namespace engine {

@@ -1,7 +1,8 @@
 // The kernels the engine compiles at two vector widths (core/cpu_isa.h) give the same bits at both,
 // so a run on an AVX-512 machine and one on an AVX2 machine differ only where oneDNN's kernels do:
 // cross-entropy (rows of several chunks and a ragged tail, in fp32 and 16-bit storage), the norms,
-// a linear layer's bias gradient and the bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512 they skip and say so.
+// a linear layer's bias gradient and the bf16 conversions (ties, infinities, NaN, subnormals). On a CPU without AVX-512
+// they skip and say so.
 #include <gtest/gtest.h>
 
 #include <bit>
