@@ -30,6 +30,26 @@ bool attention16_applies(const Node& node, const KernelContext& ctx) {
   return enabled && attention16_types(node, ctx) && matmul_16bit_available(ctx.dtype(node.inputs[0]));
 }
 
+namespace {
+
+// s (m x n, fp32) = Q K^T / sqrt(hd) for m queries against n keys, both read in the packed qkv rows:
+// the scores of the forward, and the backward's recomputed ones.
+void scores16(const Dims& d, DType type, int64_t m, int64_t n, const uint16_t* q, const uint16_t* k, float* s) {
+  gemm16({.transb = true,
+          .m = m,
+          .n = n,
+          .k = d.head_size,
+          .lda = d.row,
+          .ldb = d.row,
+          .ldc = n,
+          .operands = type,
+          .result = DType::f32,
+          .scale = 1.0f / std::sqrt(float(d.head_size))},
+         q, k, nullptr, s);
+}
+
+}  // namespace
+
 // One task per (batch, head, query block), the latest (costliest) blocks first, as in the fp32
 // kernel. S = Q K^T / sqrt(hd) and O = P V are 16-bit products; O is divided by the row sums and
 // rounded once.
@@ -40,7 +60,6 @@ void attention16_forward(const Node& node, const KernelContext& ctx) {
   void* out = ctx.data(out_id);
   float* lse = ctx.f32(node.outputs[1]);
   const DType type = ctx.dtype(qkv_id);
-  const float scale = 1.0f / std::sqrt(float(d.head_size));
   const int64_t T = d.time, hd = d.head_size, heads = d.batch * d.heads, tasks = heads * d.blocks();
   const BlockLoops& loops = block_loops();
 #pragma omp parallel
@@ -55,17 +74,7 @@ void attention16_forward(const Node& node, const KernelContext& ctx) {
       const uint16_t* k = qkv + b * T * d.row + d.k(h);
       const uint16_t* v = qkv + b * T * d.row + d.v(h);
       float* s = scores.get();
-      gemm16({.transb = true,
-              .m = m,
-              .n = n,
-              .k = hd,
-              .lda = d.row,
-              .ldb = d.row,
-              .ldc = n,
-              .operands = type,
-              .result = DType::f32,
-              .scale = scale},
-             q, k, nullptr, s);
+      scores16(d, type, m, n, q, k, s);
       float inv[kBlock];
       loops.softmax(s, m, n, t0, inv, lse + (b * d.heads + h) * T + t0);
       narrow_serial(s, p16.get(), type, m * n);
@@ -119,17 +128,7 @@ void attention16_backward(const Node& node, const KernelContext& ctx) {
             float* p = p_tile.get();
             float* ds = ds_tile.get();
             // P = exp(Q K^T / sqrt(hd) - lse), zero above the diagonal.
-            gemm16({.transb = true,
-                    .m = m,
-                    .n = n,
-                    .k = hd,
-                    .lda = d.row,
-                    .ldb = d.row,
-                    .ldc = n,
-                    .operands = type,
-                    .result = DType::f32,
-                    .scale = scale},
-                   q, k, nullptr, p);
+            scores16(d, type, m, n, q, k, p);
             loops.probabilities(p, m, n, t0, lse + (b * d.heads + h) * T + t0);
             narrow_serial(p, p16.get(), type, m * n);
             // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta).
