@@ -14,16 +14,20 @@ namespace {
 
 struct Primitive {
   dnnl::matmul matmul;
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
   std::string implementation;  // oneDNN's name for the kernel it chose ("ref:any" for the slow C++ one)
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, float>;
 
-// A thread's handle on a shared primitive: its own memory objects, pointed at each call's data.
+// A thread's handle on a shared primitive: its own memory objects, pointed at each call's data,
+// and its own scratchpad. oneDNN's library-managed scratchpad belongs to the primitive (or to the
+// thread that created it), so two threads running one primitive at once would share the buffer its
+// brgemm kernels copy transposed operands into; with the scratchpad in user mode, each thread
+// hands it its own.
 struct Bound {
   const Primitive* primitive;
-  dnnl::memory a, b, c, bias;
+  dnnl::memory a, b, c, bias, scratchpad;
   dnnl::stream stream;
 };
 
@@ -35,6 +39,7 @@ Primitive make(const Gemm16& s, bool with_bias) {
   dnnl::memory::desc bias;
   if (with_bias) bias = dnnl::memory::desc({1, s.n}, onednn_type(s.operands), dims{s.n, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (s.scale != 1.0f) attr.set_output_scales(0, {s.scale});
   if (s.accumulate) {
     dnnl::post_ops post;
@@ -43,7 +48,7 @@ Primitive make(const Gemm16& s, bool with_bias) {
   }
   auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
   dnnl::matmul::primitive_desc pd(desc, attr, onednn_cpu());
-  return {dnnl::matmul(pd), a, b, c, bias, pd.impl_info_str()};
+  return {dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc(), pd.impl_info_str()};
 }
 
 }  // namespace
@@ -102,6 +107,7 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
                 dnnl::memory(p.b, cpu, DNNL_MEMORY_NONE),
                 dnnl::memory(p.c, cpu, DNNL_MEMORY_NONE),
                 {},
+                dnnl::memory(p.scratchpad, cpu),  // owns its buffer (empty when the kernel needs none)
                 dnnl::stream(cpu)};
     if (bias) fresh.bias = dnnl::memory(p.bias, cpu, DNNL_MEMORY_NONE);
     it = bound.emplace(key, std::move(fresh)).first;
@@ -110,7 +116,8 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
   t.a.set_data_handle(const_cast<void*>(a));
   t.b.set_data_handle(const_cast<void*>(b));
   t.c.set_data_handle(c);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}};
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}, {DNNL_ARG_SCRATCHPAD, t.scratchpad}};
   if (bias) {
     t.bias.set_data_handle(const_cast<void*>(bias));
     args.emplace(DNNL_ARG_BIAS, t.bias);

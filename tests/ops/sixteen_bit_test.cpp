@@ -5,9 +5,11 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/convert.h"
@@ -114,6 +116,61 @@ TEST(Gemm16, MatchesADoubleProductOfTheRoundedOperands) {
               << "transa " << transa << " transb " << transb << " accumulate " << accumulate << " result "
               << dtype_name(result);
         }
+}
+
+// Attention's tiles run one shape's primitive from every thread at once. Each thread must get the
+// bits it gets alone: oneDNN's library-managed scratchpad (where its brgemm kernels copy a
+// transposed operand) is shared by every caller of a primitive, so gemm16 hands each thread its own.
+TEST(Gemm16, OneShapeRunFromManyThreadsAtOnceGivesEachThreadItsSerialResult) {
+  std::vector<DType> types{DType::f32};
+  if (ops::matmul_16bit_available(DType::bf16)) types.push_back(DType::bf16);
+  const int threads = 4, repeats = 200;
+  // attention's backward shapes: dV += P^T dO over a short last block, and dQ = dS K / sqrt(hd)
+  const ops::Gemm16 shapes[] = {{.transa = true, .m = 66, .n = 4, .k = 2, .lda = 66, .ldb = 12, .ldc = 4,
+                                 .accumulate = true, .scale = 0.5f},
+                                {.transa = true, .m = 130, .n = 16, .k = 64, .lda = 130, .ldb = 48, .ldc = 16,
+                                 .accumulate = true},
+                                {.transb = true, .m = 64, .n = 130, .k = 16, .lda = 48, .ldb = 48, .ldc = 130}};
+  std::mt19937 rng(11);
+  for (DType type : types)
+    for (ops::Gemm16 shape : shapes) {
+      shape.operands = type;
+      shape.result = DType::f32;
+      const size_t a_size = size_t((shape.transa ? shape.k : shape.m) * shape.lda);
+      const size_t b_size = size_t((shape.transb ? shape.n : shape.k) * shape.ldb);
+      const size_t c_size = size_t(shape.m * shape.ldc), width = type == DType::f32 ? 2 : 1;
+      // Per thread: its operands (as 16-bit words; fp32 ones take two each) and its serial result.
+      std::vector<std::vector<uint16_t>> a(threads), b(threads);
+      std::vector<std::vector<float>> serial(threads);
+      for (int t = 0; t < threads; ++t) {
+        a[size_t(t)] = random_bf16(a_size * width, rng);
+        b[size_t(t)] = random_bf16(b_size * width, rng);
+        if (type == DType::f32)  // the bf16 words' values widened into whole floats
+          for (auto* words : {&a[size_t(t)], &b[size_t(t)]})
+            for (size_t i = 0; i < words->size() / 2; ++i) {
+              const float v = bf16_to_float((*words)[2 * i]);
+              std::memcpy(words->data() + 2 * i, &v, 4);
+            }
+        serial[size_t(t)].assign(c_size, 0.25f);
+        ops::gemm16(shape, a[size_t(t)].data(), b[size_t(t)].data(), nullptr, serial[size_t(t)].data());
+      }
+      std::vector<int> mismatches(threads, 0);
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          std::vector<float> c(c_size);
+          for (int r = 0; r < repeats; ++r) {
+            std::fill(c.begin(), c.end(), 0.25f);
+            ops::gemm16(shape, a[size_t(t)].data(), b[size_t(t)].data(), nullptr, c.data());
+            if (std::memcmp(c.data(), serial[size_t(t)].data(), c_size * 4) != 0) ++mismatches[size_t(t)];
+          }
+        });
+      for (auto& worker : pool) worker.join();
+      for (int t = 0; t < threads; ++t)
+        EXPECT_EQ(mismatches[size_t(t)], 0) << "thread " << t << " of " << dtype_name(type) << " (" << shape.m << " x "
+                                            << shape.n << " x " << shape.k << ", oneDNN "
+                                            << ops::matmul_16bit_kernel(type) << ")";
+    }
 }
 
 }  // namespace
