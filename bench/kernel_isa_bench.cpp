@@ -2,7 +2,9 @@
 // this machine has, on the benchmark GPT's shapes (bench/gpt-bench.yaml: batch 8, context 256,
 // 6 heads of 64, vocabulary 50257): causal attention forward and backward, the fc layer's weight
 // and bias gradients, a layernorm forward and backward, and softmax cross-entropy, in fp32 and
-// bf16. Threads: OMP_NUM_THREADS. Each figure is the median of
+// bf16. Then GELU over the fc layer's 3.1M outputs, forward and backward, through oneDNN and
+// through the engine's own loop (nn/gelu_onednn.h picks one per ISA from these figures).
+// Threads: OMP_NUM_THREADS. Each figure is the median of
 // --repeats runs; both paths give the same bits (tests/ops/kernel_isa_test.cpp).
 //
 //   OMP_NUM_THREADS=2 build/kernel_isa_bench [--repeats 7] [--attention (all but cross-entropy)]
@@ -16,9 +18,12 @@
 
 #include "core/convert.h"
 #include "core/cpu_isa.h"
+#include "linalg/gemm16.h"
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
+#include "nn/activation.h"
 #include "nn/attention.h"
+#include "nn/gelu_onednn.h"
 #include "nn/layernorm.h"
 #include "random_values.h"
 
@@ -89,6 +94,11 @@ int main(int argc, char** argv) {
                     false,
                     false,
                     "loss"};
+    // GELU over the fc layer's outputs, and its gradient.
+    ValueId fc_gelu = g.add_activation("fc_gelu", Shape{B * T, 4 * H * hd}, type);
+    ValueId fc_dx = g.add_activation("fc_dx", Shape{B * T, 4 * H * hd}, type);
+    const Node gelu{&ops::kGelu, {dy}, {fc_gelu}, {}, false, false, "gelu"};
+    const Node gelu_backward{&ops::kGeluBackward, {dy, fc_gelu}, {fc_dx}, {}, false, true, "gelu"};
     test_util::RandomValues values(g, 5, vocab);  // as the op tests fill them
     const KernelContext& ctx = values.ctx;
     for (CpuIsa isa : paths) {
@@ -100,8 +110,10 @@ int main(int argc, char** argv) {
                   median_ms(repeats, [&] { backward.op->cpu(backward, ctx); }));
       // The kernel overwrites the logits with their gradient, whose values stay finite and small:
       // later runs time the same work.
-      std::printf("%-28s %-6s %-7s %9.2f\n", "linear_backward_weight+bias", type_name.c_str(), cpu_isa_name(isa),
-                  median_ms(repeats, [&] { weight_gradient.op->cpu(weight_gradient, ctx); }));
+      // Without a 16-bit matmul the executor hands the linear widened fp32 copies: nothing to time.
+      if (type == DType::f32 || ops::matmul_16bit_available(type))
+        std::printf("%-28s %-6s %-7s %9.2f\n", "linear_backward_weight+bias", type_name.c_str(), cpu_isa_name(isa),
+                    median_ms(repeats, [&] { weight_gradient.op->cpu(weight_gradient, ctx); }));
       std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm", type_name.c_str(), cpu_isa_name(isa),
                   median_ms(repeats, [&] { norm.op->cpu(norm, ctx); }));
       std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm_backward", type_name.c_str(), cpu_isa_name(isa),
@@ -110,6 +122,15 @@ int main(int argc, char** argv) {
         std::printf("%-28s %-6s %-7s %9.2f\n", "softmax_cross_entropy", type_name.c_str(), cpu_isa_name(isa),
                     median_ms(repeats, [&] { loss.op->cpu(loss, ctx); }));
     }
+    const std::string type_name(dtype_name(type));
+    for (auto [path, name] : {std::pair{ops::GeluPath::onednn, "oneDNN"}, std::pair{ops::GeluPath::engine, "engine"}}) {
+      ops::set_gelu_path(path);
+      std::printf("%-28s %-6s %-7s %9.2f\n", "gelu", type_name.c_str(), name,
+                  median_ms(repeats, [&] { gelu.op->cpu(gelu, ctx); }));
+      std::printf("%-28s %-6s %-7s %9.2f\n", "gelu_backward", type_name.c_str(), name,
+                  median_ms(repeats, [&] { gelu_backward.op->cpu(gelu_backward, ctx); }));
+    }
+    ops::set_gelu_path(ops::GeluPath::automatic);
   }
   return 0;
 }

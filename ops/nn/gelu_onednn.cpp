@@ -6,6 +6,7 @@
 #include <string>
 #include <tuple>
 
+#include "core/cpu_isa.h"
 #include "onednn_util.h"
 
 namespace engine::ops {
@@ -54,9 +55,18 @@ dnnl::memory bind(const dnnl::memory::desc& desc, const void* data) {
   return dnnl::memory(desc, onednn_cpu(), const_cast<void*>(data));
 }
 
+GeluPath chosen_path = GeluPath::automatic;
+
+bool wanted() {
+  return chosen_path == GeluPath::automatic ? kernel_isa() == CpuIsa::avx512 : chosen_path == GeluPath::onednn;
+}
+
 }  // namespace
 
+void set_gelu_path(GeluPath path) { chosen_path = path; }
+
 bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y) {
+  if (!wanted()) return false;
   const Primitives& p = primitives(type, n);
   if (!p.forward) return false;
   dnnl::stream stream(onednn_cpu());
@@ -66,6 +76,7 @@ bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y) {
 }
 
 bool onednn_gelu_backward(DType type, int64_t n, const void* x, const void* dy, void* dx) {
+  if (!wanted()) return false;
   const Primitives& p = primitives(type, n);
   if (!p.backward) return false;
   dnnl::stream stream(onednn_cpu());
