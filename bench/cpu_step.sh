@@ -15,6 +15,9 @@
 #   PYTHON   the Python with PyTorch (default .venv-torch/bin/python, which `scripts/setup
 #            --bench-torch` makes, else Debian's python3 and its python3-torch)
 #   THREADS  threads of each side (default 2)
+#   TYPES    the precisions to run (default "fp32 bf16"). Without AVX-512, PyTorch 1.13's bf16
+#            products run its own scalar kernel (about 150 s a step of the benchmark GPT on a
+#            2-core AVX2 EPYC): TYPES=fp32 there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
@@ -42,7 +45,7 @@ torch_version=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} "$python" -c 'impor
 for shape in "${shapes[@]}"; do
   IFS='|' read -r name recipe overrides torch_args <<< "$shape"
   read -r vocab context layers heads width batch <<< "$torch_args"
-  for dtype in fp32 bf16; do
+  for dtype in ${TYPES:-fp32 bf16}; do
     run=$out/$dtype-${name// /_}
     # shellcheck disable=SC2086
     OMP_NUM_THREADS=$threads "${engine[@]}" train "$recipe" $overrides precision.mode="$dtype" train.steps="$steps" \
@@ -72,7 +75,7 @@ print("|-------------|------|-------------:|------:|--------------:|------:|----
 for name, dtype, tps, mfu, flops, peak, torch_tps, tokens in rows:
     tps, mfu, flops, peak, torch_tps, tokens = map(float, (tps, mfu, flops, peak, torch_tps, tokens))
     torch_mfu = flops / tokens * torch_tps / peak
-    speedup = f"{tps / fp32[name]:.2f}x" if dtype == "bf16" else ""
+    speedup = f"{tps / fp32[name]:.2f}x" if dtype == "bf16" and name in fp32 else ""
     print(f"| {name:<11} | {dtype} | {tps:12.0f} | {100 * mfu:4.1f}% | {torch_tps:13.0f} | {100 * torch_mfu:4.1f}% "
           f"| {tps / torch_tps:13.2f}x | {speedup:>9} | {peak / 1e9:12.0f} |")
 PY

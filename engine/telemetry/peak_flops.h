@@ -1,7 +1,8 @@
 // Peak FLOP/s: the denominator of MFU, and with the memory bandwidth the roofline's limits. A rank's peak in its
 // compute type is measured once per machine by a short GEMM probe (a 1024^3 product through the same oneDNN kernels the
-// linears use, on the rank's threads, the best of the products run in half a second: a busy neighbour
-// rarely holds the cores that long) and cached, so later runs start without probing.
+// linears use, on the rank's threads: a quarter of a second of untimed products while the clocks ramp up, then the
+// best of the products run in a second: a busy neighbour rarely holds the cores that long) and cached, so later runs
+// start without probing.
 //
 //   PeakFlops peak = peak_flops(DType::bf16, threads);   // measured, or read from the cache
 //   mfu = model_flops_per_second / peak.flops_per_second;
@@ -27,7 +28,7 @@ struct PeakFlops {
 };
 
 PeakFlops peak_flops(DType compute, int threads);
-// The probe alone: FLOP/s of the best of at least `runs` n^3 products (more, up to 0.5 s of them).
+// The probe alone: FLOP/s of the best of at least `runs` n^3 products (more, up to 1 s of them), after the warm-up.
 double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
 // The memory bandwidth a rank reaches: the best of a few STREAM triads (a = b + s c) over three
 // 64 MiB arrays on the rank's threads, counted as STREAM counts (12 bytes per element), cached
