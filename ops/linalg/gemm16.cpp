@@ -1,9 +1,11 @@
 #include "linalg/gemm16.h"
 
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "onednn_util.h"
@@ -23,13 +25,24 @@ using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, 
 // A thread's handle on a shared primitive: its own memory objects, pointed at each call's data,
 // and its own scratchpad. oneDNN's library-managed scratchpad belongs to the primitive (or to the
 // thread that created it), so two threads running one primitive at once would share the buffer its
-// brgemm kernels copy transposed operands into; with the scratchpad in user mode, each thread
-// hands it its own.
+// brgemm kernels copy operands into; with the scratchpad in user mode, each thread hands it its
+// own: one buffer per thread (thread_scratchpad), grown to the largest need of the shapes it runs.
 struct Bound {
   const Primitive* primitive;
   dnnl::memory a, b, c, bias, scratchpad;
   dnnl::stream stream;
 };
+
+// The calling thread's scratchpad of at least `bytes` (64-byte aligned), shared by every primitive
+// the thread runs: it runs one at a time.
+void* thread_scratchpad(size_t bytes) {
+  struct alignas(64) Line {
+    std::byte bytes[64];
+  };
+  static thread_local std::vector<Line> buffer;
+  if (buffer.size() * sizeof(Line) < bytes) buffer.resize((bytes + sizeof(Line) - 1) / sizeof(Line));
+  return buffer.data();
+}
 
 Primitive make(const Gemm16& s, bool with_bias) {
   using dims = dnnl::memory::dims;
@@ -107,7 +120,7 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
                 dnnl::memory(p.b, cpu, DNNL_MEMORY_NONE),
                 dnnl::memory(p.c, cpu, DNNL_MEMORY_NONE),
                 {},
-                dnnl::memory(p.scratchpad, cpu),  // owns its buffer (empty when the kernel needs none)
+                dnnl::memory(p.scratchpad, cpu, DNNL_MEMORY_NONE),
                 dnnl::stream(cpu)};
     if (bias) fresh.bias = dnnl::memory(p.bias, cpu, DNNL_MEMORY_NONE);
     it = bound.emplace(key, std::move(fresh)).first;
@@ -116,8 +129,11 @@ void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, voi
   t.a.set_data_handle(const_cast<void*>(a));
   t.b.set_data_handle(const_cast<void*>(b));
   t.c.set_data_handle(c);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}, {DNNL_ARG_SCRATCHPAD, t.scratchpad}};
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}};
+  if (const size_t bytes = t.primitive->scratchpad.get_size(); bytes > 0) {
+    t.scratchpad.set_data_handle(thread_scratchpad(bytes));
+    args.emplace(DNNL_ARG_SCRATCHPAD, t.scratchpad);
+  }
   if (bias) {
     t.bias.set_data_handle(const_cast<void*>(bias));
     args.emplace(DNNL_ARG_BIAS, t.bias);
