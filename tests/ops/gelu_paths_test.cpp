@@ -26,8 +26,8 @@ class GeluPaths : public ::testing::TestWithParam<std::pair<ops::GeluPath, DType
 };
 
 TEST_P(GeluPaths, LargeTensorsMatchADoubleGeluOfTheStoredInputs) {
-  const auto [path, type] = GetParam();
-  ops::set_gelu_path(path);
+  const DType type = GetParam().second;  // a named variable: clang 14 cannot capture structured bindings
+  ops::set_gelu_path(GetParam().first);
   const int64_t n = 3 * 16384 + 37;  // past the primitive's threshold, with a ragged tail
   Graph g;
   const ValueId x = g.add_activation("x", Shape{n}, type);
