@@ -15,9 +15,9 @@
 #   PYTHON   the Python with PyTorch (default .venv-torch/bin/python, which `scripts/setup
 #            --bench-torch` makes, else Debian's python3 and its python3-torch)
 #   THREADS  threads of each side (default 2)
-#   TYPES    the precisions to run (default "fp32 bf16"). Without AVX-512, PyTorch 1.13's bf16
-#            products run its own scalar kernel (about 150 s a step of the benchmark GPT on a
-#            2-core AVX2 EPYC): TYPES=fp32 there.
+#   TYPES    the precisions to run (default "fp32 bf16", or "fp32" on a CPU without AVX-512: there
+#            PyTorch 1.13's bf16 products run its own scalar kernel, about 150 s a step of the
+#            benchmark GPT on a 2-core AVX2 EPYC)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
@@ -28,6 +28,11 @@ default_python=/usr/bin/python3
 python=${PYTHON:-$default_python}
 # OpenBLAS (Debian's PyTorch) misdetects new CPUs; the newest core whose instructions this CPU has.
 coretype=${OPENBLAS_CORETYPE:-$(python3 tests/parity/openblas_coretype.py)}
+types=${TYPES:-fp32 bf16}
+if [ -z "${TYPES:-}" ] && ! grep -qw avx512f /proc/cpuinfo; then
+  types=fp32
+  echo "cpu_step: no AVX-512 on this CPU, so fp32 only (PyTorch's bf16 would take minutes a step); TYPES=\"fp32 bf16\" forces both" >&2
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # The GEMM peaks and the bandwidth are probed afresh by the first run and shared by the rest: a
@@ -45,7 +50,7 @@ torch_version=$(env ${coretype:+OPENBLAS_CORETYPE=$coretype} "$python" -c 'impor
 for shape in "${shapes[@]}"; do
   IFS='|' read -r name recipe overrides torch_args <<< "$shape"
   read -r vocab context layers heads width batch <<< "$torch_args"
-  for dtype in ${TYPES:-fp32 bf16}; do
+  for dtype in $types; do
     run=$out/$dtype-${name// /_}
     # shellcheck disable=SC2086
     OMP_NUM_THREADS=$threads "${engine[@]}" train "$recipe" $overrides precision.mode="$dtype" train.steps="$steps" \
