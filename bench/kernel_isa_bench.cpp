@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
     }
     const std::string type_name(dtype_name(type));
     for (auto [path, name] : {std::pair{ops::GeluPath::onednn, "oneDNN"}, std::pair{ops::GeluPath::engine, "engine"}}) {
+      if (path == ops::GeluPath::onednn && !ops::onednn_gelu_available(type, B * T * 4 * H * hd)) continue;
       ops::set_gelu_path(path);
       std::printf("%-28s %-6s %-7s %9.2f\n", "gelu", type_name.c_str(), name,
                   median_ms(repeats, [&] { gelu.op->cpu(gelu, ctx); }));

@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -23,10 +25,12 @@ struct Primitive {
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, float>;
 
 // A thread's handle on a shared primitive: its own memory objects, pointed at each call's data,
-// and its own scratchpad. oneDNN's library-managed scratchpad belongs to the primitive (or to the
-// thread that created it), so two threads running one primitive at once would share the buffer its
-// brgemm kernels copy operands into; with the scratchpad in user mode, each thread hands it its
-// own: one buffer per thread (thread_scratchpad), grown to the largest need of the shapes it runs.
+// and its own scratchpad. With the scratchpad managed by oneDNN (2.6, built without concurrent
+// execution), a primitive runs in the calling thread's buffer, sized by the primitives that thread
+// created: a thread of attention's parallel loop running a primitive another thread created wrote
+// its copies of the operands past its own smaller buffer (a wrong dV on an AVX512-BF16 machine). In
+// user mode each call hands oneDNN a buffer of the primitive's own size: one per thread
+// (thread_scratchpad), grown to the largest need of the shapes it runs.
 struct Bound {
   const Primitive* primitive;
   dnnl::memory a, b, c, bias, scratchpad;
@@ -34,14 +38,18 @@ struct Bound {
 };
 
 // The calling thread's scratchpad of at least `bytes` (64-byte aligned), shared by every primitive
-// the thread runs: it runs one at a time.
+// the thread runs: it runs one at a time. Replaced, not copied, when it grows.
 void* thread_scratchpad(size_t bytes) {
-  struct alignas(64) Line {
-    std::byte bytes[64];
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(64)); }
   };
-  static thread_local std::vector<Line> buffer;
-  if (buffer.size() * sizeof(Line) < bytes) buffer.resize((bytes + sizeof(Line) - 1) / sizeof(Line));
-  return buffer.data();
+  static thread_local std::unique_ptr<std::byte[], Free> buffer;
+  static thread_local size_t size = 0;
+  if (size < bytes) {
+    buffer.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t(64))));
+    size = bytes;
+  }
+  return buffer.get();
 }
 
 Primitive make(const Gemm16& s, bool with_bias) {
@@ -88,7 +96,8 @@ bool matmul_16bit_available(DType type) { return !matmul_16bit_kernel(type).empt
 
 namespace {
 
-// The primitive for `key`, made on first use; shared by every thread (executing one is thread-safe).
+// The primitive for `key`, made on first use; shared by every thread (thread-safe to execute with a
+// scratchpad of the caller's own).
 const Primitive& primitive(const Key& key, const Gemm16& s, bool with_bias) {
   static std::map<Key, Primitive> cache;
   static std::mutex mutex;
@@ -104,11 +113,19 @@ const Primitive& primitive(const Key& key, const Gemm16& s, bool with_bias) {
   return it->second;
 }
 
+Key key_of(const Gemm16& s, bool with_bias) {
+  return {s.transa, s.transb, s.m,          s.n,       s.k,    s.lda, s.ldb,
+          s.ldc,    int(s.operands), int(s.result), s.accumulate, with_bias, s.scale};
+}
+
 }  // namespace
 
+size_t gemm16_scratchpad_bytes(const Gemm16& s) {
+  return primitive(key_of(s, false), s, false).scratchpad.get_size();
+}
+
 void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
-  const Key key{s.transa,     s.transb,        s.m,    s.n, s.k, s.lda, s.ldb, s.ldc, int(s.operands), int(s.result),
-                s.accumulate, bias != nullptr, s.scale};
+  const Key key = key_of(s, bias != nullptr);
   // Memory objects are bound per thread: set_data_handle on a shared one would race.
   static thread_local std::map<Key, Bound> bound;
   auto it = bound.find(key);

@@ -7,6 +7,7 @@
 //             .operands = DType::bf16, .result = DType::bf16}, x, w, bias, y);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -32,8 +33,13 @@ bool matmul_16bit_available(DType type);
 std::string matmul_16bit_kernel(DType type);
 
 // C = scale op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating). Each thread keeps its
-// own bound copy of a shape's primitive, so a call costs a few microseconds of overhead: small
-// products inside parallel loops (attention's tiles) pay little for it.
+// own bound copy of a shape's primitive and its own oneDNN scratchpad, so threads may run one
+// shape at once and a call costs a few microseconds of overhead: small products inside parallel
+// loops (attention's tiles) pay little for it.
 void gemm16(const Gemm16& shape, const void* a, const void* b, const void* bias, void* c);
+
+// The scratchpad oneDNN's kernel for `shape` (without a bias) asks of each call: 0 where it needs
+// none (tests skip what a machine's kernels cannot show).
+size_t gemm16_scratchpad_bytes(const Gemm16& shape);
 
 }  // namespace engine::ops

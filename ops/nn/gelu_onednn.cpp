@@ -26,15 +26,22 @@ Primitives make(DType type, int64_t n) {
   Primitives p;
   if (type != DType::f32 && type != DType::bf16 && type != DType::f16) return p;
   p.data = dnnl::memory::desc({n}, onednn_type(type), dnnl::memory::format_tag::a);
+  // The primitives run on whichever thread calls them, so none may lean on oneDNN's own scratchpad
+  // (a thread's, sized by what that thread created: ops/linalg/gemm16.cpp): in user mode, a kernel
+  // that asks for one is not used. oneDNN's JIT eltwise kernels ask for none.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  auto usable = [](const auto& pd) { return jit(pd.impl_info_str()) && pd.scratchpad_desc().get_size() == 0; };
   try {
     const auto algorithm = dnnl::algorithm::eltwise_gelu_tanh;
     dnnl::eltwise_forward::primitive_desc forward(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, p.data, 0.0f, 0.0f), onednn_cpu());
-    if (!jit(forward.impl_info_str())) return p;
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, algorithm, p.data, 0.0f, 0.0f), attr,
+        onednn_cpu());
+    if (!usable(forward)) return p;
     p.forward.emplace(forward);
     dnnl::eltwise_backward::primitive_desc backward(dnnl::eltwise_backward::desc(algorithm, p.data, p.data, 0.0f, 0.0f),
-                                                    onednn_cpu(), forward);
-    if (jit(backward.impl_info_str())) p.backward.emplace(backward);
+                                                    attr, onednn_cpu(), forward);
+    if (usable(backward)) p.backward.emplace(backward);
   } catch (const dnnl::error&) {
     // No primitive for this type on this CPU: the caller's own loop runs.
   }
@@ -64,6 +71,11 @@ bool wanted() {
 }  // namespace
 
 void set_gelu_path(GeluPath path) { chosen_path = path; }
+
+bool onednn_gelu_available(DType type, int64_t n) {
+  const Primitives& p = primitives(type, n);
+  return p.forward && p.backward;
+}
 
 bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y) {
   if (!wanted()) return false;

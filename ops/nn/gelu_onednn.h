@@ -26,6 +26,10 @@ namespace engine::ops {
 enum class GeluPath { automatic, onednn, engine };
 void set_gelu_path(GeluPath path);
 
+// Whether oneDNN has JIT kernels for both directions of GELU over n elements of `type` on this CPU
+// (where it has not, GeluPath::onednn runs the engine's loop too).
+bool onednn_gelu_available(DType type, int64_t n);
+
 // y = gelu(x); x and y of `type`, n elements each.
 bool onednn_gelu_forward(DType type, int64_t n, const void* x, void* y);
 // dx = gelu'(x) dy; all three of `type`.

@@ -27,8 +27,11 @@ class GeluPaths : public ::testing::TestWithParam<std::pair<ops::GeluPath, DType
 
 TEST_P(GeluPaths, LargeTensorsMatchADoubleGeluOfTheStoredInputs) {
   const DType type = GetParam().second;  // a named variable: clang 14 cannot capture structured bindings
-  ops::set_gelu_path(GetParam().first);
+  const ops::GeluPath path = GetParam().first;
   const int64_t n = 3 * 16384 + 37;  // past the primitive's threshold, with a ragged tail
+  if (path == ops::GeluPath::onednn && !ops::onednn_gelu_available(type, n))
+    GTEST_SKIP() << "oneDNN has no JIT GELU for " << dtype_name(type) << " on this CPU";
+  ops::set_gelu_path(path);
   Graph g;
   const ValueId x = g.add_activation("x", Shape{n}, type);
   const ValueId y = g.add_activation("y", Shape{n}, type);
@@ -39,8 +42,10 @@ TEST_P(GeluPaths, LargeTensorsMatchADoubleGeluOfTheStoredInputs) {
   test_util::RandomValues values(g, 3);
   forward.op->cpu(forward, values.ctx);
   backward.op->cpu(backward, values.ctx);
-  // fp32: a few ulp of the result; bf16: the result's one rounding (2^-8 relative) and a little.
-  const double tolerance = type == DType::f32 ? 2e-6 : 6e-3;
+  // fp32: a few ulp of the result (oneDNN's gradient, 0.5 (1 + tanh u) (1 + ...), loses bits of
+  // 1 + tanh u where tanh u nears -1: measured up to 9.4e-7); bf16: the result's one rounding
+  // (2^-8 relative) and a little.
+  const double tolerance = type == DType::f32 ? (path == ops::GeluPath::onednn ? 1e-5 : 2e-6) : 6e-3;
   auto at = [&](ValueId id, int64_t i) { return double(load_float(values.bytes(id).data(), type, i)); };
   double worst_forward = 0, worst_backward = 0;
   for (int64_t i = 0; i < n; ++i) {

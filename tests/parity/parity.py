@@ -24,9 +24,10 @@ at different places (autocast runs matmuls in bf16 but keeps layer norms, the re
 the loss in fp32; the engine stores every activation in bf16), so they agree to bf16 rounding:
 loss within 2e-3 relative per step (measured: 3.9e-4), gradients at steps 1 and 4 within 5e-2 of each tensor's
 largest entry (measured: 2.5e-2 at step 1, 2.0e-2 at step 4). On a CPU without AVX-512, PyTorch
-1.13's bf16 products accumulate in bf16 (a 512-term product errs by 4-5%), so there the reference
-keeps autocast's casts but computes its products in fp32 and says so (measured on an AVX2 EPYC:
-2.3e-2; against PyTorch's own bf16 products it was 6.8e-2).
+1.13's bf16 mm/matmul accumulates in bf16 (a 512-term product errs by 4-5%; its linear's addmm
+does not, but its backward's products do), so there the reference keeps autocast's casts but
+computes its products in fp32 and says so (measured on an AVX2 EPYC: 2.3e-2; against PyTorch's own
+bf16 products it was 6.8e-2).
 
 SGD runs use lr 0.1 (cosine to 0.01), momentum 0.9 where it applies and weight decay 0.01 on the
 matrices (as AdamW's 0.1 is), so the 20 steps move the weights visibly. fp32 measured: loss 2.9e-7,
@@ -73,10 +74,10 @@ GRAD_STEP = 4  # the second gradient comparison: after three updates
 
 
 def bf16_product_error():
-    """PyTorch's bf16 matrix product on this CPU against a double product of the same operands,
-    relative to the largest entry. Accumulated in fp32 and rounded once, it errs by about 2^-9; PyTorch
-    1.13's own kernel, which it uses where oneDNN has no bf16 matmul for the CPU (AVX2 without
-    AVX-512), accumulates in bf16 and errs by several percent at this depth."""
+    """PyTorch's bf16 matrix product (mm) on this CPU against a double product of the same
+    operands, relative to the largest entry. Accumulated in fp32 and rounded once, it errs by about
+    2^-9; PyTorch 1.13's own kernel, which it uses where oneDNN has no bf16 matmul for the CPU (AVX2
+    without AVX-512), accumulates mm in bf16 and errs by several percent at this depth."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(64, 512, generator=gen).bfloat16()
     b = torch.randn(512, 64, generator=gen).bfloat16()
