@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "linalg/gemm16.h"
 #include "read_events.h"
 #include "recipe/load.h"
 #include "temp_dir.h"
@@ -25,13 +26,14 @@ using nlohmann::json;
 using testing::TempDir;
 const fs::path kSource = ENGINE_SOURCE_DIR;
 
-fs::path train_quickstart(const TempDir& dir, std::vector<std::string> overrides) {
+fs::path train_quickstart(const TempDir& dir, std::vector<std::string> overrides, std::string* printed = nullptr) {
   overrides.push_back("run.output_dir=" + dir.path().string());
   overrides.push_back("run.name=run");
   recipe::LoadOptions options;
   options.overrides = overrides;
   std::ostringstream console;
   train(recipe::load_recipe(kSource / "recipes/quickstart.yaml", options), console);
+  if (printed) *printed = console.str();
   return dir / "run";
 }
 
@@ -227,6 +229,19 @@ TEST(Mfu, MatchesAHandCalculationForTheQuickStartModel) {
     EXPECT_EQ(summary.at("peak_flops_per_rank").get<double>(), 2e11);
     const double recompute = summary.at("recompute_flops_per_step");
     EXPECT_EQ(recompute > 0, std::string(policy) == "full");
+  }
+}
+
+// A 16-bit run on a CPU without a 16-bit matmul says, once, that its linears compute in fp32;
+// fp32 runs, and 16-bit runs where the matmul exists, say nothing of it.
+TEST(Mfu, SixteenBitWithoutA16BitMatmulSaysItSavesMemoryNotTime) {
+  for (const char* mode : {"fp32", "bf16"}) {
+    TempDir dir("note");
+    std::string printed;
+    train_quickstart(dir, {"train.steps=1", "telemetry.peak_flops=1e11", std::string("precision.mode=") + mode},
+                     &printed);
+    const bool expected = std::string(mode) == "bf16" && !ops::matmul_16bit_available(DType::bf16);
+    EXPECT_EQ(printed.find("saves memory here, not time") != std::string::npos, expected) << mode << ":\n" << printed;
   }
 }
 
