@@ -82,9 +82,11 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
-  if (const DType compute = compute_dtype(session.recipe); compute != DType::f32 && !ops::matmul_16bit_available(compute))
+  if (const DType compute = compute_dtype(session.recipe);
+      compute != DType::f32 && !ops::matmul_16bit_available(compute))
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
-        << "widened copies: " << dtype_name(compute) << " saves memory here, not time (engine plan shows each op's path)\n";
+        << "widened copies: " << dtype_name(compute)
+        << " saves memory here, not time (engine plan shows each op's path)\n";
   if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads()).bytes_per_second;  // the roofline's
   if (config_.monitor_interval > 0) monitor_ = std::make_unique<HardwareMonitor>(config_.monitor_interval);
   if (config_.tensorboard) {

@@ -3,8 +3,8 @@
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -114,15 +114,13 @@ const Primitive& primitive(const Key& key, const Gemm16& s, bool with_bias) {
 }
 
 Key key_of(const Gemm16& s, bool with_bias) {
-  return {s.transa, s.transb, s.m,          s.n,       s.k,    s.lda, s.ldb,
+  return {s.transa, s.transb,        s.m,           s.n,          s.k,       s.lda,  s.ldb,
           s.ldc,    int(s.operands), int(s.result), s.accumulate, with_bias, s.scale};
 }
 
 }  // namespace
 
-size_t gemm16_scratchpad_bytes(const Gemm16& s) {
-  return primitive(key_of(s, false), s, false).scratchpad.get_size();
-}
+size_t gemm16_scratchpad_bytes(const Gemm16& s) { return primitive(key_of(s, false), s, false).scratchpad.get_size(); }
 
 void gemm16(const Gemm16& s, const void* a, const void* b, const void* bias, void* c) {
   const Key key = key_of(s, bias != nullptr);

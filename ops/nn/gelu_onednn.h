@@ -6,11 +6,12 @@
 // primitive computes 3.1M bf16 elements in 1.7 ms on one thread against 4.0 ms for the engine's
 // AVX2 loop. At AVX2 it is the other way round: on a 2-core AVX2 EPYC (Zen 3) oneDNN's AVX2 kernel
 // takes 7.6 ms forward and 6.9 ms backward for 3.1M fp32 elements on 2 threads, the engine's loop
-// 1.6 and 2.4 ms (bench/kernel_isa_bench; oneDNN's AVX2 tanh reads its coefficients with vector
-// gathers, which AMD cores run slowly), and oneDNN has no bf16 GELU kernel below AVX-512. So GELU goes through oneDNN only where the kernels run at AVX-512
-// (core/cpu_isa.h; ONEDNN_MAX_CPU_ISA=AVX2 caps both). Both return false where the primitive is not
-// wanted or oneDNN has only its reference C++ kernel for the type (an older CPU, f16 without
-// AVX512-FP16): the caller then runs its own loop.
+// 1.6 and 2.4 ms (bench/kernel_isa_bench; likely oneDNN's AVX2 tanh, which reads its coefficients
+// with vector gathers, slow on AMD cores), and oneDNN has no bf16 GELU kernel below AVX-512. So
+// GELU goes through oneDNN only where the kernels run at AVX-512 (core/cpu_isa.h;
+// ONEDNN_MAX_CPU_ISA=AVX2 caps both). Both return false where the primitive is not wanted or oneDNN
+// has only its reference C++ kernel for the type (an older CPU, f16 without AVX512-FP16): the
+// caller then runs its own loop.
 //
 //   if (!onednn_gelu_forward(DType::bf16, n, x, y)) { /* the engine's loop */ }
 #pragma once

@@ -132,11 +132,10 @@ TEST(Gemm16, OneShapeRunByEveryThreadAtOnceGivesEachThreadItsSerialResult) {
   const int repeats = 300;
   // attention's backward products: dK += dS^T Q / sqrt(hd) over a short last block, dV += P^T dO,
   // and dP = dO V^T
-  const ops::Gemm16 shapes[] = {{.transa = true, .m = 66, .n = 4, .k = 2, .lda = 66, .ldb = 12, .ldc = 4,
-                                 .accumulate = true, .scale = 0.5f},
-                                {.transa = true, .m = 130, .n = 16, .k = 64, .lda = 130, .ldb = 48, .ldc = 16,
-                                 .accumulate = true},
-                                {.transb = true, .m = 64, .n = 130, .k = 16, .lda = 48, .ldb = 48, .ldc = 130}};
+  const ops::Gemm16 shapes[] = {
+      {.transa = true, .m = 66, .n = 4, .k = 2, .lda = 66, .ldb = 12, .ldc = 4, .accumulate = true, .scale = 0.5f},
+      {.transa = true, .m = 130, .n = 16, .k = 64, .lda = 130, .ldb = 48, .ldc = 16, .accumulate = true},
+      {.transb = true, .m = 64, .n = 130, .k = 16, .lda = 48, .ldb = 48, .ldc = 130}};
   std::mt19937 rng(11);
   size_t shown = 0;
   for (DType type : types)
@@ -179,9 +178,9 @@ TEST(Gemm16, OneShapeRunByEveryThreadAtOnceGivesEachThreadItsSerialResult) {
         }
       }
       for (int t = 0; t < threads; ++t)
-        EXPECT_EQ(mismatches[size_t(t)], 0) << "thread " << t << " of " << dtype_name(type) << " (" << shape.m << " x "
-                                            << shape.n << " x " << shape.k << ", oneDNN "
-                                            << ops::matmul_16bit_kernel(type) << ")";
+        EXPECT_EQ(mismatches[size_t(t)], 0)
+            << "thread " << t << " of " << dtype_name(type) << " (" << shape.m << " x " << shape.n << " x " << shape.k
+            << ", oneDNN " << ops::matmul_16bit_kernel(type) << ")";
     }
   if (shown == 0) GTEST_SKIP() << "oneDNN's kernels for these shapes need no scratchpad on this CPU: nothing to share";
 }
