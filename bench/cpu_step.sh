@@ -16,7 +16,7 @@
 #            --bench-torch` makes, else Debian's python3 and its python3-torch)
 #   THREADS  threads of each side (default 2)
 #   TYPES    the precisions to run (default "fp32 bf16", or "fp32" on a CPU without AVX-512: there
-#            PyTorch 1.13's bf16 products run its own scalar kernel, about 150 s a step of the
+#            PyTorch 1.13's bf16 products run its own fallback kernel, about 150 s a step of the
 #            benchmark GPT on a 2-core AVX2 EPYC)
 set -euo pipefail
 cd "$(dirname "$0")/.."

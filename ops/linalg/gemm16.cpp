@@ -7,7 +7,6 @@
 #include <new>
 #include <string>
 #include <tuple>
-#include <vector>
 
 #include "core/error.h"
 #include "onednn_util.h"

@@ -71,6 +71,13 @@ torch.set_num_threads(2)
 VOCAB, CONTEXT, LAYERS, HEADS, WIDTH, BATCH, STEPS = 64, 32, 2, 2, 32, 4, 20
 INPUT, HIDDEN, CLASSES, MLP_BATCH = 16, 32, 8, 16  # mlp
 GRAD_STEP = 4  # the second gradient comparison: after three updates
+WARMUP, BETAS, EPS, CLIP, MOMENTUM = 4, (0.9, 0.95), 1e-8, 1.0, 0.9
+LR, MIN_LR, DECAY = (3e-3, 3e-4, 0.1) if opt == "adamw" else (0.1, 0.01, 0.01)
+if arch == "mlp":
+    BATCH = MLP_BATCH
+FFN = 4 * WIDTH if arch == "gpt" else (2 * 4 * WIDTH // 3 + 63) // 64 * 64
+HEADS, KV_HEADS = (4, 2) if variant == "llama_gqa" else (HEADS, HEADS)
+HD = WIDTH // HEADS
 
 
 def bf16_product_error():
@@ -104,13 +111,6 @@ def linear(x, w, b=None):
 
 def matmul(a, b):
     return _rounded_product(torch.matmul, a, b) if FP32_PRODUCTS else a @ b
-WARMUP, BETAS, EPS, CLIP, MOMENTUM = 4, (0.9, 0.95), 1e-8, 1.0, 0.9
-LR, MIN_LR, DECAY = (3e-3, 3e-4, 0.1) if opt == "adamw" else (0.1, 0.01, 0.01)
-if arch == "mlp":
-    BATCH = MLP_BATCH
-FFN = 4 * WIDTH if arch == "gpt" else (2 * 4 * WIDTH // 3 + 63) // 64 * 64
-HEADS, KV_HEADS = (4, 2) if variant == "llama_gqa" else (HEADS, HEADS)
-HD = WIDTH // HEADS
 
 
 def causal_attention(qkv):
