@@ -66,6 +66,9 @@ struct OpDef {
   uint32_t fp32_outputs = 0;
   // When set, the native 16-bit path exists only for the types it accepts (oneDNN on this CPU).
   bool (*native_for)(DType type) = nullptr;
+  // Inputs (bit i = input i) the kernel overwrites in place, as cross-entropy writes the logits'
+  // gradient over them: the roofline counts their bytes twice, read and written.
+  uint32_t overwritten_inputs = 0;
 };
 
 // Whether the executor converts this node's 16-bit values around its kernel (see native_16bit).

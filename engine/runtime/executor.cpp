@@ -106,8 +106,12 @@ void Executor::run_node(const Node& node, KernelContext& ctx) {
 NodeWork node_work(const Graph& graph, const Node& node) {
   NodeWork work;
   if (node.op->flops) work.flops = node.op->flops(graph, node);
-  for (ValueId id : node.inputs) work.bytes += double(value_bytes(graph.value(id)));
-  for (ValueId id : node.outputs) work.bytes += double(value_bytes(graph.value(id)));
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const bool overwritten = i < 32 && (node.op->overwritten_inputs >> i & 1u);
+    work.bytes += double(value_bytes(graph.value(node.inputs[i]))) * (overwritten ? 2 : 1);
+  }
+  // An accumulating node reads its outputs (the gradient so far) before it writes them.
+  for (ValueId id : node.outputs) work.bytes += double(value_bytes(graph.value(id))) * (node.accumulate ? 2 : 1);
   return work;
 }
 

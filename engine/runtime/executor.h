@@ -41,10 +41,12 @@ struct OpTotals {
   int64_t calls = 0;
   double seconds = 0;
   double flops = 0;  // as OpDef::flops counts them
-  double bytes = 0;  // bytes of the values each node reads and writes, once each
+  double bytes = 0;  // bytes of the values each node reads and writes (node_work)
 };
 
-// FLOPs and bytes of one execution of `node` (bytes: its inputs and outputs, each once).
+// FLOPs and bytes of one execution of `node`. Bytes: its inputs and outputs once each, except that
+// an input the kernel overwrites (OpDef::overwritten_inputs) and an output it accumulates into are
+// both read and written, so they count twice.
 struct NodeWork {
   double flops = 0, bytes = 0;
 };

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,24 @@ std::vector<int> allowed_cores() {
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
       if (CPU_ISSET(cpu, &set)) cores.push_back(cpu);
   return cores;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The summed times of `cores` in one /proc/stat reading (total 0 when none is listed).
+CpuTimes summed(const std::map<int, CpuTimes>& cpus, const std::vector<int>& cores) {
+  CpuTimes sum;
+  for (int core : cores)
+    if (auto it = cpus.find(core); it != cpus.end()) {
+      sum.busy += it->second.busy;
+      sum.total += it->second.total;
+    }
+  return sum;
 }
 
 int64_t field_kib(const std::string& text, const std::string& key) {
@@ -83,6 +102,24 @@ double busy_percent(const CpuTimes& before, const CpuTimes& after) {
   return 100.0 * double(after.busy - before.busy) / double(total);
 }
 
+NeighbourLoad::NeighbourLoad(std::string root)
+    : root_(std::move(root)),
+      cores_(allowed_cores()),
+      start_(summed(parse_proc_stat(read("/proc/stat")), cores_)),
+      start_ticks_(parse_process_ticks(read("/proc/self/stat"))) {}
+
+std::string NeighbourLoad::read(const std::string& path) const { return read_file(root_ + path); }
+
+double NeighbourLoad::others_busy_percent() const {
+  const CpuTimes now = summed(parse_proc_stat(read("/proc/stat")), cores_);
+  const int64_t ticks = parse_process_ticks(read("/proc/self/stat"));
+  const int64_t total = now.total - start_.total;
+  if (total <= 0 || ticks < 0 || start_ticks_ < 0) return -1;
+  // /proc/stat and /proc/self/stat both count in USER_HZ ticks.
+  const int64_t others = (now.busy - start_.busy) - (ticks - start_ticks_);
+  return std::clamp(100.0 * double(others) / double(total), 0.0, 100.0);
+}
+
 HardwareMonitor::HardwareMonitor(double interval_seconds, std::string root)
     : interval_(interval_seconds), root_(std::move(root)), cores_(allowed_cores()) {
   sample();  // the baseline the first interval is measured against
@@ -98,12 +135,7 @@ HardwareMonitor::~HardwareMonitor() {
   thread_.join();
 }
 
-std::string HardwareMonitor::read(const std::string& path) const {
-  std::ifstream in(root_ + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+std::string HardwareMonitor::read(const std::string& path) const { return read_file(root_ + path); }
 
 double HardwareMonitor::temperature() const {
   double hottest = -1;

@@ -41,6 +41,28 @@ int64_t parse_process_ticks(const std::string& text);
 // Percent busy between two readings (0 when no time passed).
 double busy_percent(const CpuTimes& before, const CpuTimes& after);
 
+// The share of this process's cores that other processes (and, in a virtual machine, the
+// hypervisor's steal) kept busy while a measurement ran. The probes (telemetry/peak_flops.h)
+// record it beside their figure: a probe on a busy machine reads low.
+//
+//   NeighbourLoad load;          // starts counting
+//   ... measure ...
+//   double busy = load.others_busy_percent();
+class NeighbourLoad {
+ public:
+  explicit NeighbourLoad(std::string root = "");  // `root` prefixes /proc (tests)
+  // Percent of the cores' time since construction that was not idle and not this process's;
+  // -1 when /proc is unreadable or no tick passed.
+  double others_busy_percent() const;
+
+ private:
+  std::string read(const std::string& path) const;
+  const std::string root_;
+  const std::vector<int> cores_;
+  CpuTimes start_;
+  int64_t start_ticks_ = -1;
+};
+
 class HardwareMonitor {
  public:
   // `root` prefixes /proc and /sys (tests); interval > 0.

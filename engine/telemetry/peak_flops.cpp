@@ -1,6 +1,7 @@
 #include "telemetry/peak_flops.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -12,6 +13,7 @@
 #include "core/convert.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
+#include "telemetry/hardware_monitor.h"
 
 namespace engine {
 
@@ -89,43 +91,97 @@ double measure_gemm_flops(DType compute, int64_t n, int runs) {
 
 namespace {
 
-// The cached figure under `key`, or `measure()`'s, then kept. Returns {value, source}.
-std::pair<double, std::string> cached_probe(const std::string& key, const std::function<double()>& measure) {
-  const std::optional<fs::path> file = peak_cache_file();
-  nlohmann::json cache = nlohmann::json::object();
-  if (file) {
-    std::ifstream in(*file);
-    if (in) {
-      std::stringstream text;
-      text << in.rdbuf();
-      cache = nlohmann::json::parse(text.str(), nullptr, false);
-      if (!cache.is_object()) cache = nlohmann::json::object();  // unreadable: probe and rewrite it
-    }
-    if (auto it = cache.find(key); it != cache.end() && it->is_number() && it->get<double>() > 0)
-      return {it->get<double>(), "cached in " + file->string()};
-  }
+// A probe's figure, and how busy the rest of the machine kept its cores meanwhile.
+struct Probe {
+  double value = 0;
+  double neighbours_busy_percent = -1;
+};
+
+Probe probe(const std::function<double()>& measure) {
+  const NeighbourLoad load;
   const double value = measure();
-  if (file && value > 0) {
-    cache[key] = value;
-    std::error_code error;
-    fs::create_directories(file->parent_path(), error);
-    try {
-      write_file_atomically(*file, [&](std::ostream& out) { out << cache.dump(2) << "\n"; });
-    } catch (const std::exception&) {
-      // A read-only home is no reason to stop a run: the next one probes again.
-    }
+  return {value, load.others_busy_percent()};
+}
+
+nlohmann::json read_cache(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json::object();
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json cache = nlohmann::json::parse(text.str(), nullptr, false);
+  return cache.is_object() ? cache : nlohmann::json::object();  // unreadable: probe and rewrite it
+}
+
+void write_cache(const fs::path& file, const nlohmann::json& cache) {
+  std::error_code error;
+  fs::create_directories(file.parent_path(), error);
+  try {
+    write_file_atomically(file, [&](std::ostream& out) { out << cache.dump(2) << "\n"; });
+  } catch (const std::exception&) {
+    // A read-only home is no reason to stop a run: the next one probes again.
   }
-  return {value, "measured"};
+}
+
+// An entry is {"per_second": v, "neighbours_busy_percent": p}; a bare number (older caches) is a
+// figure whose neighbours are not known.
+std::optional<Probe> cached_entry(const nlohmann::json& cache, const std::string& key) {
+  const auto it = cache.find(key);
+  if (it == cache.end()) return std::nullopt;
+  Probe entry;
+  if (it->is_number()) {
+    entry.value = it->get<double>();
+  } else if (it->is_object() && it->contains("per_second") && (*it)["per_second"].is_number()) {
+    entry.value = (*it)["per_second"].get<double>();
+    if (auto busy = it->find("neighbours_busy_percent"); busy != it->end() && busy->is_number())
+      entry.neighbours_busy_percent = busy->get<double>();
+  }
+  if (entry.value > 0) return entry;
+  return std::nullopt;
+}
+
+struct CachedProbe {
+  Probe probe;
+  std::string source;
+};
+
+// The cached figure under `key`, or `measure()`'s, then kept.
+CachedProbe cached_probe(const std::string& key, const std::function<double()>& measure) {
+  const std::optional<fs::path> file = peak_cache_file();
+  nlohmann::json cache = file ? read_cache(*file) : nlohmann::json::object();
+  if (auto entry = cached_entry(cache, key)) return {*entry, "cached in " + file->string()};
+  const Probe measured = probe(measure);
+  if (file && measured.value > 0) {
+    cache[key] = {{"per_second", measured.value}, {"neighbours_busy_percent", measured.neighbours_busy_percent}};
+    write_cache(*file, cache);
+  }
+  return {measured, "measured"};
+}
+
+std::string peak_key(DType compute, int threads) {
+  return cpu_model() + " | " + std::to_string(threads) + " threads | " + std::string(dtype_name(compute)) + " | " +
+         kernel_name(compute);
 }
 
 }  // namespace
 
 PeakFlops peak_flops(DType compute, int threads) {
-  const std::string kernel = kernel_name(compute);
-  const std::string key =
-      cpu_model() + " | " + std::to_string(threads) + " threads | " + std::string(dtype_name(compute)) + " | " + kernel;
-  auto [value, source] = cached_probe(key, [&] { return measure_gemm_flops(compute); });
-  return {value, source, kernel};
+  const CachedProbe found = cached_probe(peak_key(compute, threads), [&] { return measure_gemm_flops(compute); });
+  return {found.probe.value, found.source, kernel_name(compute), found.probe.neighbours_busy_percent};
+}
+
+bool forget_cached_peak(DType compute, int threads) {
+  const std::optional<fs::path> file = peak_cache_file();
+  if (!file) return false;
+  nlohmann::json cache = read_cache(*file);
+  if (cache.erase(peak_key(compute, threads)) == 0) return false;
+  write_cache(*file, cache);
+  return true;
+}
+
+std::string busy_probe_note(double neighbours_busy_percent) {
+  if (neighbours_busy_percent < kBusyNeighboursPercent) return "";
+  return "probed while other processes kept " + std::to_string(std::lround(neighbours_busy_percent)) +
+         "% of the cores busy, so it may read low";
 }
 
 double measure_triad_bandwidth(int64_t elements, int runs) {
@@ -154,8 +210,8 @@ double measure_triad_bandwidth(int64_t elements, int runs) {
 
 MemoryBandwidth memory_bandwidth(int threads) {
   const std::string key = cpu_model() + " | " + std::to_string(threads) + " threads | triad bytes/s";
-  auto [value, source] = cached_probe(key, [] { return measure_triad_bandwidth(); });
-  return {value, source};
+  const CachedProbe found = cached_probe(key, [] { return measure_triad_bandwidth(); });
+  return {found.probe.value, found.source, found.probe.neighbours_busy_percent};
 }
 
 }  // namespace engine

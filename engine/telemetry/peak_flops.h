@@ -9,6 +9,7 @@
 //
 // The cache is one JSON object in $XDG_CACHE_HOME/engine/peak_flops.json (else ~/.cache/...),
 // keyed by CPU model, thread count, type and kernel: a different machine or setting probes anew.
+// Each entry keeps how busy the rest of the machine was while it was probed (below).
 // A probe measures what the GEMM reaches, not the datasheet figure: MFU against it says how much
 // of the achievable matmul rate the whole step keeps.
 #pragma once
@@ -23,11 +24,15 @@ namespace engine {
 
 struct PeakFlops {
   double flops_per_second = 0;
-  std::string source;  // "measured", "cached in <file>", "recipe"
-  std::string kernel;  // what computed the probe ("oneDNN sgemm", "brg:avx512_core_bf16", ...)
+  std::string source;                   // "measured", "cached in <file>", "recipe"
+  std::string kernel;                   // what computed the probe ("oneDNN sgemm", "brg:avx512_core_bf16", ...)
+  double neighbours_busy_percent = -1;  // other processes' share of the cores during the probe (-1: not known)
 };
 
 PeakFlops peak_flops(DType compute, int threads);
+// Drops the cached peak of this type and thread count, so that the next run probes again: a run
+// whose step beat it has shown that it read low. False when there was none.
+bool forget_cached_peak(DType compute, int threads);
 // The probe alone: FLOP/s of the best of at least `runs` n^3 products (more, up to 1 s of them), after the warm-up.
 double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
 // The memory bandwidth a rank reaches: the best of a few STREAM triads (a = b + s c) over three
@@ -36,9 +41,17 @@ double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
 struct MemoryBandwidth {
   double bytes_per_second = 0;
   std::string source;
+  double neighbours_busy_percent = -1;
 };
 MemoryBandwidth memory_bandwidth(int threads);  // 0 when its arrays cannot be allocated
 double measure_triad_bandwidth(int64_t elements = int64_t(16) << 20, int runs = 5);
+
+// A probe reads low when other processes held the cores meanwhile (telemetry/hardware_monitor.h's
+// NeighbourLoad measures how much). The figure is cached all the same, with that share beside it, and
+// every run that uses it says so: "probed while other processes kept 45% of the cores busy, so it
+// may read low" (empty below kBusyNeighboursPercent).
+inline constexpr double kBusyNeighboursPercent = 10;
+std::string busy_probe_note(double neighbours_busy_percent);
 
 // Where the cache lives (nullopt when neither XDG_CACHE_HOME nor HOME is set).
 std::optional<std::filesystem::path> peak_cache_file();

@@ -12,11 +12,23 @@ std::string MachineLimits::describe() const {
   auto known = [](double value, const char* unit) {
     return value > 0 ? format_fixed(value / 1e9, 1) + unit : std::string("unknown") + unit;
   };
-  return known(flops_per_second, " GFLOP/s") + ", " + known(bytes_per_second, " GB/s");
+  return known(flops_per_second, " GFLOP/s") + ", " + known(bytes_per_second, " GB/s") +
+         (caveat.empty() ? "" : "; " + caveat);
+}
+
+std::string limits_caveat(double peak_neighbours_busy_percent, double bandwidth_neighbours_busy_percent) {
+  std::string caveat;
+  if (std::string note = busy_probe_note(peak_neighbours_busy_percent); !note.empty()) caveat = "the peak was " + note;
+  if (std::string note = busy_probe_note(bandwidth_neighbours_busy_percent); !note.empty())
+    caveat += (caveat.empty() ? "" : "; ") + std::string("the bandwidth was ") + note;
+  return caveat;
 }
 
 MachineLimits machine_limits(DType compute, int threads) {
-  return {peak_flops(compute, threads).flops_per_second, memory_bandwidth(threads).bytes_per_second};
+  const PeakFlops peak = peak_flops(compute, threads);
+  const MemoryBandwidth bandwidth = memory_bandwidth(threads);
+  return {peak.flops_per_second, bandwidth.bytes_per_second,
+          limits_caveat(peak.neighbours_busy_percent, bandwidth.neighbours_busy_percent)};
 }
 
 RooflinePoint roofline(double flops, double bytes, double seconds, const MachineLimits& limits) {

@@ -82,12 +82,15 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
+  if (const std::string busy = busy_probe_note(peak_.neighbours_busy_percent); !busy.empty())
+    out << "note: the peak was " << busy << " (MFU reads high); delete "
+        << peak_cache_file().value_or("its cache").string() << " to probe again, or set telemetry.peak_flops\n";
   if (const DType compute = compute_dtype(session.recipe);
       compute != DType::f32 && !ops::matmul_16bit_available(compute))
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
         << "widened copies: " << dtype_name(compute)
         << " saves memory here, not time (engine plan shows each op's path)\n";
-  if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads()).bytes_per_second;  // the roofline's
+  if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads());  // the roofline's
   if (config_.monitor_interval > 0) monitor_ = std::make_unique<HardwareMonitor>(config_.monitor_interval);
   if (config_.tensorboard) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.run_dir / "tensorboard");
@@ -134,11 +137,14 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
     line["hfu"] = setup_.hardware_flops_per_step / step_time / peak;
     if (line["hfu"].get<double>() > 1 && !warned_peak_) {
       warned_peak_ = true;
-      const auto cache = peak_cache_file();
+      // The step beat the probe, so the probe read low (taken while the machine was busy): drop it.
+      const bool dropped = peak_.source != "telemetry.peak_flops" &&
+                           forget_cached_peak(compute_dtype(setup_.session.recipe), omp_get_max_threads());
       return "warning: hardware FLOP utilisation " + format_fixed(100 * line["hfu"].get<double>(), 0) +
-             "% exceeds the peak (" + peak_.source + "): a probe taken while the machine was busy reads low; " +
-             (cache ? "delete " + cache->string() + " to probe again, or " : std::string()) +
-             "set telemetry.peak_flops";
+             "% exceeds the peak (" + peak_.source + "), which must have been probed while the machine was busy; " +
+             (dropped ? "it is dropped from " + peak_cache_file()->string() + ", so the next run probes again" +
+                            " (or set telemetry.peak_flops)"
+                      : std::string("set telemetry.peak_flops"));
     }
   }
   const double wait = data_wait_window_ / double(window_steps);
@@ -210,8 +216,10 @@ void RunTelemetry::finish(std::ostream& out) {
     }
   }
   if (config_.op_table && setup_.lead)
-    write_op_table(session.executor.op_totals(), {peak_.flops_per_second, bandwidth_}, setup_.run_dir / "op_table.json",
-                   out);
+    write_op_table(session.executor.op_totals(),
+                   {peak_.flops_per_second, bandwidth_.bytes_per_second,
+                    limits_caveat(peak_.neighbours_busy_percent, bandwidth_.neighbours_busy_percent)},
+                   setup_.run_dir / "op_table.json", out);
   if (tensorboard_) tensorboard_->flush();
 }
 

@@ -66,7 +66,7 @@ class RunTelemetry {
   TelemetrySetup setup_;
   const recipe::TelemetrySection& config_;
   PeakFlops peak_;
-  double bandwidth_ = 0;  // bytes/s, for the op table's roofline
+  MemoryBandwidth bandwidth_;  // for the op table's roofline
   std::unique_ptr<HardwareMonitor> monitor_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   double data_wait_window_ = 0;

@@ -164,6 +164,8 @@ const OpDef kSoftmaxCrossEntropy{
     cross_entropy_grad,
     [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
     "16-bit logits and their gradient, fp32 softmax and loss",
+    0b1,
+    nullptr,
     0b1};
 
 ValueId softmax_cross_entropy(Graph& g, ValueId logits, ValueId targets, double scale, const std::string& name) {

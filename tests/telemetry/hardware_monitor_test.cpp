@@ -4,10 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "telemetry/peak_flops.h"
 #include "temp_dir.h"
@@ -22,6 +27,47 @@ void write(const fs::path& file, const std::string& text) {
   fs::create_directories(file.parent_path());
   std::ofstream(file) << text;
 }
+
+cpu_set_t allowed_set() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  return set;
+}
+
+// A fake /proc/stat in which every core this process may use has spent `busy` and `idle` jiffies.
+void write_proc_stat(const fs::path& root, int64_t busy, int64_t idle) {
+  const cpu_set_t set = allowed_set();
+  std::string text = "cpu  0 0 0 0 0 0 0 0\n";
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set))
+      text += "cpu" + std::to_string(cpu) + " " + std::to_string(busy) + " 0 0 " + std::to_string(idle) + " 0 0 0 0\n";
+  write(root / "proc/stat", text);
+}
+
+// Other processes, one spinning on each core this process may use, until destroyed.
+class SpinningNeighbours {
+ public:
+  SpinningNeighbours() {
+    const cpu_set_t set = allowed_set();
+    for (int i = 0; i < CPU_COUNT(&set); ++i) {
+      const pid_t child = fork();
+      if (child == 0)
+        for (volatile uint64_t spin = 0;; spin = spin + 1) {
+        }
+      if (child > 0) children_.push_back(child);
+    }
+  }
+  ~SpinningNeighbours() {
+    for (pid_t child : children_) kill(child, SIGKILL);
+    for (pid_t child : children_) waitpid(child, nullptr, 0);
+  }
+  SpinningNeighbours(const SpinningNeighbours&) = delete;
+  SpinningNeighbours& operator=(const SpinningNeighbours&) = delete;
+
+ private:
+  std::vector<pid_t> children_;
+};
 
 TEST(HardwareMonitor, ParsesProcStatPerCpu) {
   const auto cpus = parse_proc_stat(
@@ -45,17 +91,8 @@ TEST(HardwareMonitor, ProcessTicksSurviveACommandNameWithSpacesAndParentheses) {
 
 TEST(HardwareMonitor, SamplesAFakeMachineExactly) {
   TempDir root("monitor");
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
-  auto stat = [&](int64_t busy, int64_t idle) {
-    std::string text = "cpu  0 0 0 0 0 0 0 0\n";
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set))
-        text +=
-            "cpu" + std::to_string(cpu) + " " + std::to_string(busy) + " 0 0 " + std::to_string(idle) + " 0 0 0 0\n";
-    write(root / "proc/stat", text);
-  };
+  const cpu_set_t set = allowed_set();
+  auto stat = [&](int64_t busy, int64_t idle) { write_proc_stat(root.path(), busy, idle); };
   stat(100, 100);
   write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 100 0 0 0");
   write(root / "proc/self/status", "Name: engine\nVmRSS:\t  2048 kB\n");
@@ -96,6 +133,85 @@ TEST(HardwareMonitor, RealThreadSamplesAtItsIntervalAndStopsAtOnce) {
   const auto start = std::chrono::steady_clock::now();
   { HardwareMonitor idle(3600); }  // must not wait out its interval
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+}
+
+TEST(NeighbourLoad, IsTheCoresBusyTimeLessThisProcesssOnAFakeMachine) {
+  TempDir root("neighbours");
+  const cpu_set_t set = allowed_set();
+  const auto cores = int64_t(CPU_COUNT(&set));
+  write_proc_stat(root.path(), 100, 100);
+  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 100 0 0 0");
+  const NeighbourLoad load(root.path().string());
+  // Each core: 100 more jiffies, 75 of them busy; this process used 25 of them on each.
+  write_proc_stat(root.path(), 100 + 75, 100 + 25);
+  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 20 * cores) + " " +
+                                     std::to_string(5 * cores) + " 0 0");
+  EXPECT_DOUBLE_EQ(load.others_busy_percent(), 50.0);
+  // This process counted more than the cores' busy time (ticks read a moment apart): no neighbours.
+  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 90 * cores) + " 0 0 0");
+  EXPECT_DOUBLE_EQ(load.others_busy_percent(), 0.0);
+  EXPECT_EQ(NeighbourLoad((root / "nowhere").string()).others_busy_percent(), -1);
+}
+
+TEST(NeighbourLoad, SeesAProcessSpinningOnEveryCore) {
+  const NeighbourLoad quiet;
+  double busy = -1;
+  {
+    SpinningNeighbours neighbours;
+    const NeighbourLoad load;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    busy = load.others_busy_percent();
+  }
+  EXPECT_GT(busy, 50.0);  // this process slept: the cores were the children's (and any other test's)
+  EXPECT_GE(quiet.others_busy_percent(), 0.0);
+}
+
+// The probe records how busy the rest of the machine was; a busy probe says so every time it is
+// used, from the cache too.
+TEST(PeakFlops, AProbeTakenWhileOtherProcessesHoldTheCoresSaysSoWhereverItIsUsed) {
+  TempDir cache("busy_peak_cache");
+  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  PeakFlops busy;
+  {
+    SpinningNeighbours neighbours;
+    busy = peak_flops(DType::f32, 1);
+  }
+  EXPECT_EQ(busy.source, "measured");
+  EXPECT_GT(busy.neighbours_busy_percent, 40.0);
+  const std::string note = busy_probe_note(busy.neighbours_busy_percent);
+  EXPECT_NE(note.find("probed while other processes kept"), std::string::npos) << note;
+  const PeakFlops cached = peak_flops(DType::f32, 1);
+  EXPECT_EQ(cached.source, "cached in " + (cache / "engine/peak_flops.json").string());
+  EXPECT_EQ(cached.neighbours_busy_percent, busy.neighbours_busy_percent);
+  EXPECT_EQ(busy_probe_note(kBusyNeighboursPercent - 1), "");
+  EXPECT_EQ(busy_probe_note(-1), "");  // not known: nothing to say
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+TEST(PeakFlops, ForgettingDropsOnlyThatEntryAndOlderBareNumberCachesStillRead) {
+  TempDir cache("forget_peak_cache");
+  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const fs::path file = cache / "engine/peak_flops.json";
+  const MemoryBandwidth bandwidth = memory_bandwidth(1);
+  const PeakFlops peak = peak_flops(DType::f32, 1);
+  EXPECT_EQ(peak.source, "measured");
+  EXPECT_TRUE(forget_cached_peak(DType::f32, 1));
+  EXPECT_FALSE(forget_cached_peak(DType::f32, 1));  // already gone
+  EXPECT_EQ(memory_bandwidth(1).source, "cached in " + file.string());
+  EXPECT_EQ(peak_flops(DType::f32, 1).source, "measured");
+  // An older engine's cache holds bare numbers: read as figures whose neighbours are not known.
+  nlohmann::json entries;
+  std::ifstream(file) >> entries;
+  for (auto& [key, entry] : entries.items()) {
+    ASSERT_TRUE(entry.is_object()) << key;
+    entry = entry.at("per_second");
+  }
+  std::ofstream(file) << entries.dump();
+  const PeakFlops old = peak_flops(DType::f32, 1);
+  EXPECT_EQ(old.source, "cached in " + file.string());
+  EXPECT_EQ(old.neighbours_busy_percent, -1);
+  EXPECT_EQ(memory_bandwidth(1).bytes_per_second, bandwidth.bytes_per_second);
+  ::unsetenv("XDG_CACHE_HOME");
 }
 
 TEST(PeakFlops, MeasuredOnceThenReadFromTheCacheAndReprobedWhenTheCacheIsUnreadable) {

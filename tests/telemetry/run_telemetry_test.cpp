@@ -245,6 +245,43 @@ TEST(Mfu, SixteenBitWithoutA16BitMatmulSaysItSavesMemoryNotTime) {
   }
 }
 
+// The probed peak is cached; a run says when it was probed on a busy machine, and a run whose step
+// beats it drops it from the cache, so that the next run probes again.
+TEST(Mfu, APeakProbedOnABusyMachineIsNamedAndOneTheStepBeatsIsDropped) {
+  TempDir cache("peak_cache");
+  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const fs::path file = cache / "engine/peak_flops.json";
+  TempDir first("probe");
+  std::string printed;
+  train_quickstart(first, {"train.steps=1"}, &printed);
+  EXPECT_NE(printed.find("GFLOP/s per rank (measured"), std::string::npos) << printed;
+  json entries = read_json(file);
+  ASSERT_EQ(entries.size(), 1u);  // the fp32 peak
+  json& peak = entries.begin().value();
+  auto rewrite = [&](double per_second, double busy) {
+    peak = {{"per_second", per_second}, {"neighbours_busy_percent", busy}};
+    std::ofstream(file) << entries.dump();
+  };
+  rewrite(peak.at("per_second").get<double>(), 60);
+  TempDir busy("busy");
+  train_quickstart(busy, {"train.steps=1"}, &printed);
+  EXPECT_NE(printed.find("note: the peak was probed while other processes kept 60% of the cores busy"),
+            std::string::npos)
+      << printed;
+  EXPECT_EQ(read_json(file).size(), 1u);  // kept: it may only read a little low
+  rewrite(1e3, 0);                        // far below any step
+  TempDir low("low");
+  train_quickstart(low, {"train.steps=2", "train.log_every=1"}, &printed);
+  EXPECT_NE(printed.find("exceeds the peak (cached in " + file.string()), std::string::npos) << printed;
+  EXPECT_NE(printed.find("dropped from " + file.string() + ", so the next run probes again"), std::string::npos)
+      << printed;
+  EXPECT_TRUE(read_json(file).empty());
+  TempDir again("again");
+  train_quickstart(again, {"train.steps=1"}, &printed);
+  EXPECT_NE(printed.find("GFLOP/s per rank (measured"), std::string::npos) << printed;
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
 TEST(TensorBoard, EveryLoggedNumberReadsBackExactlyWithTheRecipeAndNormHistograms) {
   TempDir dir("tensorboard_run");
   const fs::path run = train_quickstart(dir, {"train.steps=12", "train.log_every=4", "train.eval_every=6",
