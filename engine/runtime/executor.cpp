@@ -110,8 +110,12 @@ NodeWork node_work(const Graph& graph, const Node& node) {
     const bool overwritten = i < 32 && (node.op->overwritten_inputs >> i & 1u);
     work.bytes += double(value_bytes(graph.value(node.inputs[i]))) * (overwritten ? 2 : 1);
   }
-  // An accumulating node reads its outputs (the gradient so far) before it writes them.
-  for (ValueId id : node.outputs) work.bytes += double(value_bytes(graph.value(id))) * (node.accumulate ? 2 : 1);
+  // An output the kernel adds to (KernelContext::accumulates: a gradient) is read before it is written.
+  for (ValueId id : node.outputs) {
+    const Value& value = graph.value(id);
+    const bool accumulated = node.accumulate || value.placement == Placement::gradient;
+    work.bytes += double(value_bytes(value)) * (accumulated ? 2 : 1);
+  }
   return work;
 }
 

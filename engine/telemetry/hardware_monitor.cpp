@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -19,13 +20,22 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The CPUs some thread of this process may run on. Not sched_getaffinity(0) alone: that is the
+// calling thread's mask, which OpenMP narrows to one core when it binds its threads (OMP_PROC_BIND).
 std::vector<int> allowed_cores() {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  std::error_code error;
+  for (const auto& task : fs::directory_iterator("/proc/self/task", error)) {
+    const long tid = std::strtol(task.path().filename().c_str(), nullptr, 10);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (tid > 0 && sched_getaffinity(pid_t(tid), sizeof set, &set) == 0) CPU_OR(&all, &all, &set);
+  }
+  if (CPU_COUNT(&all) == 0 && sched_getaffinity(0, sizeof all, &all) != 0) return {};
   std::vector<int> cores;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set)) cores.push_back(cpu);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &all)) cores.push_back(cpu);
   return cores;
 }
 
@@ -113,10 +123,13 @@ std::string NeighbourLoad::read(const std::string& path) const { return read_fil
 double NeighbourLoad::others_busy_percent() const {
   const CpuTimes now = summed(parse_proc_stat(read("/proc/stat")), cores_);
   const int64_t ticks = parse_process_ticks(read("/proc/self/stat"));
-  const int64_t total = now.total - start_.total;
-  if (total <= 0 || ticks < 0 || start_ticks_ < 0) return -1;
-  // /proc/stat and /proc/self/stat both count in USER_HZ ticks.
+  const int64_t total = now.total - start_.total, cores = std::max<int64_t>(int64_t(cores_.size()), 1);
+  // Under a tenth of a second per core, a tick or two of rounding is more than the share to tell.
+  if (total < 10 * cores || ticks < 0 || start_ticks_ < 0) return -1;
+  // /proc/stat and /proc/self/stat both count in USER_HZ ticks. This process may count a tick more
+  // than the cores did (the files are read a moment apart); more than that, and they disagree.
   const int64_t others = (now.busy - start_.busy) - (ticks - start_ticks_);
+  if (others < -2 * cores) return -1;
   return std::clamp(100.0 * double(others) / double(total), 0.0, 100.0);
 }
 

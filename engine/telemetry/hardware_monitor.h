@@ -22,7 +22,7 @@ namespace engine {
 
 struct HardwareSample {
   int64_t samples = 0;               // taken so far
-  std::vector<int> cores;            // the CPUs this process may run on
+  std::vector<int> cores;            // the CPUs this process's threads may run on
   std::vector<double> core_util;     // percent busy per core, over the last interval
   double cpu_util = -1;              // their mean, percent
   double process_cpu_util = -1;      // this process, percent of those cores
@@ -52,7 +52,8 @@ class NeighbourLoad {
  public:
   explicit NeighbourLoad(std::string root = "");  // `root` prefixes /proc (tests)
   // Percent of the cores' time since construction that was not idle and not this process's;
-  // -1 when /proc is unreadable or no tick passed.
+  // -1 when not known: /proc unreadable, under a tenth of a second per core, or readings that
+  // disagree (this process busier than its cores).
   double others_busy_percent() const;
 
  private:

@@ -169,11 +169,14 @@ PeakFlops peak_flops(DType compute, int threads) {
   return {found.probe.value, found.source, kernel_name(compute), found.probe.neighbours_busy_percent};
 }
 
-bool forget_cached_peak(DType compute, int threads) {
+bool forget_cached_peak(DType compute, int threads, double flops_per_second) {
   const std::optional<fs::path> file = peak_cache_file();
   if (!file) return false;
   nlohmann::json cache = read_cache(*file);
-  if (cache.erase(peak_key(compute, threads)) == 0) return false;
+  const std::string key = peak_key(compute, threads);
+  const std::optional<Probe> entry = cached_entry(cache, key);
+  if (!entry || entry->value != flops_per_second) return false;
+  cache.erase(key);
   write_cache(*file, cache);
   return true;
 }
@@ -199,11 +202,14 @@ double measure_triad_bandwidth(int64_t elements, int runs) {
     for (int64_t i = 0; i < elements; ++i) a[size_t(i)] = b[size_t(i)] + scalar * c[size_t(i)];
   };
   triad();  // first touch, in the threads' own pages
-  double best = 1e300;
-  for (int run = 0; run < runs; ++run) {
+  // Half a second of triads: long enough for the probe's neighbour load to be read in whole ticks.
+  double best = 1e300, spent = 0;
+  for (int run = 0; run < runs || (spent < 0.5 && run < 200); ++run) {
     const auto start = std::chrono::steady_clock::now();
     triad();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::min(best, seconds);
+    spent += seconds;
   }
   return 12.0 * double(elements) / best;  // STREAM's count: two loads and a store of 4 bytes
 }

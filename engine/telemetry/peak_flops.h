@@ -24,20 +24,24 @@ namespace engine {
 
 struct PeakFlops {
   double flops_per_second = 0;
-  std::string source;                   // "measured", "cached in <file>", "recipe"
+  std::string source;                   // "measured", "cached in <file>", or kRecipePeak
   std::string kernel;                   // what computed the probe ("oneDNN sgemm", "brg:avx512_core_bf16", ...)
   double neighbours_busy_percent = -1;  // other processes' share of the cores during the probe (-1: not known)
 };
 
+inline constexpr const char* kRecipePeak = "telemetry.peak_flops";  // the source of a peak the recipe gives
+
 PeakFlops peak_flops(DType compute, int threads);
-// Drops the cached peak of this type and thread count, so that the next run probes again: a run
-// whose step beat it has shown that it read low. False when there was none.
-bool forget_cached_peak(DType compute, int threads);
+// Drops the cached peak of this type and thread count if it is still `flops_per_second`, so that
+// the next run probes again: a run whose step beat it has shown that it read low. False when the
+// cache holds no such figure (none, or one that another run has probed since).
+bool forget_cached_peak(DType compute, int threads, double flops_per_second);
 // The probe alone: FLOP/s of the best of at least `runs` n^3 products (more, up to 1 s of them), after the warm-up.
 double measure_gemm_flops(DType compute, int64_t n = 1024, int runs = 3);
-// The memory bandwidth a rank reaches: the best of a few STREAM triads (a = b + s c) over three
-// 64 MiB arrays on the rank's threads, counted as STREAM counts (12 bytes per element), cached
-// beside the peaks. The roof of memory-bound ops (telemetry/roofline.h).
+// The memory bandwidth a rank reaches: the best of the STREAM triads (a = b + s c) run in half a
+// second (at least `runs` of them) over three 64 MiB arrays on the rank's threads, counted as
+// STREAM counts (12 bytes per element), cached beside the peaks. The roof of memory-bound ops
+// (telemetry/roofline.h).
 struct MemoryBandwidth {
   double bytes_per_second = 0;
   std::string source;

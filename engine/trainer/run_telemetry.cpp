@@ -73,7 +73,7 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   session.executor.set_op_table(config_.op_table);
   if (!setup_.lead) return;
   if (config_.peak_flops > 0)
-    peak_ = {config_.peak_flops, "telemetry.peak_flops", ""};
+    peak_ = {config_.peak_flops, kRecipePeak, ""};
   else
     peak_ = peak_flops(compute_dtype(session.recipe), omp_get_max_threads());
   out << "MFU against " << format_fixed(peak_.flops_per_second / 1e9, 1) << " GFLOP/s per rank (" << peak_.source
@@ -82,9 +82,12 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
-  if (const std::string busy = busy_probe_note(peak_.neighbours_busy_percent); !busy.empty())
-    out << "note: the peak was " << busy << " (MFU reads high); delete "
-        << peak_cache_file().value_or("its cache").string() << " to probe again, or set telemetry.peak_flops\n";
+  if (const std::string busy = busy_probe_note(peak_.neighbours_busy_percent); !busy.empty()) {
+    const auto cache = peak_cache_file();
+    out << "note: the peak was " << busy << " (MFU reads high); "
+        << (cache ? "delete " + cache->string() + " to probe again, or " : std::string())
+        << "set telemetry.peak_flops\n";
+  }
   if (const DType compute = compute_dtype(session.recipe);
       compute != DType::f32 && !ops::matmul_16bit_available(compute))
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
@@ -137,13 +140,17 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
     line["hfu"] = setup_.hardware_flops_per_step / step_time / peak;
     if (line["hfu"].get<double>() > 1 && !warned_peak_) {
       warned_peak_ = true;
-      // The step beat the probe, so the probe read low (taken while the machine was busy): drop it.
-      const bool dropped = peak_.source != "telemetry.peak_flops" &&
-                           forget_cached_peak(compute_dtype(setup_.session.recipe), omp_get_max_threads());
-      return "warning: hardware FLOP utilisation " + format_fixed(100 * line["hfu"].get<double>(), 0) +
-             "% exceeds the peak (" + peak_.source + "), which must have been probed while the machine was busy; " +
-             (dropped ? "it is dropped from " + peak_cache_file()->string() + ", so the next run probes again" +
-                            " (or set telemetry.peak_flops)"
+      const std::string utilisation =
+          "warning: hardware FLOP utilisation " + format_fixed(100 * line["hfu"].get<double>(), 0) + "% exceeds ";
+      if (peak_.source == kRecipePeak)
+        return utilisation + "telemetry.peak_flops (" + format_fixed(peak_.flops_per_second / 1e9, 1) +
+               " GFLOP/s per rank): the figure is too low";
+      // The step beat the probe, so the probe read low: drop it, and the next run probes again.
+      const bool dropped =
+          forget_cached_peak(compute_dtype(setup_.session.recipe), omp_get_max_threads(), peak_.flops_per_second);
+      return utilisation + "the peak (" + peak_.source +
+             "), so its probe read low (most likely taken while the machine was busy); " +
+             (dropped ? "dropped from the cache, the next run probes again (or set telemetry.peak_flops)"
                       : std::string("set telemetry.peak_flops"));
     }
   }

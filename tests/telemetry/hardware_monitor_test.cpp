@@ -5,15 +5,20 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/cpu_budget.h"
+#include "scoped_env.h"
 #include "telemetry/peak_flops.h"
 #include "temp_dir.h"
 
@@ -52,9 +57,13 @@ class SpinningNeighbours {
     const cpu_set_t set = allowed_set();
     for (int i = 0; i < CPU_COUNT(&set); ++i) {
       const pid_t child = fork();
-      if (child == 0)
+      if (child == 0) {
+        // Never outlive the test: killed with it, and in any case after a minute.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(60);
         for (volatile uint64_t spin = 0;; spin = spin + 1) {
         }
+      }
       if (child > 0) children_.push_back(child);
     }
   }
@@ -135,7 +144,14 @@ TEST(HardwareMonitor, RealThreadSamplesAtItsIntervalAndStopsAtOnce) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
 }
 
-TEST(NeighbourLoad, IsTheCoresBusyTimeLessThisProcesssOnAFakeMachine) {
+// Spinning children take every core only where no cgroup quota holds the process and its children
+// to fewer cores than its affinity allows.
+bool children_can_fill_the_cores() {
+  const CpuFacts facts = read_cpu_facts();
+  return !facts.quota || *facts.quota >= double(facts.affinity) - 0.01;
+}
+
+TEST(NeighbourLoad, IsTheCoresBusyTimeLessThisProcesssOwnOnAFakeMachine) {
   TempDir root("neighbours");
   const cpu_set_t set = allowed_set();
   const auto cores = int64_t(CPU_COUNT(&set));
@@ -147,14 +163,22 @@ TEST(NeighbourLoad, IsTheCoresBusyTimeLessThisProcesssOnAFakeMachine) {
   write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 20 * cores) + " " +
                                      std::to_string(5 * cores) + " 0 0");
   EXPECT_DOUBLE_EQ(load.others_busy_percent(), 50.0);
-  // This process counted more than the cores' busy time (ticks read a moment apart): no neighbours.
-  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 90 * cores) + " 0 0 0");
+  // This process counted a tick more than the cores' busy time (the files are read a moment
+  // apart): no neighbours. Many more, and the readings disagree: not known.
+  write(root / "proc/self/stat",
+        "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 75 * cores + 1) + " 0 0 0");
   EXPECT_DOUBLE_EQ(load.others_busy_percent(), 0.0);
+  write(root / "proc/self/stat", "1 (engine) R 1 2 3 4 5 6 7 8 9 10 " + std::to_string(100 + 90 * cores) + " 0 0 0");
+  EXPECT_EQ(load.others_busy_percent(), -1);
+  // Under a tenth of a second per core: too short to tell.
+  write_proc_stat(root.path(), 100 + 5, 100 + 4);
+  EXPECT_EQ(load.others_busy_percent(), -1);
   EXPECT_EQ(NeighbourLoad((root / "nowhere").string()).others_busy_percent(), -1);
 }
 
 TEST(NeighbourLoad, SeesAProcessSpinningOnEveryCore) {
-  const NeighbourLoad quiet;
+  if (!children_can_fill_the_cores()) GTEST_SKIP() << "a cgroup CPU quota holds this process below its cores";
+  const NeighbourLoad readable;
   double busy = -1;
   {
     SpinningNeighbours neighbours;
@@ -163,14 +187,46 @@ TEST(NeighbourLoad, SeesAProcessSpinningOnEveryCore) {
     busy = load.others_busy_percent();
   }
   EXPECT_GT(busy, 50.0);  // this process slept: the cores were the children's (and any other test's)
-  EXPECT_GE(quiet.others_busy_percent(), 0.0);
+  EXPECT_GE(readable.others_busy_percent(), 0.0);
+}
+
+// OpenMP binding (OMP_PROC_BIND) narrows each thread's mask to one core; the cores the monitor and
+// the neighbour load count are those of all the process's threads, not the calling thread's.
+TEST(NeighbourLoad, CountsTheCoresOfEveryThreadNotOnlyTheCallers) {
+  const cpu_set_t all = allowed_set();
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one core: nothing to narrow";
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::thread other([&] {  // keeps the whole mask while this thread narrows its own
+    std::unique_lock lock(mutex);
+    done.wait(lock, [&] { return finished; });
+  });
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const size_t counted = HardwareMonitor(3600).latest().cores.size();
+  EXPECT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  {
+    std::lock_guard lock(mutex);
+    finished = true;
+  }
+  done.notify_all();
+  other.join();
+  EXPECT_EQ(counted, size_t(CPU_COUNT(&all)));
 }
 
 // The probe records how busy the rest of the machine was; a busy probe says so every time it is
 // used, from the cache too.
 TEST(PeakFlops, AProbeTakenWhileOtherProcessesHoldTheCoresSaysSoWhereverItIsUsed) {
+  if (!children_can_fill_the_cores()) GTEST_SKIP() << "a cgroup CPU quota holds this process below its cores";
   TempDir cache("busy_peak_cache");
-  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const testing::ScopedEnv cache_home("XDG_CACHE_HOME", cache.path().string());
   PeakFlops busy;
   {
     SpinningNeighbours neighbours;
@@ -185,18 +241,18 @@ TEST(PeakFlops, AProbeTakenWhileOtherProcessesHoldTheCoresSaysSoWhereverItIsUsed
   EXPECT_EQ(cached.neighbours_busy_percent, busy.neighbours_busy_percent);
   EXPECT_EQ(busy_probe_note(kBusyNeighboursPercent - 1), "");
   EXPECT_EQ(busy_probe_note(-1), "");  // not known: nothing to say
-  ::unsetenv("XDG_CACHE_HOME");
 }
 
 TEST(PeakFlops, ForgettingDropsOnlyThatEntryAndOlderBareNumberCachesStillRead) {
   TempDir cache("forget_peak_cache");
-  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const testing::ScopedEnv cache_home("XDG_CACHE_HOME", cache.path().string());
   const fs::path file = cache / "engine/peak_flops.json";
   const MemoryBandwidth bandwidth = memory_bandwidth(1);
   const PeakFlops peak = peak_flops(DType::f32, 1);
   EXPECT_EQ(peak.source, "measured");
-  EXPECT_TRUE(forget_cached_peak(DType::f32, 1));
-  EXPECT_FALSE(forget_cached_peak(DType::f32, 1));  // already gone
+  EXPECT_FALSE(forget_cached_peak(DType::f32, 1, peak.flops_per_second / 2));  // another run's figure: kept
+  EXPECT_TRUE(forget_cached_peak(DType::f32, 1, peak.flops_per_second));
+  EXPECT_FALSE(forget_cached_peak(DType::f32, 1, peak.flops_per_second));  // already gone
   EXPECT_EQ(memory_bandwidth(1).source, "cached in " + file.string());
   EXPECT_EQ(peak_flops(DType::f32, 1).source, "measured");
   // An older engine's cache holds bare numbers: read as figures whose neighbours are not known.
@@ -211,12 +267,11 @@ TEST(PeakFlops, ForgettingDropsOnlyThatEntryAndOlderBareNumberCachesStillRead) {
   EXPECT_EQ(old.source, "cached in " + file.string());
   EXPECT_EQ(old.neighbours_busy_percent, -1);
   EXPECT_EQ(memory_bandwidth(1).bytes_per_second, bandwidth.bytes_per_second);
-  ::unsetenv("XDG_CACHE_HOME");
 }
 
 TEST(PeakFlops, MeasuredOnceThenReadFromTheCacheAndReprobedWhenTheCacheIsUnreadable) {
   TempDir cache("peak_cache");
-  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const testing::ScopedEnv cache_home("XDG_CACHE_HOME", cache.path().string());
   const fs::path file = cache / "engine/peak_flops.json";
   ASSERT_EQ(peak_cache_file(), file);
   const PeakFlops first = peak_flops(DType::f32, 1);
@@ -230,7 +285,6 @@ TEST(PeakFlops, MeasuredOnceThenReadFromTheCacheAndReprobedWhenTheCacheIsUnreada
   std::ofstream(file) << "{ not json";
   EXPECT_EQ(peak_flops(DType::f32, 1).source, "measured");
   EXPECT_EQ(peak_flops(DType::f32, 1).source, "cached in " + file.string());
-  ::unsetenv("XDG_CACHE_HOME");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
 #include "runtime/executor.h"
+#include "scoped_env.h"
 #include "telemetry/peak_flops.h"
 #include "temp_dir.h"
 
@@ -60,14 +61,13 @@ TEST(Roofline, BytesCountWhatANodeReadsAndWritesBackTwice) {
 
 TEST(Roofline, BandwidthIsProbedOnceAndCached) {
   testing::TempDir cache("bandwidth_cache");
-  ::setenv("XDG_CACHE_HOME", cache.path().c_str(), 1);
+  const testing::ScopedEnv cache_home("XDG_CACHE_HOME", cache.path().string());
   EXPECT_GT(measure_triad_bandwidth(int64_t(1) << 20, 2), 1e8);  // any machine that runs the engine
   const MemoryBandwidth first = memory_bandwidth(1);
   EXPECT_EQ(first.source, "measured");
   const MemoryBandwidth second = memory_bandwidth(1);
   EXPECT_EQ(second.source, "cached in " + (cache / "engine/peak_flops.json").string());
   EXPECT_EQ(second.bytes_per_second, first.bytes_per_second);
-  ::unsetenv("XDG_CACHE_HOME");
 }
 
 }  // namespace
