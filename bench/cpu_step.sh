@@ -86,4 +86,6 @@ for name, dtype, tps, mfu, flops, peak, torch_tps, tokens in rows:
 PY
 printf '\nMFU: model FLOPs per step (3x the forward matmuls, from the plan) at that rate over the engine'"'"'s\n'
 printf 'probed GEMM peak for the step'"'"'s compute type (last column); both sides are rated against it.\n'
+# A probe taken while other processes held the cores reads low (docs/telemetry.md): say so here.
+grep -h '^note: the peak was probed' "$out"/*.log | sort -u || true
 cat "$out/op_tables"
