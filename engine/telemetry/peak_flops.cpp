@@ -1,5 +1,6 @@
 #include "telemetry/peak_flops.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -49,6 +50,29 @@ std::optional<fs::path> peak_cache_file() {
 // How long the probe runs: products to warm up, then products to time (it keeps the best).
 constexpr double kWarmUpSeconds = 0.25, kProbeSeconds = 1.0;
 
+namespace {
+
+// Seconds `work` takes once.
+double seconds_of(const std::function<void()>& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The fastest of at least `runs` runs of `work`, and more until `seconds` have been spent (at most
+// `max_runs` in all).
+double best_seconds(int runs, double seconds, int max_runs, const std::function<void()>& work) {
+  double best = 1e300, spent = 0;
+  for (int run = 0; run < runs || (spent < seconds && run < max_runs); ++run) {
+    const double one = seconds_of(work);
+    best = std::min(best, one);
+    spent += one;
+  }
+  return best;
+}
+
+}  // namespace
+
 double measure_gemm_flops(DType compute, int64_t n, int runs) {
   const bool native = native_16bit(compute);
   const size_t elements = size_t(n * n);
@@ -71,22 +95,11 @@ double measure_gemm_flops(DType compute, int64_t n, int runs) {
     else
       ops::sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
   };
-  auto timed = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    product();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
   // Untimed products first, a quarter of a second of them: primitive creation, first touch, and
   // the cores' clocks ramping up. Counted from a cold start, the best product of the first half
   // second read 134-152 GFLOP/s on a 2-core AVX2 EPYC whose linears then ran at 165-182.
-  for (double warm = 0; warm < kWarmUpSeconds;) warm += timed();
-  double best = 1e300, spent = 0;
-  for (int run = 0; run < runs || (spent < kProbeSeconds && run < 400); ++run) {
-    const double seconds = timed();
-    best = std::min(best, seconds);
-    spent += seconds;
-  }
-  return 2.0 * double(n) * double(n) * double(n) / best;
+  for (double warm = 0; warm < kWarmUpSeconds;) warm += seconds_of(product);
+  return 2.0 * double(n) * double(n) * double(n) / best_seconds(runs, kProbeSeconds, 400, product);
 }
 
 namespace {
@@ -203,15 +216,8 @@ double measure_triad_bandwidth(int64_t elements, int runs) {
   };
   triad();  // first touch, in the threads' own pages
   // Half a second of triads: long enough for the probe's neighbour load to be read in whole ticks.
-  double best = 1e300, spent = 0;
-  for (int run = 0; run < runs || (spent < 0.5 && run < 200); ++run) {
-    const auto start = std::chrono::steady_clock::now();
-    triad();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::min(best, seconds);
-    spent += seconds;
-  }
-  return 12.0 * double(elements) / best;  // STREAM's count: two loads and a store of 4 bytes
+  // STREAM's count: two loads and a store of 4 bytes.
+  return 12.0 * double(elements) / best_seconds(runs, 0.5, 200, triad);
 }
 
 MemoryBandwidth memory_bandwidth(int threads) {

@@ -82,9 +82,9 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (setup_.recompute_flops_per_step > 0)
     out << " (+ " << format_fixed(setup_.recompute_flops_per_step / 1e9, 3) << " G recomputed)";
   out << "\n";
-  if (const std::string busy = busy_probe_note(peak_.neighbours_busy_percent); !busy.empty()) {
+  if (const std::string caveat = limits_caveat(peak_.neighbours_busy_percent, -1); !caveat.empty()) {
     const auto cache = peak_cache_file();
-    out << "note: the peak was " << busy << " (MFU reads high); "
+    out << "note: " << caveat << " (MFU reads high); "
         << (cache ? "delete " + cache->string() + " to probe again, or " : std::string())
         << "set telemetry.peak_flops\n";
   }
