@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
     ValueId dw = g.add_activation("dw", Shape{4 * H * hd, H * hd}, DType::f32);
     ValueId db = g.add_activation("db", Shape{4 * H * hd}, DType::f32);
     const Node weight_gradient{&ops::kLinearBackwardWeight, {dy, x}, {dw, db}, {}, true, true, "fc"};
+    // The bias gradient nearly alone: the same dy against an input one column wide.
+    ValueId x1 = g.add_activation("x1", Shape{B * T, 1}, type);
+    ValueId dw1 = g.add_activation("dw1", Shape{4 * H * hd, 1}, DType::f32);
+    const Node bias_gradient{&ops::kLinearBackwardWeight, {dy, x1}, {dw1, db}, {}, true, true, "fc"};
     // A layernorm over the model's width, forward and backward.
     ValueId ln_w = g.add_activation("ln_w", Shape{H * hd}, type);
     ValueId ln_b = g.add_activation("ln_b", Shape{H * hd}, type);
@@ -114,6 +118,9 @@ int main(int argc, char** argv) {
       if (type == DType::f32 || ops::matmul_16bit_available(type))
         std::printf("%-28s %-6s %-7s %9.2f\n", "linear_backward_weight+bias", type_name.c_str(), cpu_isa_name(isa),
                     median_ms(repeats, [&] { weight_gradient.op->cpu(weight_gradient, ctx); }));
+      if (type == DType::f32 || ops::matmul_16bit_available(type))
+        std::printf("%-28s %-6s %-7s %9.2f\n", "bias gradient (x 1 wide)", type_name.c_str(), cpu_isa_name(isa),
+                    median_ms(repeats, [&] { bias_gradient.op->cpu(bias_gradient, ctx); }));
       std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm", type_name.c_str(), cpu_isa_name(isa),
                   median_ms(repeats, [&] { norm.op->cpu(norm, ctx); }));
       std::printf("%-28s %-6s %-7s %9.2f\n", "layernorm_backward", type_name.c_str(), cpu_isa_name(isa),

@@ -53,7 +53,7 @@ TEST(KernelIsa, CrossEntropyGivesTheSameBitsAtEveryWidth) {
 // The weight and bias gradients of a linear layer (the bias gradient's column sums run at two widths).
 std::vector<char> run_bias_gradient(DType type, CpuIsa isa) {
   const ScopedKernelIsa scoped_isa(isa);
-  const int64_t rows = 70, out = 150, in = 9;  // stripes of 64 columns and a ragged one
+  const int64_t rows = 70, out = 150, in = 9;  // 16-lane blocks and a ragged tail
   Graph g;
   const ValueId dy = g.add_activation("dy", Shape{rows, out}, type);
   const ValueId x = g.add_activation("x", Shape{rows, in}, type);

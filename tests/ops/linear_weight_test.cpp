@@ -1,13 +1,19 @@
-// linear_weight_gradient on a weight tall enough (M >= 8 K, M >= 4096) for its blocked transposed
-// route, M not a multiple of the block: against a double-precision dy^T x added to a nonzero dW.
+// A linear layer's weight and bias gradients against plain double-precision sums:
+// - linear_weight_gradient on a weight tall enough (M >= 8 K, M >= 4096) for its blocked transposed
+//   route, M not a multiple of the block: a double dy^T x added to a nonzero dW;
+// - the bias gradient, at several thread counts: each column's double sum down the rows, in order.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
+#include "graph/graph.h"
 #include "linalg/gemm16.h"
 #include "linalg/linear.h"
+#include "random_values.h"
 
 namespace engine::ops {
 namespace {
@@ -35,6 +41,47 @@ TEST(LinearWeightGradient, TallWeightBlocksMatchTheDoubleProduct) {
         ASSERT_NEAR(got[size_t(j * k + i)], sum, 1e-5 * (1 + std::abs(sum)))
             << dtype_name(type) << " dW[" << j << ", " << i << "]";
       }
+  }
+}
+
+// db (150 columns, ragged against every thread count's ranges) from 300 rows of dy: enough for the
+// kernel's parallel path. Each column must be the double sum of its rows in row order, rounded once
+// and added to the db it started from, bit for bit at 1, 2, 3 and 5 threads.
+TEST(LinearBiasGradient, EachColumnIsItsRowOrderDoubleSumAtEveryThreadCount) {
+  const int64_t rows = 300, out = 150, in = 3;
+  Graph g;
+  const ValueId dy = g.add_activation("dy", Shape{rows, out});
+  const ValueId x = g.add_activation("x", Shape{rows, in});
+  const ValueId dw = g.add_activation("dw", Shape{out, in});
+  const ValueId db = g.add_activation("db", Shape{out});
+  const Node node{&kLinearBackwardWeight, {dy, x}, {dw, db}, {}, true, true, "fc"};
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 5}) {
+    test_util::RandomValues values(g, 11);
+    // Sixteenths, and in each column one row of +2^60 followed by one of -2^60: the double sum keeps
+    // only what comes after the pair, so any other order or grouping of the rows gives another sum.
+    std::vector<float> start(static_cast<size_t>(out)), dy_values(static_cast<size_t>(rows * out));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < out; ++j) {
+        const int64_t pair = (j * 7) % (rows - 1);
+        dy_values[size_t(r * out + j)] = r == pair       ? 0x1p60f
+                                         : r == pair + 1 ? -0x1p60f
+                                                         : float((r * 13 + j * 5) % 16 - 7) / 16.0f;
+      }
+    std::memcpy(const_cast<char*>(values.bytes(dy).data()), dy_values.data(), dy_values.size() * sizeof(float));
+    std::memcpy(start.data(), values.bytes(db).data(), start.size() * sizeof(float));
+    omp_set_num_threads(threads);
+    node.op->cpu(node, values.ctx);
+    omp_set_num_threads(before);
+    std::vector<float> got(static_cast<size_t>(out));
+    std::memcpy(got.data(), values.bytes(db).data(), got.size() * sizeof(float));
+    for (int64_t j = 0; j < out; ++j) {
+      double sum = 0;
+      for (int64_t r = 0; r < rows; ++r) sum += double(dy_values[size_t(r * out + j)]);
+      const float expected = start[size_t(j)] + float(sum);
+      ASSERT_EQ(std::memcmp(&got[size_t(j)], &expected, sizeof(float)), 0)
+          << threads << " threads, db[" << j << "] = " << got[size_t(j)] << ", expected " << expected;
+    }
   }
 }
 

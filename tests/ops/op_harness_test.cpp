@@ -128,7 +128,7 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
        0,
        [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::linear(g, p[0], p[1], p[2], "linear"); },
        [=](const std::vector<Tensor>& x, const auto&) { return ref_linear(x[0], x[1], &x[2], rows, k, m); }});
-  // Wider than two of the bias gradient's 64-column stripes, the last one partial.
+  // Wider than 128 columns, the last 16-column block partial.
   const int64_t wide = 2 * 64 + pick(1, 63);
   all.push_back(
       {"linear+bias (wide)",
