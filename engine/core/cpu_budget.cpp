@@ -9,9 +9,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <vector>
+
+#include "core/whole_file.h"
 
 namespace engine {
 
@@ -222,15 +223,6 @@ std::string CpuBudget::describe() const {
   return out.str();
 }
 
-std::optional<std::string> read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return text.str();
-}
-
 CpuFacts read_cpu_facts() {
   CpuFacts facts;
   cpu_set_t set;
@@ -239,7 +231,7 @@ CpuFacts read_cpu_facts() {
     facts.affinity = std::max(1, CPU_COUNT(&set));
   else  // more CPUs than a cpu_set_t holds
     facts.affinity = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-  Quota quota = cgroup_quota(read_whole_file);
+  Quota quota = cgroup_quota([](const std::string& path) { return read_whole_file(path); });
   facts.quota = quota.cores;
   facts.quota_source = quota.source;
   facts.local_ranks = local_ranks_from_environment([](const char* name) { return std::getenv(name); });

@@ -74,8 +74,6 @@ Quota cgroup_quota(const ReadFile& read);
 
 // The real system: sched_getaffinity, /proc/self/..., the process environment.
 CpuFacts read_cpu_facts();
-// Whole-file read, for ReadFile.
-std::optional<std::string> read_whole_file(const std::string& path);
 
 // What apply_cpu_budget decided, for the startup note (logged once logging is set up).
 struct ThreadChoice {

@@ -1,5 +1,6 @@
 #include "core/memory_limit.h"
 #include "core/format.h"
+#include "core/whole_file.h"
 
 #include <sys/resource.h>
 
@@ -9,7 +10,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 namespace engine {
@@ -20,14 +20,6 @@ namespace {
 
 // cgroup v1 writes "no limit" as the largest page-aligned int64; anything this large is no limit.
 constexpr int64_t kNoLimitAbove = int64_t(1) << 62;
-
-std::optional<std::string> read_text(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The first whitespace-delimited token of `text` as a non-negative integer ("max" and junk: nullopt).
 std::optional<int64_t> leading_integer(const std::string& text) {
@@ -74,7 +66,7 @@ void add_cgroup_limit(std::vector<MemoryLimit>& out, const fs::path& mount, cons
                       const char* limit_file, const char* usage_file) {
   std::optional<MemoryLimit> best;
   for (const fs::path& dir : cgroup_directories(mount, path)) {
-    auto limit_text = read_text(dir / limit_file), usage_text = read_text(dir / usage_file);
+    auto limit_text = read_whole_file(dir / limit_file), usage_text = read_whole_file(dir / usage_file);
     if (!limit_text || !usage_text) continue;
     auto limit = leading_integer(*limit_text), usage = leading_integer(*usage_text);
     if (!limit || !usage || *limit >= kNoLimitAbove) continue;
@@ -115,10 +107,10 @@ ResourceLimits current_resource_limits() {
 
 std::vector<MemoryLimit> memory_limits(const fs::path& root, const ResourceLimits& limits) {
   std::vector<MemoryLimit> out;
-  if (auto meminfo = read_text(root / "proc/meminfo"))
+  if (auto meminfo = read_whole_file(root / "proc/meminfo"))
     if (auto available = kilobytes_field(*meminfo, "MemAvailable")) out.push_back({*available, "MemAvailable", 0, 0});
 
-  if (auto membership = read_text(root / "proc/self/cgroup")) {
+  if (auto membership = read_whole_file(root / "proc/self/cgroup")) {
     std::istringstream lines(*membership);
     std::string line;
     while (std::getline(lines, line)) {
@@ -141,7 +133,7 @@ std::vector<MemoryLimit> memory_limits(const fs::path& root, const ResourceLimit
     }
   }
 
-  const std::optional<std::string> status = read_text(root / "proc/self/status");
+  const std::optional<std::string> status = read_whole_file(root / "proc/self/status");
   auto field = [&](const char* key) { return status ? kilobytes_field(*status, key) : std::nullopt; };
   add_rlimit(out, limits.address_space, field("VmSize"), "ulimit -v (RLIMIT_AS)");
   add_rlimit(out, limits.data, field("VmData"), "ulimit -d (RLIMIT_DATA)");

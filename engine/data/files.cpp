@@ -1,9 +1,9 @@
 #include "data/files.h"
 
 #include <cstring>
-#include <fstream>
 
 #include "core/error.h"
+#include "core/whole_file.h"
 #include "data/permutation.h"
 
 namespace engine {
@@ -17,11 +17,10 @@ constexpr int32_t kLlmcMagic = 20240520;
 std::string read_all(const fs::path& path) {
   std::error_code error;
   if (!fs::is_regular_file(path, error)) throw UserError(path.string() + ": data file not found");
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) throw UserError(path.string() + ": cannot read");
-  if (bytes.empty()) throw UserError(path.string() + ": data file is empty");
-  return bytes;
+  std::optional<std::string> bytes = read_whole_file(path);
+  if (!bytes) throw UserError(path.string() + ": cannot read");
+  if (bytes->empty()) throw UserError(path.string() + ": data file is empty");
+  return std::move(*bytes);
 }
 
 }  // namespace

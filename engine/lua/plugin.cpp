@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
+#include "core/whole_file.h"
 #include "lua/bindings.h"
 #include "lua/params.h"
 #include "lua/sandbox.h"
@@ -31,11 +30,9 @@ std::string read_source(const fs::path& path, const std::string& name) {
   std::error_code error;
   if (!fs::is_regular_file(path, error)) throw UserError("plugin " + name + ": file not found: " + path.string());
   if (fs::file_size(path, error) > kMaxPluginBytes) throw UserError("plugin " + name + ": larger than 1 MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) throw UserError("plugin " + name + ": cannot read " + path.string());
-  return text.str();
+  std::optional<std::string> text = read_whole_file(path);
+  if (!text) throw UserError("plugin " + name + ": cannot read " + path.string());
+  return std::move(*text);
 }
 
 std::string field_string(lua_State* L, int table, const char* key) {

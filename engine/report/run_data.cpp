@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/whole_file.h"
 
 namespace engine::report {
 
@@ -25,11 +25,9 @@ std::optional<double> RunData::summary_number(const std::string& key) const {
 namespace {
 
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("cannot read " + path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::optional<std::string> text = read_whole_file(path);
+  if (!text) throw UserError("cannot read " + path.string());
+  return std::move(*text);
 }
 
 void read_metrics(const fs::path& path, RunData& run) {

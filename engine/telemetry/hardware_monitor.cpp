@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/whole_file.h"
+
 namespace engine {
 
 namespace fs = std::filesystem;
@@ -37,13 +39,6 @@ std::vector<int> allowed_cores() {
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
     if (CPU_ISSET(cpu, &all)) cores.push_back(cpu);
   return cores;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // The summed times of `cores` in one /proc/stat reading (total 0 when none is listed).
@@ -118,7 +113,7 @@ NeighbourLoad::NeighbourLoad(std::string root)
       start_(summed(parse_proc_stat(read("/proc/stat")), cores_)),
       start_ticks_(parse_process_ticks(read("/proc/self/stat"))) {}
 
-std::string NeighbourLoad::read(const std::string& path) const { return read_file(root_ + path); }
+std::string NeighbourLoad::read(const std::string& path) const { return read_whole_file(root_ + path).value_or(""); }
 
 double NeighbourLoad::others_busy_percent() const {
   const CpuTimes now = summed(parse_proc_stat(read("/proc/stat")), cores_);
@@ -148,7 +143,7 @@ HardwareMonitor::~HardwareMonitor() {
   thread_.join();
 }
 
-std::string HardwareMonitor::read(const std::string& path) const { return read_file(root_ + path); }
+std::string HardwareMonitor::read(const std::string& path) const { return read_whole_file(root_ + path).value_or(""); }
 
 double HardwareMonitor::temperature() const {
   double hottest = -1;

@@ -7,11 +7,11 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 #include "core/atomic_file.h"
 #include "core/convert.h"
+#include "core/whole_file.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
 #include "telemetry/hardware_monitor.h"
@@ -117,11 +117,9 @@ Probe probe(const std::function<double()>& measure) {
 }
 
 nlohmann::json read_cache(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) return nlohmann::json::object();
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json cache = nlohmann::json::parse(text.str(), nullptr, false);
+  const std::optional<std::string> text = read_whole_file(file);
+  if (!text) return nlohmann::json::object();
+  nlohmann::json cache = nlohmann::json::parse(*text, nullptr, false);
   return cache.is_object() ? cache : nlohmann::json::object();  // unreadable: probe and rewrite it
 }
 

@@ -10,10 +10,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <limits>
 
 #include "core/error.h"
+#include "core/whole_file.h"
 #include "telemetry/tensorboard.pb.h"
 
 namespace engine {
@@ -59,9 +59,9 @@ std::string frame(std::string_view data) {
 }
 
 std::vector<std::string> read_records(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("cannot open event file " + path.string() + ": " + std::strerror(errno));
-  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::optional<std::string> bytes_read = read_whole_file(path);
+  if (!bytes_read) throw UserError("cannot read event file " + path.string() + ": " + std::strerror(errno));
+  const std::string& bytes = *bytes_read;
   const std::string_view all(bytes);
   std::vector<std::string> records;
   size_t offset = 0;

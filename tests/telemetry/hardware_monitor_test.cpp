@@ -61,8 +61,8 @@ class SpinningNeighbours {
         // Never outlive the test: killed with it, and in any case after a minute.
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         alarm(60);
-        for (volatile uint64_t spin = 0;; spin = spin + 1) {
-        }
+        volatile uint64_t spin = 0;
+        for (;;) spin = spin + 1;
       }
       if (child > 0) children_.push_back(child);
     }
