@@ -33,12 +33,10 @@ template <bool wide>
   for (int64_t i = 0; i < m; ++i) {
     float* row = s + i * n;
     const int64_t seen = t0 + i + 1;
-    if constexpr (wide) {
+    if constexpr (wide)
       exp_row16(row, seen, lse[i]);
-    } else {
-#pragma omp simd
-      for (int64_t j = 0; j < seen; ++j) row[j] = fast_exp(row[j] - lse[i]);
-    }
+    else
+      exp_row(row, seen, lse[i]);
     std::fill(row + seen, row + n, 0.0f);
   }
 }

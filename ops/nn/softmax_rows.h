@@ -13,7 +13,7 @@
 // than 16 goes to the first lanes) added in a fixed tree at the end, so the AVX2 build (two 8-float
 // vectors) and the AVX-512 one (one 16-float vector) give the same bits; a row is summed by one
 // thread, so thread counts do not change them either. Exponentials are fast_exp's (nn/fast_math.h),
-// the same bits at every width.
+// the same bits at every width (fast_exp8 and fast_exp16 are its vector twins).
 #pragma once
 
 #include <cmath>
@@ -21,6 +21,7 @@
 
 #include "core/cpu_isa.h"
 #include "nn/fast_math.h"
+#include "nn/fast_math_avx2.h"
 #include "nn/fast_math_avx512.h"
 
 namespace engine::ops {
@@ -61,10 +62,25 @@ inline constexpr int kRowLanes = 16;
   return lane_total(lanes);
 }
 
-// w[i] = exp(w[i] - shift) for i < n; returns their sum.
+// w[i] = exp(w[i] - shift) for i < n; returns their sum. With AVX2, two fast_exp8 vectors make
+// the 16 lanes (the first 8 and the last 8).
 [[gnu::always_inline]] inline float exp_row_sum(float* w, int64_t n, float shift) {
   float lanes[kRowLanes] = {};
   int64_t i = 0;
+#if ENGINE_HAS_FAST_EXP8
+  __m256 low = _mm256_setzero_ps(), high = _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; i + kRowLanes <= n; i += kRowLanes) {
+    const __m256 e_low = fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i), s));
+    const __m256 e_high = fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i + 8), s));
+    _mm256_storeu_ps(w + i, e_low);
+    _mm256_storeu_ps(w + i + 8, e_high);
+    low = _mm256_add_ps(low, e_low);
+    high = _mm256_add_ps(high, e_high);
+  }
+  _mm256_storeu_ps(lanes, low);
+  _mm256_storeu_ps(lanes + 8, high);
+#else
   for (; i + kRowLanes <= n; i += kRowLanes)
 #pragma omp simd
     for (int j = 0; j < kRowLanes; ++j) {
@@ -72,12 +88,23 @@ inline constexpr int kRowLanes = 16;
       w[i + j] = e;
       lanes[j] += e;
     }
+#endif
   for (int j = 0; i + j < n; ++j) {
     const float e = fast_exp(w[i + j] - shift);
     w[i + j] = e;
     lanes[j] += e;
   }
   return lane_total(lanes);
+}
+
+// w[i] = exp(w[i] - shift) for i < n.
+[[gnu::always_inline]] inline void exp_row(float* w, int64_t n, float shift) {
+  int64_t i = 0;
+#if ENGINE_HAS_FAST_EXP8
+  const __m256 s = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(w + i, fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i), s)));
+#endif
+  for (; i < n; ++i) w[i] = fast_exp(w[i] - shift);
 }
 
 // exp_row_sum and w[i] = exp(w[i] - shift) with fast_exp16 (nn/fast_math_avx512.h): the same bits,
@@ -114,9 +141,7 @@ ENGINE_TARGET_AVX512 inline void exp_row16(float* w, int64_t n, float shift) {
 }
 #else
 inline float exp_row_sum16(float* w, int64_t n, float shift) { return exp_row_sum(w, n, shift); }
-inline void exp_row16(float* w, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) w[i] = fast_exp(w[i] - shift);
-}
+inline void exp_row16(float* w, int64_t n, float shift) { exp_row(w, n, shift); }
 #endif
 
 // The softmax backward of one row, in place: dp[i] = p[i] (dp[i] - delta), delta = sum p[i] dp[i].

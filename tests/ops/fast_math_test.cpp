@@ -1,7 +1,8 @@
 // fast_exp and fast_tanh against std::exp and std::tanh (in double) over the whole float line:
 // NaN, the infinities, the largest floats, the overflow and underflow edges, subnormal and tiny
 // inputs, a fine sweep of the finite range and random bit patterns. Each input runs through the
-// scalar functions and through a vectorised loop, which must agree bit for bit.
+// scalar functions, through a vectorised loop and through the AVX2 and AVX-512 twins of fast_exp,
+// which must all agree bit for bit.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -14,6 +15,7 @@
 
 #include "core/cpu_isa.h"
 #include "nn/fast_math.h"
+#include "nn/fast_math_avx2.h"
 #include "nn/fast_math_avx512.h"
 
 namespace engine {
@@ -118,6 +120,23 @@ TEST(FastMath, Exp16IsFastExpBitForBit) {
                                                        << "): " << sixteen[i] << " vs " << ops::fast_exp(x[i]);
 #else
   GTEST_SKIP() << "not an x86-64 build: no AVX-512 kernels";
+#endif
+}
+
+TEST(FastMath, Exp8IsFastExpBitForBit) {
+#if ENGINE_HAS_FAST_EXP8
+  std::vector<float> x = edge_inputs();
+  x.resize((x.size() + 7) / 8 * 8, 0.0f);
+  for (size_t i = 0; i < x.size(); i += 8) {
+    float eight[8];
+    _mm256_storeu_ps(eight, ops::fast_exp8(_mm256_loadu_ps(x.data() + i)));
+    for (size_t j = 0; j < 8; ++j)
+      ASSERT_TRUE(same(eight[j], ops::fast_exp(x[i + j])))
+          << "x = " << x[i + j] << " (bits " << std::bit_cast<uint32_t>(x[i + j]) << "): " << eight[j] << " vs "
+          << ops::fast_exp(x[i + j]);
+  }
+#else
+  GTEST_SKIP() << "not built for AVX2 and FMA: no fast_exp8";
 #endif
 }
 
