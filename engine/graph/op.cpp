@@ -1,6 +1,7 @@
 #include "graph/op.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "core/convert.h"
@@ -50,7 +51,14 @@ void copy_kernel(const Node& node, const KernelContext& ctx) {
   const int64_t n = ctx.shape(in).numel();
   const bool accumulate = ctx.accumulates(node, 0);
   if (from == to && !accumulate) {
-    std::memcpy(ctx.data(out), ctx.data(in), size_t(n) * dtype_size(from));
+    // In blocks across the threads: one core copies at about half the machine's bandwidth.
+    const int64_t bytes = n * int64_t(dtype_size(from));
+    constexpr int64_t kCopyBlock = int64_t(1) << 16;
+    const auto* src = static_cast<const std::byte*>(ctx.data(in));
+    auto* dst = static_cast<std::byte*>(ctx.data(out));
+#pragma omp parallel for schedule(static) if (n > kSerialElements)
+    for (int64_t begin = 0; begin < bytes; begin += kCopyBlock)
+      std::memcpy(dst + begin, src + begin, size_t(std::min(kCopyBlock, bytes - begin)));
     return;
   }
   if (to == DType::f32) return widen(ctx.data(in), from, ctx.f32(out), n, accumulate);

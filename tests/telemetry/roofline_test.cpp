@@ -18,7 +18,7 @@ namespace engine {
 namespace {
 
 TEST(Roofline, BoundIsTheSlowerOfComputeAndMemory) {
-  const MachineLimits limits{1e11, 1e10};                  // balance: 10 FLOPs per byte
+  const MachineLimits limits{1e11, 1e10, ""};              // balance: 10 FLOPs per byte
   RooflinePoint memory = roofline(1e9, 1e9, 0.2, limits);  // 0.01 s of compute, 0.1 s of traffic
   EXPECT_TRUE(memory.memory_bound);
   EXPECT_DOUBLE_EQ(memory.bound_seconds, 0.1);
@@ -29,7 +29,7 @@ TEST(Roofline, BoundIsTheSlowerOfComputeAndMemory) {
   EXPECT_DOUBLE_EQ(compute.percent_of_bound, 25.0);
   EXPECT_DOUBLE_EQ(roofline(1e9, 1e9, 0, limits).percent_of_bound, 0.0);        // nothing measured
   EXPECT_DOUBLE_EQ(roofline(1e9, 1e9, 1, MachineLimits{}).bound_seconds, 0.0);  // no limits known
-  EXPECT_EQ((MachineLimits{455.8e9, 35.9e9}.describe()), "455.8 GFLOP/s, 35.9 GB/s");
+  EXPECT_EQ((MachineLimits{455.8e9, 35.9e9, ""}.describe()), "455.8 GFLOP/s, 35.9 GB/s");
   EXPECT_EQ(limits_caveat(5, -1), "");
   EXPECT_EQ(limits_caveat(5, 20), "the bandwidth was " + busy_probe_note(20));
   EXPECT_EQ(
