@@ -1,19 +1,24 @@
 #include "core/whole_file.h"
 
 #include <fstream>
-#include <sstream>
 
 namespace engine {
 
 std::optional<std::string> read_whole_file(const std::filesystem::path& path) {
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) return std::nullopt;  // opens, and reads as empty
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(text).str();
+  std::string bytes;
+  std::error_code error;
+  if (const auto size = std::filesystem::file_size(path, error); !error) bytes.reserve(size);
+  // istream::read turns a failed read (EIO, a directory's EISDIR) into badbit; `in << rdbuf()` and
+  // istreambuf_iterator would end the text there as if the file did.
+  char chunk[1 << 16];
+  for (;;) {
+    in.read(chunk, sizeof chunk);
+    bytes.append(chunk, size_t(in.gcount()));
+    if (in.bad()) return std::nullopt;
+    if (!in) return bytes;  // end of file
+  }
 }
 
 }  // namespace engine

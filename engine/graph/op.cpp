@@ -56,7 +56,7 @@ void copy_kernel(const Node& node, const KernelContext& ctx) {
     constexpr int64_t kCopyBlock = int64_t(1) << 16;
     const auto* src = static_cast<const std::byte*>(ctx.data(in));
     auto* dst = static_cast<std::byte*>(ctx.data(out));
-#pragma omp parallel for schedule(static) if (n > kSerialElements)
+#pragma omp parallel for schedule(static) if (bytes > 4 * kCopyBlock)
     for (int64_t begin = 0; begin < bytes; begin += kCopyBlock)
       std::memcpy(dst + begin, src + begin, size_t(std::min(kCopyBlock, bytes - begin)));
     return;

@@ -60,7 +60,7 @@ std::string frame(std::string_view data) {
 
 std::vector<std::string> read_records(const std::filesystem::path& path) {
   const std::optional<std::string> bytes_read = read_whole_file(path);
-  if (!bytes_read) throw UserError("cannot read event file " + path.string() + ": " + std::strerror(errno));
+  if (!bytes_read) throw UserError("cannot read event file " + path.string());
   const std::string& bytes = *bytes_read;
   const std::string_view all(bytes);
   std::vector<std::string> records;

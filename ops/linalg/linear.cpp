@@ -66,8 +66,10 @@ void linear_backward_input_cpu(const Node& node, const KernelContext& ctx) {
 // in row order whatever the thread count (the same double sum, bit for bit, as a column walked down
 // the rows). A range as wide as the thread's share reads kilobytes of each row at once: stripes of
 // 64 columns (256 bytes of each 6 KB row of an fc layer) ran at a third of the memory's bandwidth,
-// each row a new page to the prefetcher.
-constexpr int64_t kRangeAlign = 16;  // columns: whole cache lines of fp32 per range
+// each row a new page to the prefetcher. A range wider than kSumColumns (a vocabulary-wide bias)
+// is summed kSumColumns at a time, so that its sums stay in L1.
+constexpr int64_t kRangeAlign = 16;    // columns: whole cache lines of fp32 per range
+constexpr int64_t kSumColumns = 2048;  // a range's columns summed at once: 16 KB of doubles, in L1
 
 // sum[j] += load(r * m + j), j < width, rows in order.
 template <class Load>
@@ -111,10 +113,12 @@ void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void
     const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
     const int64_t share = ((m + threads - 1) / threads + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
     const int64_t j0 = std::min(m, thread * share), width = std::min(m, j0 + share) - j0;
-    if (width > 0) {
-      std::vector<double> sum(size_t(width), 0.0);
-      sums(dy, type, rows, m, j0, width, sum.data());
-      for (int64_t j = 0; j < width; ++j) add_float(db, db_type, j0 + j, float(sum[j]));
+    std::vector<double> sum(size_t(std::min(width, kSumColumns)));
+    for (int64_t begin = j0; begin < j0 + width; begin += kSumColumns) {
+      const int64_t count = std::min(kSumColumns, j0 + width - begin);
+      std::fill_n(sum.begin(), count, 0.0);
+      sums(dy, type, rows, m, begin, count, sum.data());
+      for (int64_t j = 0; j < count; ++j) add_float(db, db_type, begin + j, float(sum[size_t(j)]));
     }
   }
 }

@@ -104,7 +104,8 @@ inline constexpr int kRowLanes = 16;
   const __m256 s = _mm256_set1_ps(shift);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(w + i, fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i), s)));
 #endif
-  for (; i < n; ++i) w[i] = fast_exp(w[i] - shift);
+#pragma omp simd
+  for (int64_t j = i; j < n; ++j) w[j] = fast_exp(w[j] - shift);
 }
 
 // exp_row_sum and w[i] = exp(w[i] - shift) with fast_exp16 (nn/fast_math_avx512.h): the same bits,

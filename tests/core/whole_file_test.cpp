@@ -1,5 +1,5 @@
 // read_whole_file: every byte of a file (NUL and CR included), an empty file as empty, and nothing
-// for a missing path, a directory or a file it may not read.
+// for a missing path, a directory, a file whose reads fail or a file it may not open.
 #include "core/whole_file.h"
 
 #include <gtest/gtest.h>
@@ -28,6 +28,7 @@ TEST(WholeFile, WhatCannotBeReadIsNothing) {
   TempDir dir("whole_file");
   EXPECT_EQ(read_whole_file(dir.path() / "missing"), std::nullopt);
   EXPECT_EQ(read_whole_file(dir.path()), std::nullopt);
+  EXPECT_EQ(read_whole_file("/proc/self/mem"), std::nullopt);  // opens, and its first read fails (EIO)
   std::ofstream(dir.path() / "locked") << "secret";
   std::filesystem::permissions(dir.path() / "locked", std::filesystem::perms::none);
   if (geteuid() != 0) {  // root reads it anyway

@@ -44,11 +44,13 @@ TEST(LinearWeightGradient, TallWeightBlocksMatchTheDoubleProduct) {
   }
 }
 
-// db (150 columns, ragged against every thread count's ranges) from 300 rows of dy: enough for the
-// kernel's parallel path. Each column must be the double sum of its rows in row order, rounded once
-// and added to the db it started from, bit for bit at 1, 2, 3 and 5 threads.
-TEST(LinearBiasGradient, EachColumnIsItsRowOrderDoubleSumAtEveryThreadCount) {
-  const int64_t rows = 300, out = 150, in = 3;
+// db from dy, on shapes big enough for the kernel's parallel path: 150 columns (ragged against
+// every thread count's ranges) from 300 rows, and 4133 columns (ranges wider than the 2048 columns
+// summed at once, the last piece partial) from 10 rows. Each column must be the double sum of its
+// rows in row order, rounded once and added to the db it started from, bit for bit at 1, 2, 3 and
+// 5 threads.
+void expect_row_order_sums(int64_t rows, int64_t out) {
+  const int64_t in = 3;
   Graph g;
   const ValueId dy = g.add_activation("dy", Shape{rows, out});
   const ValueId x = g.add_activation("x", Shape{rows, in});
@@ -80,9 +82,15 @@ TEST(LinearBiasGradient, EachColumnIsItsRowOrderDoubleSumAtEveryThreadCount) {
       for (int64_t r = 0; r < rows; ++r) sum += double(dy_values[size_t(r * out + j)]);
       const float expected = start[size_t(j)] + float(sum);
       ASSERT_EQ(std::memcmp(&got[size_t(j)], &expected, sizeof(float)), 0)
-          << threads << " threads, db[" << j << "] = " << got[size_t(j)] << ", expected " << expected;
+          << rows << " x " << out << ", " << threads << " threads, db[" << j << "] = " << got[size_t(j)]
+          << ", expected " << expected;
     }
   }
+}
+
+TEST(LinearBiasGradient, EachColumnIsItsRowOrderDoubleSumAtEveryThreadCount) {
+  expect_row_order_sums(300, 150);
+  expect_row_order_sums(10, 2 * 2048 + 37);
 }
 
 }  // namespace
