@@ -19,26 +19,34 @@
 
 namespace engine::ops {
 
+// fast_exp's constants, shared with its vector twins (nn/fast_math_avx2.h, nn/fast_math_avx512.h).
+namespace exp_constants {
+// Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float.
+inline constexpr float kLowest = -104.0f, kHighest = 89.0f;
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;  // ln 2 split in two
+// exp(r) = 1 + r + r^2 (p(r)), p's coefficients from the highest power down (Horner).
+inline constexpr float kPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                        4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_constants
+
 // The multiply-adds are explicit fused ones (__builtin_fmaf), so every compiler and every vector
-// width computes the same bits; fast_exp16 (nn/fast_math_avx512.h) is its AVX-512 twin.
+// width computes the same bits; fast_exp8 and fast_exp16 (nn/fast_math_avx2.h, nn/fast_math_avx512.h)
+// are its vector twins.
 inline float fast_exp(float x) {
-  // Beyond these bounds exp is 0 (below ln of half the smallest subnormal) or +inf in float. NaN
-  // fails both comparisons and flows through the arithmetic to a NaN result.
-  float c = x < -104.0f ? -104.0f : x;
-  c = c > 89.0f ? 89.0f : c;
-  const float v = __builtin_fmaf(c, 1.44269504088896341f, 0.5f);
+  using namespace exp_constants;
+  // NaN fails both comparisons and flows through the arithmetic to a NaN result.
+  float c = x < kLowest ? kLowest : x;
+  c = c > kHighest ? kHighest : c;
+  const float v = __builtin_fmaf(c, kLog2e, 0.5f);
   // n = floor(v), in [-150, 128] (or NaN), from rint: GCC makes floorf a library call (which stops
   // vectorisation) unless its result is converted to int, and there is no such conversion here.
   float n = __builtin_rintf(v);
   n = n > v ? n - 1.0f : n;
-  float r = __builtin_fmaf(-n, 0.693359375f, c);  // ln 2 split in two for an exact reduction
-  r = __builtin_fmaf(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
-  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
-  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
-  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
-  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  float r = __builtin_fmaf(-n, kLn2High, c);  // ln 2 in two parts for an exact reduction
+  r = __builtin_fmaf(-n, kLn2Low, r);
+  float p = kPolynomial[0];
+  for (int i = 1; i < 6; ++i) p = __builtin_fmaf(p, r, kPolynomial[i]);
   const float e = __builtin_fmaf(p * r, r, r) + 1.0f;
   // n as an integer without converting a float to int (undefined for NaN): adding 1.5 * 2^23 puts
   // the integer n in the low mantissa bits. For NaN the bits are meaningless, and unused: e is NaN.

@@ -12,6 +12,8 @@
 //   #endif
 #pragma once
 
+#include "nn/fast_math.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #define ENGINE_HAS_FAST_EXP8 1
 #include <immintrin.h>
@@ -19,19 +21,16 @@
 namespace engine::ops {
 
 [[gnu::always_inline]] inline __m256 fast_exp8(__m256 x) {
+  using namespace exp_constants;
   // max/min return their second operand when either is NaN: a NaN x stays NaN.
-  __m256 c = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
-  c = _mm256_min_ps(_mm256_set1_ps(89.0f), c);
-  const __m256 v = _mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  __m256 c = _mm256_max_ps(_mm256_set1_ps(kLowest), x);
+  c = _mm256_min_ps(_mm256_set1_ps(kHighest), c);
+  const __m256 v = _mm256_fmadd_ps(c, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f));
   const __m256 n = _mm256_floor_ps(v);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), c);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kPolynomial[i]));
   const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   // n as an integer from the bits of n + 1.5 * 2^23, then 2^n as 2^(n/2) 2^(n - n/2), as fast_exp.
   const __m256i k = _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(n, _mm256_set1_ps(12582912.0f))),

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "core/cpu_isa.h"
+#include "nn/fast_math.h"
 
 #if ENGINE_HAS_AVX512_KERNELS
 #include <immintrin.h>
@@ -20,19 +21,16 @@ namespace engine::ops {
   // max/min return their second operand when either is NaN: a NaN x stays NaN. (The zero-masked
   // forms with every lane set are the plain instructions; GCC 12 warns about the plain intrinsics'
   // undefined pass-through operand.)
+  using namespace exp_constants;
   constexpr __mmask16 all = 0xffff;
-  __m512 c = _mm512_maskz_max_ps(all, _mm512_set1_ps(-104.0f), x);
-  c = _mm512_maskz_min_ps(all, _mm512_set1_ps(89.0f), c);
-  const __m512 v = _mm512_fmadd_ps(c, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  __m512 c = _mm512_maskz_max_ps(all, _mm512_set1_ps(kLowest), x);
+  c = _mm512_maskz_min_ps(all, _mm512_set1_ps(kHighest), c);
+  const __m512 v = _mm512_fmadd_ps(c, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f));
   const __m512 n = _mm512_maskz_roundscale_ps(all, v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), c);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kPolynomial[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kPolynomial[i]));
   const __m512 e = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(all, e, n);
 }
