@@ -1,12 +1,17 @@
 #include "graph/autodiff.h"
 
 #include "core/error.h"
+#include "cuda_kernels.h"
 
 namespace engine {
 
-const OpDef kAccumulate{"accumulate", copy_kernel, nullptr,
-                        [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
-                        "any types, fp32 arithmetic"};
+const OpDef kAccumulate{
+    .name = "accumulate",
+    .cpu = copy_kernel,
+    .cuda = cuda::copy,
+    .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
+    .native_16bit = "any types, fp32 arithmetic",
+    .cuda_16bit = "any types, fp32 arithmetic"};
 
 GradBuilder::GradBuilder(Graph& graph) : graph_(graph), wants_(graph.values().size(), false) {
   for (const auto& param : graph.params()) wants_[static_cast<size_t>(param.value)] = true;

@@ -30,15 +30,16 @@ void for_each_16bit_value(const Graph& graph, const Node& node, Visit&& visit) {
 
 }  // namespace
 
-bool needs_conversion(const Graph& graph, const Node& node) {
+bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device) {
   DType type = DType::f32;
   for_each_16bit_value(graph, node, [&](ValueId id) { type = graph.value(id).dtype; });
   if (type == DType::f32) return false;
+  if (device == Device::Kind::cuda) return !node.op->cuda_16bit;
   return !node.op->native_16bit || (node.op->native_for && !node.op->native_for(type));
 }
 
-int64_t conversion_bytes(const Graph& graph, const Node& node) {
-  if (!needs_conversion(graph, node)) return 0;
+int64_t conversion_bytes(const Graph& graph, const Node& node, Device::Kind device) {
+  if (!needs_conversion(graph, node, device)) return 0;
   int64_t bytes = 0;
   for_each_16bit_value(graph, node, [&](ValueId id) { bytes += (graph.value(id).shape.numel() * 4 + 63) / 64 * 64; });
   return bytes;

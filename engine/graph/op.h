@@ -1,10 +1,14 @@
-// OpDef: what the graph knows about an operation: its name, its CPU kernel, its gradient rule and
-// its FLOP count. Each op's header in ops/ declares a builder function that checks shapes and
-// appends a node; the kernels read and write through a KernelContext.
+// OpDef: what the graph knows about an operation: its name, its kernels (CPU and CUDA), its gradient
+// rule, its FLOP count and its traits. Each op's header in ops/ declares a builder function that
+// checks shapes and appends a node; the kernels read and write through a KernelContext. Fields are
+// named at the definition (designated initialisers), so a definition says what each value is:
 //
-//   // ops/nn/gelu.h
-//   ValueId gelu(Graph& g, ValueId x, const std::string& name);
-//   extern const OpDef kGelu, kGeluBackward;
+//   const OpDef kGelu{.name = "gelu", .cpu = unary_cpu<Gelu>, .cuda = cuda::gelu,
+//                     .grad = unary_grad<&kGeluBackward>, .flops = elementwise_flops,
+//                     .cheap_to_recompute = true};
+//
+// The CUDA kernels are declared in ops/cuda_kernels.h; a build without CUDA links ops/no_cuda.cpp,
+// whose kernels throw "op X has no CUDA kernel in this build".
 #pragma once
 
 #include <cstdint>
@@ -18,8 +22,15 @@ namespace engine {
 class GradBuilder;
 
 // Where a kernel finds its values during a step, plus the step's identity for random streams.
+// On CUDA, `pointers` are device addresses and the kernel enqueues its work on `stream`; the
+// executor owns the stream, the cuBLASLt handle and the workspace.
 struct KernelContext {
   const Graph* graph = nullptr;
+  Device device;                  // where `pointers` live and the kernel runs
+  void* stream = nullptr;         // cudaStream_t on CUDA
+  void* blas = nullptr;           // cublasLtHandle_t on CUDA
+  void* workspace = nullptr;      // device scratch for library calls (cuBLASLt), on CUDA
+  size_t workspace_bytes = 0;
   std::vector<void*> pointers;  // indexed by ValueId
   uint64_t seed = 0;
   uint64_t step = 0;        // optimizer step
@@ -36,10 +47,10 @@ struct KernelContext {
   DType dtype(ValueId id) const { return dtypes.empty() ? graph->value(id).dtype : dtypes[static_cast<size_t>(id)]; }
   const int32_t* i32(ValueId id) const { return static_cast<const int32_t*>(pointers[static_cast<size_t>(id)]); }
   const Shape& shape(ValueId id) const { return graph->value(id).shape; }
-  // A value as a tensor view (host memory: the CPU executor runs these kernels).
+  // A value as a tensor view, on the context's device.
   Tensor tensor(ValueId id) const {
     const Value& v = graph->value(id);
-    return Tensor{pointers[static_cast<size_t>(id)], v.shape, dtype(id), Device{}};
+    return Tensor{pointers[static_cast<size_t>(id)], v.shape, dtype(id), device};
   }
   // Whether output `index` of `node` is added to (gradients) rather than overwritten.
   bool accumulates(const Node& node, size_t index) const {
@@ -51,9 +62,14 @@ struct KernelContext {
 // Used by autodiff's gradient accumulation, reshape and dropout in evaluation.
 void copy_kernel(const Node& node, const KernelContext& ctx);
 
+using Kernel = void (*)(const Node& node, const KernelContext& ctx);
+
 struct OpDef {
-  const char* name;
-  void (*cpu)(const Node& node, const KernelContext& ctx);
+  const char* name = nullptr;
+  Kernel cpu = nullptr;
+  // The CUDA kernel (ops/cuda_kernels.h): the same contract as `cpu`, on device pointers. It reads
+  // and writes f32 unless `cuda_16bit` says otherwise; the executor converts around it.
+  Kernel cuda = nullptr;
   // Appends the backward nodes of `node`; nullptr when no gradient flows through the op.
   void (*grad)(GradBuilder& builder, const Node& node) = nullptr;
   // Floating-point operations of one execution (a multiply-add counts 2).
@@ -69,11 +85,18 @@ struct OpDef {
   // Inputs (bit i = input i) the kernel overwrites in place, as cross-entropy writes the logits'
   // gradient over them: the roofline counts their bytes twice, read and written.
   uint32_t overwritten_inputs = 0;
+  // How the CUDA kernel computes on 16-bit values, or nullptr: it reads and writes f32 only, and
+  // the executor widens and rounds around it on the device (as native_16bit for the CPU).
+  const char* cuda_16bit = nullptr;
+  // Traits the passes read instead of lists of op names:
+  bool matmul = false;              // a matrix product: model FLOPs (MFU) count it
+  bool cheap_to_recompute = false;  // selective checkpointing recomputes it (graph/recompute.cpp)
 };
 
-// Whether the executor converts this node's 16-bit values around its kernel (see native_16bit).
-bool needs_conversion(const Graph& graph, const Node& node);
+// Whether the executor converts this node's 16-bit values around its kernel on `device` (see
+// native_16bit and cuda_16bit).
+bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device = Device::Kind::cpu);
 // f32 bytes of the scratch that conversion needs for `node` (0 when it needs none).
-int64_t conversion_bytes(const Graph& graph, const Node& node);
+int64_t conversion_bytes(const Graph& graph, const Node& node, Device::Kind device = Device::Kind::cpu);
 
 }  // namespace engine

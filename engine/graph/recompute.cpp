@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "plan/plan.h"
+#include "cuda_kernels.h"
 
 namespace engine {
 
@@ -18,14 +19,10 @@ void host_copy_cpu(const Node& node, const KernelContext& ctx) {
   std::memcpy(ctx.pointers[size_t(node.outputs[0])], ctx.pointers[size_t(node.inputs[0])], size_t(value_bytes(v)));
 }
 
-// Ops that selective checkpointing recomputes: cheap per element, and their outputs are as large as
-// their inputs, which the backward keeps anyway (attention scores are never stored: the fused
-// attention kernel recomputes them itself).
-bool is_cheap(const OpDef* op) {
-  static const std::set<std::string_view> cheap = {"layernorm", "rmsnorm", "gelu",   "relu",
-                                                   "silu",      "swiglu",  "rotary", "dropout"};
-  return cheap.count(op->name) != 0;
-}
+// Ops that selective checkpointing recomputes carry OpDef::cheap_to_recompute: cheap per element,
+// and their outputs are as large as their inputs, which the backward keeps anyway (attention scores
+// are never stored: the fused attention kernel recomputes them itself).
+bool is_cheap(const OpDef* op) { return op->cheap_to_recompute; }
 
 struct Segment {
   std::vector<size_t> nodes;  // forward node indices, ascending
@@ -59,7 +56,11 @@ std::vector<Segment> choose_segments(const Graph& g, const recipe::ActivationChe
 
 }  // namespace
 
-const OpDef kHostCopy{"host_copy", host_copy_cpu, nullptr, nullptr, "a byte copy"};
+const OpDef kHostCopy{.name = "host_copy",
+                      .cpu = host_copy_cpu,
+                      .cuda = cuda::host_copy,
+                      .native_16bit = "a byte copy",
+                      .cuda_16bit = "a byte copy"};
 
 RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingSection& policy) {
   RecomputeReport report;

@@ -198,10 +198,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   return c;
 }
 
-bool is_matmul(const OpDef& op) {
-  const std::string_view name = op.name;
-  return name == "linear" || name == "matmul" || name == "causal_attention";
-}
+bool is_matmul(const OpDef& op) { return op.matmul; }
 
 void check_memory_available(const MemoryPlan& memory, int local_ranks) {
   const MemoryLimit limit = memory_limit();

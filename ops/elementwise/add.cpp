@@ -1,6 +1,7 @@
 #include "elementwise/add.h"
 
 #include "elementwise/chunked.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -34,7 +35,12 @@ void add_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kAdd{"add", add_cpu, add_grad, elementwise_flops, "fp32 on 16-bit chunks widened in cache"};
+const OpDef kAdd{.name = "add",
+                 .cpu = add_cpu,
+                 .cuda = cuda::add,
+                 .grad = add_grad,
+                 .flops = elementwise_flops,
+                 .native_16bit = "fp32 on 16-bit chunks widened in cache"};
 
 ValueId add(Graph& g, ValueId a, ValueId b, const std::string& name) {
   if (g.value(a).shape != g.value(b).shape)

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "elementwise/chunked.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -25,7 +26,13 @@ void cast_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kCast{"cast", cast_cpu, cast_grad, elementwise_flops, "reads and writes any float type"};
+const OpDef kCast{.name = "cast",
+                  .cpu = cast_cpu,
+                  .cuda = cuda::cast,
+                  .grad = cast_grad,
+                  .flops = elementwise_flops,
+                  .native_16bit = "reads and writes any float type",
+                  .cuda_16bit = "reads and writes any float type"};
 
 ValueId cast(Graph& g, ValueId x, DType dtype, const std::string& name) {
   auto floating = [](DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; };

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -205,29 +206,40 @@ constexpr const char* kMatmul16 = "16-bit matmul (oneDNN), fp32 accumulation";
 
 }  // namespace
 
-const OpDef kLinear{"linear", linear_cpu, linear_grad, linear_flops, kMatmul16, 0, matmul_16bit_available};
-const OpDef kLinearBackwardInput{"linear_backward_input",
-                                 linear_backward_input_cpu,
-                                 nullptr,
-                                 [](const Graph& g, const Node& n) {
-                                   const Shape& dys = g.value(n.inputs[0]).shape;
-                                   const Shape& ws = g.value(n.inputs[1]).shape;
-                                   return 2.0 * double(dys.rows()) * double(ws[0]) * double(ws[1]);
-                                 },
-                                 kMatmul16,
-                                 0,
-                                 matmul_16bit_available};
-const OpDef kLinearBackwardWeight{"linear_backward_weight",
-                                  linear_backward_weight_cpu,
-                                  nullptr,
-                                  [](const Graph& g, const Node& n) {
-                                    const Shape& dys = g.value(n.inputs[0]).shape;
-                                    return 2.0 * double(dys.rows()) * double(dys.last()) *
-                                           double(g.value(n.inputs[1]).shape.last());
-                                  },
-                                  kMatmul16,
-                                  0,
-                                  matmul_16bit_available};
+constexpr const char* kCublas16 = "16-bit cuBLASLt matmul, fp32 accumulation";
+const OpDef kLinear{.name = "linear",
+                    .cpu = linear_cpu,
+                    .cuda = cuda::linear,
+                    .grad = linear_grad,
+                    .flops = linear_flops,
+                    .native_16bit = kMatmul16,
+                    .native_for = matmul_16bit_available,
+                    .cuda_16bit = kCublas16,
+                    .matmul = true};
+const OpDef kLinearBackwardInput{.name = "linear_backward_input",
+                                 .cpu = linear_backward_input_cpu,
+                                 .cuda = cuda::linear_backward_input,
+                                 .flops =
+                                     [](const Graph& g, const Node& n) {
+                                       const Shape& dys = g.value(n.inputs[0]).shape;
+                                       const Shape& ws = g.value(n.inputs[1]).shape;
+                                       return 2.0 * double(dys.rows()) * double(ws[0]) * double(ws[1]);
+                                     },
+                                 .native_16bit = kMatmul16,
+                                 .native_for = matmul_16bit_available,
+                                 .cuda_16bit = kCublas16};
+const OpDef kLinearBackwardWeight{.name = "linear_backward_weight",
+                                  .cpu = linear_backward_weight_cpu,
+                                  .cuda = cuda::linear_backward_weight,
+                                  .flops =
+                                      [](const Graph& g, const Node& n) {
+                                        const Shape& dys = g.value(n.inputs[0]).shape;
+                                        return 2.0 * double(dys.rows()) * double(dys.last()) *
+                                               double(g.value(n.inputs[1]).shape.last());
+                                      },
+                                  .native_16bit = kMatmul16,
+                                  .native_for = matmul_16bit_available,
+                                  .cuda_16bit = kCublas16};
 
 ValueId linear(Graph& g, ValueId x, ValueId w, ValueId b, const std::string& name) {
   const Shape& xs = g.value(x).shape;

@@ -1,6 +1,7 @@
 #include "linalg/matmul.h"
 
 #include "linalg/gemm.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -64,7 +65,12 @@ double matmul_flops(const Graph& g, const Node& n) {
 
 }  // namespace
 
-const OpDef kMatmul{"matmul", matmul_cpu, matmul_grad, matmul_flops};
+const OpDef kMatmul{.name = "matmul",
+                    .cpu = matmul_cpu,
+                    .cuda = cuda::matmul,
+                    .grad = matmul_grad,
+                    .flops = matmul_flops,
+                    .matmul = true};
 
 ValueId matmul(Graph& g, ValueId a, ValueId b, bool transpose_a, bool transpose_b, const std::string& name) {
   const Shape& as = g.value(a).shape;

@@ -7,6 +7,7 @@
 #include "core/convert.h"
 #include "core/cpu_isa.h"
 #include "nn/softmax_rows.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -159,14 +160,14 @@ void cross_entropy_grad(GradBuilder& gb, const Node& node) {
 }  // namespace
 
 const OpDef kSoftmaxCrossEntropy{
-    "softmax_cross_entropy",
-    cross_entropy_cpu,
-    cross_entropy_grad,
-    [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
-    "16-bit logits and their gradient, fp32 softmax and loss",
-    0b1,
-    nullptr,
-    0b1};
+    .name = "softmax_cross_entropy",
+    .cpu = cross_entropy_cpu,
+    .cuda = cuda::cross_entropy,
+    .grad = cross_entropy_grad,
+    .flops = [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
+    .native_16bit = "16-bit logits and their gradient, fp32 softmax and loss",
+    .fp32_outputs = 0b1,        // output 0: the per-row losses
+    .overwritten_inputs = 0b1};  // input 0: the logits, overwritten by their gradient
 
 ValueId softmax_cross_entropy(Graph& g, ValueId logits, ValueId targets, double scale, const std::string& name) {
   const Shape& ls = g.value(logits).shape;

@@ -4,6 +4,7 @@
 
 #include "elementwise/chunked.h"
 #include "nn/gelu_onednn.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -157,14 +158,54 @@ void swiglu_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kGelu{"gelu", unary_cpu<Gelu>, unary_grad<&kGeluBackward>, elementwise_flops, kChunked16};
-const OpDef kGeluBackward{"gelu_backward", unary_backward_cpu<Gelu>, nullptr, elementwise_flops, kChunked16};
-const OpDef kRelu{"relu", unary_cpu<Relu>, unary_grad<&kReluBackward>, elementwise_flops, kChunked16};
-const OpDef kReluBackward{"relu_backward", unary_backward_cpu<Relu>, nullptr, elementwise_flops, kChunked16};
-const OpDef kSilu{"silu", unary_cpu<Silu>, unary_grad<&kSiluBackward>, elementwise_flops, kChunked16};
-const OpDef kSiluBackward{"silu_backward", unary_backward_cpu<Silu>, nullptr, elementwise_flops, kChunked16};
-const OpDef kSwiglu{"swiglu", swiglu_cpu, swiglu_grad, elementwise_flops, kChunked16};
-const OpDef kSwigluBackward{"swiglu_backward", swiglu_backward_cpu, nullptr, elementwise_flops, kChunked16};
+const OpDef kGelu{.name = "gelu",
+                  .cpu = unary_cpu<Gelu>,
+                  .cuda = cuda::gelu,
+                  .grad = unary_grad<&kGeluBackward>,
+                  .flops = elementwise_flops,
+                  .native_16bit = kChunked16,
+                  .cheap_to_recompute = true};
+const OpDef kGeluBackward{.name = "gelu_backward",
+                          .cpu = unary_backward_cpu<Gelu>,
+                          .cuda = cuda::gelu_backward,
+                          .flops = elementwise_flops,
+                          .native_16bit = kChunked16};
+const OpDef kRelu{.name = "relu",
+                  .cpu = unary_cpu<Relu>,
+                  .cuda = cuda::relu,
+                  .grad = unary_grad<&kReluBackward>,
+                  .flops = elementwise_flops,
+                  .native_16bit = kChunked16,
+                  .cheap_to_recompute = true};
+const OpDef kReluBackward{.name = "relu_backward",
+                          .cpu = unary_backward_cpu<Relu>,
+                          .cuda = cuda::relu_backward,
+                          .flops = elementwise_flops,
+                          .native_16bit = kChunked16};
+const OpDef kSilu{.name = "silu",
+                  .cpu = unary_cpu<Silu>,
+                  .cuda = cuda::silu,
+                  .grad = unary_grad<&kSiluBackward>,
+                  .flops = elementwise_flops,
+                  .native_16bit = kChunked16,
+                  .cheap_to_recompute = true};
+const OpDef kSiluBackward{.name = "silu_backward",
+                          .cpu = unary_backward_cpu<Silu>,
+                          .cuda = cuda::silu_backward,
+                          .flops = elementwise_flops,
+                          .native_16bit = kChunked16};
+const OpDef kSwiglu{.name = "swiglu",
+                    .cpu = swiglu_cpu,
+                    .cuda = cuda::swiglu,
+                    .grad = swiglu_grad,
+                    .flops = elementwise_flops,
+                    .native_16bit = kChunked16,
+                    .cheap_to_recompute = true};
+const OpDef kSwigluBackward{.name = "swiglu_backward",
+                            .cpu = swiglu_backward_cpu,
+                            .cuda = cuda::swiglu_backward,
+                            .flops = elementwise_flops,
+                            .native_16bit = kChunked16};
 
 ValueId gelu(Graph& g, ValueId x, const std::string& name) { return unary(g, kGelu, x, name); }
 ValueId relu(Graph& g, ValueId x, const std::string& name) { return unary(g, kRelu, x, name); }

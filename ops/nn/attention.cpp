@@ -9,6 +9,7 @@
 #include "nn/attention16.h"
 #include "nn/attention_blocks.h"
 #include "nn/qkv_layout.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -178,12 +179,20 @@ double attention_flops(const Shape& s, const Node& n, double per_entry) {
 }  // namespace
 
 const OpDef kCausalAttention{
-    "causal_attention", attention_cpu,
-    attention_grad,     [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
-    kTiles16,           0b10};  // the log-sum-exp in fp32
+    .name = "causal_attention",
+    .cpu = attention_cpu,
+    .cuda = cuda::attention,
+    .grad = attention_grad,
+    .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
+    .native_16bit = kTiles16,
+    .fp32_outputs = 0b10,  // output 1: the log-sum-exp
+    .matmul = true};
 const OpDef kCausalAttentionBackward{
-    "causal_attention_backward", attention_backward_cpu, nullptr,
-    [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); }, kTiles16};
+    .name = "causal_attention_backward",
+    .cpu = attention_backward_cpu,
+    .cuda = cuda::attention_backward,
+    .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); },
+    .native_16bit = kTiles16};
 
 ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;

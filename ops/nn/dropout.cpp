@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -41,8 +42,10 @@ void dropout_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kDropout{"dropout", apply_mask, dropout_grad, elementwise_flops};
-const OpDef kDropoutBackward{"dropout_backward", apply_mask, nullptr, elementwise_flops};
+const OpDef kDropout{.name = "dropout", .cpu = apply_mask, .cuda = cuda::dropout_mask, .grad = dropout_grad,
+                     .flops = elementwise_flops, .cheap_to_recompute = true};
+const OpDef kDropoutBackward{
+    .name = "dropout_backward", .cpu = apply_mask, .cuda = cuda::dropout_mask, .flops = elementwise_flops};
 
 ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
   // NaN fails both comparisons, so it is refused by name rather than left to the kernel, whose

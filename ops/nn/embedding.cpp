@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -81,11 +82,17 @@ void embedding_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kEmbedding{"embedding", embedding_cpu, embedding_grad, elementwise_flops,
-                       "reads 16-bit table rows, adds in fp32"};
+const OpDef kEmbedding{.name = "embedding",
+                       .cpu = embedding_cpu,
+                       .cuda = cuda::embedding,
+                       .grad = embedding_grad,
+                       .flops = elementwise_flops,
+                       .native_16bit = "reads 16-bit table rows, adds in fp32"};
 const OpDef kEmbeddingBackward{
-    "embedding_backward", embedding_backward_cpu, nullptr,
-    [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
+    .name = "embedding_backward",
+    .cpu = embedding_backward_cpu,
+    .cuda = cuda::embedding_backward,
+    .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
 
 ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name) {
   const Shape& ts = g.value(tokens).shape;

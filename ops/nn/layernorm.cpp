@@ -8,6 +8,7 @@
 #include "core/convert.h"
 #include "core/cpu_isa.h"
 #include "nn/softmax_rows.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -268,10 +269,33 @@ constexpr const char* kRows16 = "fp32 on 16-bit rows widened in cache";
 
 }  // namespace
 
-const OpDef kLayerNorm{"layernorm", norm_cpu, norm_grad, norm_flops, kRows16, 0b110};  // mean, rstd in fp32
-const OpDef kLayerNormBackward{"layernorm_backward", norm_backward_cpu, nullptr, norm_flops, kRows16};
-const OpDef kRmsNorm{"rmsnorm", norm_cpu, norm_grad, norm_flops, kRows16, 0b110};
-const OpDef kRmsNormBackward{"rmsnorm_backward", norm_backward_cpu, nullptr, norm_flops, kRows16};
+constexpr uint32_t kStatisticsInFp32 = 0b110;  // outputs 1 and 2: mean and rstd
+const OpDef kLayerNorm{.name = "layernorm",
+                       .cpu = norm_cpu,
+                       .cuda = cuda::norm,
+                       .grad = norm_grad,
+                       .flops = norm_flops,
+                       .native_16bit = kRows16,
+                       .fp32_outputs = kStatisticsInFp32,
+                       .cheap_to_recompute = true};
+const OpDef kLayerNormBackward{.name = "layernorm_backward",
+                               .cpu = norm_backward_cpu,
+                               .cuda = cuda::norm_backward,
+                               .flops = norm_flops,
+                               .native_16bit = kRows16};
+const OpDef kRmsNorm{.name = "rmsnorm",
+                     .cpu = norm_cpu,
+                     .cuda = cuda::norm,
+                     .grad = norm_grad,
+                     .flops = norm_flops,
+                     .native_16bit = kRows16,
+                     .fp32_outputs = kStatisticsInFp32,
+                     .cheap_to_recompute = true};
+const OpDef kRmsNormBackward{.name = "rmsnorm_backward",
+                             .cpu = norm_backward_cpu,
+                             .cuda = cuda::norm_backward,
+                             .flops = norm_flops,
+                             .native_16bit = kRows16};
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {
   return norm(g, kLayerNorm, x, w, b, eps, false, name);

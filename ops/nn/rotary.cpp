@@ -1,6 +1,7 @@
 #include "nn/rotary.h"
 
 #include "nn/qkv_layout.h"
+#include "cuda_kernels.h"
 
 #include <cmath>
 #include <vector>
@@ -54,11 +55,16 @@ void rotary_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kRotary{"rotary", rotary_cpu, rotary_grad,
-                    [](const Graph& g, const Node& n) { return 3.0 * double(g.value(n.inputs[0]).shape.numel()); }};
-const OpDef kRotaryBackward{"rotary_backward", rotary_backward_cpu, nullptr, [](const Graph& g, const Node& n) {
-                              return 3.0 * double(g.value(n.inputs[0]).shape.numel());
-                            }};
+double rotary_flops(const Graph& g, const Node& n) { return 3.0 * double(g.value(n.inputs[0]).shape.numel()); }
+
+const OpDef kRotary{.name = "rotary",
+                    .cpu = rotary_cpu,
+                    .cuda = cuda::rotary,
+                    .grad = rotary_grad,
+                    .flops = rotary_flops,
+                    .cheap_to_recompute = true};
+const OpDef kRotaryBackward{
+    .name = "rotary_backward", .cpu = rotary_backward_cpu, .cuda = cuda::rotary_backward, .flops = rotary_flops};
 
 ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;

@@ -1,4 +1,5 @@
 #include "nn/softmax.h"
+#include "cuda_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -51,8 +52,12 @@ double softmax_flops(const Graph& g, const Node& n) { return 5.0 * double(g.valu
 
 }  // namespace
 
-const OpDef kSoftmax{"softmax", softmax_cpu, softmax_grad, softmax_flops};
-const OpDef kSoftmaxBackward{"softmax_backward", softmax_backward_cpu, nullptr, softmax_flops};
+const OpDef kSoftmax{
+    .name = "softmax", .cpu = softmax_cpu, .cuda = cuda::softmax, .grad = softmax_grad, .flops = softmax_flops};
+const OpDef kSoftmaxBackward{.name = "softmax_backward",
+                             .cpu = softmax_backward_cpu,
+                             .cuda = cuda::softmax_backward,
+                             .flops = softmax_flops};
 
 ValueId softmax(Graph& g, ValueId x, const std::string& name) {
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);

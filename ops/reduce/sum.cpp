@@ -1,4 +1,5 @@
 #include "reduce/sum.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -51,8 +52,16 @@ ValueId reduce(Graph& g, ValueId x, bool mean, const std::string& name) {
 
 }  // namespace
 
-const OpDef kReduceSum{"reduce_sum", reduce_cpu, reduce_grad, elementwise_flops, nullptr, 0b1};
-const OpDef kReduceBackward{"reduce_backward", reduce_backward_cpu, nullptr, elementwise_flops};
+const OpDef kReduceSum{.name = "reduce_sum",
+                       .cpu = reduce_cpu,
+                       .cuda = cuda::reduce_sum,
+                       .grad = reduce_grad,
+                       .flops = elementwise_flops,
+                       .fp32_outputs = 0b1};  // output 0: the sum
+const OpDef kReduceBackward{.name = "reduce_backward",
+                            .cpu = reduce_backward_cpu,
+                            .cuda = cuda::reduce_backward,
+                            .flops = elementwise_flops};
 
 ValueId reduce_sum(Graph& g, ValueId x, const std::string& name) { return reduce(g, x, false, name); }
 ValueId reduce_mean(Graph& g, ValueId x, const std::string& name) { return reduce(g, x, true, name); }

@@ -1,4 +1,5 @@
 #include "shape/transpose.h"
+#include "cuda_kernels.h"
 
 namespace engine::ops {
 
@@ -32,8 +33,13 @@ void reshape_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kTranspose{"transpose", transpose_cpu, transpose_grad, nullptr};
-const OpDef kReshape{"reshape", copy_kernel, reshape_grad, nullptr, "a copy in the stored type"};
+const OpDef kTranspose{.name = "transpose", .cpu = transpose_cpu, .cuda = cuda::transpose, .grad = transpose_grad};
+const OpDef kReshape{.name = "reshape",
+                     .cpu = copy_kernel,
+                     .cuda = cuda::copy,
+                     .grad = reshape_grad,
+                     .native_16bit = "a copy in the stored type",
+                     .cuda_16bit = "a copy in the stored type"};
 
 ValueId transpose(Graph& g, ValueId x, const std::string& name) {
   const Shape& s = g.value(x).shape;

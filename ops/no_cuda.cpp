@@ -1,0 +1,17 @@
+// A build without CUDA: every CUDA kernel of ops/cuda_kernels.h fails loudly, naming its op, so a
+// node asked to run on a GPU never falls back to something else. compile_step refuses run.device:
+// cuda in such a build before any of these could run; they are the last line.
+#include "core/error.h"
+#include "cuda_kernels.h"
+
+namespace engine::cuda {
+
+#define ENGINE_NO_CUDA_KERNEL(name)                                                                 \
+  void name(const Node& node, const KernelContext&) {                                               \
+    throw UserError(std::string("op ") + node.op->name + " has no CUDA kernel in this build (" #name \
+                    "; the engine was built without CUDA)");                                         \
+  }
+ENGINE_CUDA_KERNELS(ENGINE_NO_CUDA_KERNEL)
+#undef ENGINE_NO_CUDA_KERNEL
+
+}  // namespace engine::cuda
