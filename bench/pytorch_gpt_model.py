@@ -44,7 +44,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(width)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.h:
             if self.checkpoint:
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)

@@ -35,7 +35,8 @@ void add_recipe_args(CLI::App* command, RecipeArgs& args) {
 
 std::string version_text() {
   return std::string("engine ") + engine::kVersion + " (" + engine::kGitRevision + ", " + engine::kBuildType + ")\n" +
-         engine::accelerator_summary();
+         engine::accelerator_summary() + "\nrun.device auto trains on: " +
+         (engine::cuda_device_count() > 0 ? "cuda:0 (" + engine::cuda_device_name(0) + ")" : std::string("cpu"));
 }
 
 // `--resume` takes an optional value: `--resume`, `--resume PATH` and `--resume=PATH` all work, and an

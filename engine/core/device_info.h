@@ -11,4 +11,9 @@ namespace engine {
 // "CUDA 13.0 runtime, 1 device: NVIDIA H100 80GB HBM3 (sm_90)" / "CUDA: not built" / "... no device"
 std::string accelerator_summary();
 
+// CUDA devices the runtime sees (0 in a build without CUDA, or when the driver reports none).
+int cuda_device_count();
+// The name of CUDA device `index` ("NVIDIA H200"), or "" when there is none.
+std::string cuda_device_name(int index);
+
 }  // namespace engine

@@ -24,4 +24,19 @@ std::string accelerator_summary() {
   return out;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+std::string cuda_device_name(int index) {
+  cudaDeviceProp prop{};
+  if (index >= cuda_device_count() || cudaGetDeviceProperties(&prop, index) != cudaSuccess) return "";
+  return prop.name;
+}
+
 }  // namespace engine

@@ -4,4 +4,7 @@ namespace engine {
 
 std::string accelerator_summary() { return "CUDA: not built (CPU only; configure with -DENGINE_CUDA=ON)"; }
 
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { return ""; }
+
 }  // namespace engine

@@ -17,10 +17,13 @@
 
 namespace engine::recipe {
 
+enum class RunDevice { auto_detect, cpu, cuda };
+
 struct RunSection {
   std::string name;        // defaults to the recipe file's stem
   std::string output_dir;  // runs are written to <output_dir>/<name>
   int64_t seed;
+  RunDevice device;  // auto: cuda when the build has CUDA and a device is present, else cpu
 };
 
 enum class Arch { gpt, llama, mlp };

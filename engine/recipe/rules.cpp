@@ -244,6 +244,20 @@ void check_offload(RuleContext& c) {
              "the offload path (the chunked CPU update a GPU run uses). Use nvme to hold it outside memory");
 }
 
+// run.device cuda with what a GPU run does not do yet is refused here, naming the keys, rather
+// than run some other way; auto then runs on the CPU (trainer/device.cpp says so).
+void check_device(RuleContext& c) {
+  if (c.r.run.device != RunDevice::cuda) return;
+  const std::string limitation = cuda_limitation(c.r);
+  if (limitation.empty()) return;
+  if (c.r.distributed.zero_stage >= 2)
+    c.error({"distributed.zero_stage", "run.device"}, "run.device cuda: " + limitation,
+            {"set run.device: cpu, or distributed.zero_stage: 0 or 1"});
+  else
+    c.error({"offload.optimizer", "offload.parameters", "run.device"}, "run.device cuda: " + limitation,
+            {"set run.device: cpu, or offload.optimizer/parameters: none"});
+}
+
 void check_telemetry(RuleContext& c) {
   const TelemetrySection& t = c.r.telemetry;
   if (t.trace_steps > 0 && t.trace_start > c.r.train.steps)
@@ -255,6 +269,16 @@ void check_telemetry(RuleContext& c) {
 }
 
 }  // namespace
+
+std::string cuda_limitation(const Recipe& r) {
+  if (r.distributed.zero_stage >= 2)
+    return "zero_stage " + str(r.distributed.zero_stage) +
+           " (gradient and parameter partitioning) runs on the CPU only in this version";
+  if (r.offload.optimizer != OffloadDevice::none || r.offload.parameters != OffloadDevice::none)
+    return "offload runs on the CPU only in this version (a GPU run already keeps the optimizer state in host "
+           "memory)";
+  return "";
+}
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
   // Each rule with the sections it reads; a rule runs only when all of them validated, so it never
@@ -275,6 +299,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"train", "data"}, check_evaluation},
       {{"precision"}, check_precision},
       {{"offload", "distributed"}, check_offload},
+      {{"run", "offload", "distributed"}, check_device},
       {{"telemetry", "train"}, check_telemetry},
   };
   RuleContext context{loaded, sink, loaded.recipe};

@@ -12,8 +12,9 @@
 
 namespace engine {
 
-Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed)
-    : graph_(graph), parameters_(parameters), seed_(seed) {
+Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed, Device device)
+    : graph_(graph), parameters_(parameters), seed_(seed), device_(device) {
+  if (device.kind == Device::Kind::cuda) runner_ = make_device_runner(graph, parameters, device.index);
   for (size_t i = 0; i < graph.values().size(); ++i) {
     const Value& v = graph.values()[i];
     if (v.placement == Placement::input || v.placement == Placement::host)
@@ -23,16 +24,35 @@ Executor::Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed
   for (size_t i = 0; i < graph.params().size(); ++i) unit_params_[size_t(graph.params()[i].unit)].push_back(int(i));
 }
 
+Executor::~Executor() = default;
+
 void Executor::add_plan(const std::string& name, Plan plan) {
-  if (plan.arena_bytes > arena_.bytes()) arena_ = Buffer(plan.arena_bytes);
-  if (plan.scratch_bytes > scratch_.bytes()) scratch_ = Buffer(plan.scratch_bytes);
   // A plan made before a later one added values to the graph (stage 3's gathered parameters of the
   // evaluation plan) does not place those values.
   plan.offsets.resize(graph_.values().size(), -1);
+  if (runner_) {
+    runner_->add_plan(name, plan);  // the device holds the arena: the host allocates none
+  } else {
+    if (plan.arena_bytes > arena_.bytes()) arena_ = Buffer(plan.arena_bytes);
+    if (plan.scratch_bytes > scratch_.bytes()) scratch_ = Buffer(plan.scratch_bytes);
+  }
   plans_[name] = std::move(plan);
 }
 
+std::byte* Executor::arena_buffer(const std::string& plan, ValueId id) {
+  ENGINE_CHECK(!runner_, "arena buffers are device memory on CUDA");
+  return arena_.data() + plans_.at(plan).offsets[size_t(id)];
+}
+
+int64_t cuda_scratch_bytes(const Graph& graph, const Plan& plan) {
+  int64_t bytes = 0;
+  for (size_t index : plan.nodes)
+    bytes = std::max(bytes, conversion_bytes(graph, graph.nodes()[index], Device::Kind::cuda));
+  return bytes;
+}
+
 float* Executor::value_f32(const std::string& plan, ValueId id) {
+  if (runner_) return const_cast<float*>(runner_->value_f32(plan, plans_.at(plan), id));
   int64_t offset = plans_.at(plan).offsets[size_t(id)];
   ENGINE_CHECK(offset >= 0, "value " + graph_.value(id).name + " is not placed by plan " + plan);
   return reinterpret_cast<float*>(arena_.data() + offset);
@@ -162,6 +182,14 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
   ENGINE_CHECK(plan.actions.empty() || communication, "plan " + name + " communicates but has no communicator");
   ENGINE_CHECK(plan.offsets.size() == graph_.values().size(), "plan " + name + " was made for another graph");
   KernelContext ctx;
+  if (runner_) {
+    ctx.seed = seed_;
+    ctx.step = step;
+    ctx.micro_step = micro_step;
+    ctx.training = plan.training;
+    ctx.loss_scale = loss_scale;
+    return runner_->run(name, plan, std::move(ctx), inputs_, op_table_ ? &op_totals_ : nullptr);
+  }
   ctx.graph = &graph_;
   ctx.seed = seed_;
   ctx.step = step;

@@ -1,4 +1,5 @@
-// Executor: replays a Plan on the CPU. It owns the activation arena and the input buffers and
+// Executor: replays a Plan on the CPU, or on a CUDA device through a DeviceRunner
+// (runtime/device_runner.h) when constructed with one. On the CPU it owns the activation arena and the input buffers and
 // points every value at its memory once; a step is then a loop over the plan's nodes calling
 // their kernels, with no allocation.
 //
@@ -23,6 +24,7 @@
 #include "graph/op.h"
 #include "plan/plan.h"
 #include "runtime/buffer.h"
+#include "runtime/device_runner.h"
 #include "runtime/parameters.h"
 
 namespace engine {
@@ -54,7 +56,12 @@ NodeWork node_work(const Graph& graph, const Node& node);
 
 class Executor {
  public:
-  Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed);
+  // `device`: cpu, or cuda (a UserError in a build without CUDA or on a machine without the device).
+  Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed, Device device = {});
+  ~Executor();
+  Device device() const { return device_; }
+  // The device runner's memory (zeros on the CPU).
+  DeviceMemory device_memory() const { return runner_ ? runner_->memory() : DeviceMemory{}; }
 
   // Plans share one arena, sized for the largest.
   void add_plan(const std::string& name, Plan plan);
@@ -64,9 +71,7 @@ class Executor {
   // `communication` runs the plan's actions; it may be null for a plan without any.
   void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f,
            StepCommunication* communication = nullptr);
-  std::byte* arena_buffer(const std::string& plan, ValueId id) {
-    return arena_.data() + plans_.at(plan).offsets[size_t(id)];
-  }
+  std::byte* arena_buffer(const std::string& plan, ValueId id);
   int64_t scratch_bytes() const { return scratch_.bytes(); }
   // Time every op from now on (telemetry.op_table), into op_totals().
   void set_op_table(bool on) { op_table_ = on; }
@@ -76,6 +81,8 @@ class Executor {
   const Graph& graph_;
   ParameterStore& parameters_;
   uint64_t seed_;
+  Device device_;
+  std::unique_ptr<DeviceRunner> runner_;  // null on the CPU
   std::map<std::string, Plan> plans_;
   std::map<ValueId, Buffer> inputs_;  // and host values (cpu_checkpointing)
   Buffer arena_;

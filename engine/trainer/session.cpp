@@ -287,7 +287,8 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communica
       store(model.graph, rank_sharding(compiled.sharding, comm), offload, offloaded.get()),
       optimizer(offload.optimizer != OffloadTier::none ? make_offloaded_optimizer(r.optimizer, store, *offloaded)
                                                        : make_optimizer(r.optimizer, store)),
-      executor(model.graph, store, uint64_t(r.run.seed)),
+      device(resolve_device(r, comm.size(), &device_note)),
+      executor(model.graph, store, uint64_t(r.run.seed), device),
       zero(store, comm, r.distributed.prefetch),
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps),

@@ -32,6 +32,7 @@
 #include "runtime/executor.h"
 #include "runtime/parameters.h"
 #include "telemetry/trace.h"
+#include "trainer/device.h"
 
 namespace engine {
 
@@ -150,6 +151,8 @@ class Session {
   std::unique_ptr<OffloadedState> offloaded;  // null without offload
   ParameterStore store;
   std::unique_ptr<Optimizer> optimizer;
+  std::string device_note;  // why a present GPU goes unused (run.device auto), or ""
+  Device device;            // where the forward and backward run (trainer/device.h)
   Executor executor;
   ZeroStep zero;
   int64_t micro_batch, accumulation;

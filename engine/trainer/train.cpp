@@ -184,6 +184,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     out << "weights loaded from " << r.model.init_from.string() << "\n";
   }
   const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence * comm.size();
+  out << "device: " << describe_device(session.device) << "\n";
+  if (!session.device_note.empty()) out << session.device_note << "\n";
   out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
       << " wrap units; data: " << session.data->describe() << "\n";
   if (auto floor = session.data->loss_floor()) out << "loss floor (exact entropy of the data): " << *floor << " nats\n";
@@ -422,6 +424,12 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   progress_line = nullptr;
 
   const int64_t peak_rss = peak_resident_bytes();
+  const DeviceMemory device_memory = session.executor.device_memory();
+  if (session.device.kind == Device::Kind::cuda && lead)
+    out << "device memory peak " << format_bytes(device_memory.device_peak) << " (the allocator's high-water mark; "
+        << "planned " << format_bytes(session.memory().activations + session.memory().scratch) << " of activations "
+        << "and casts + the parameters and gradients; cudaMemGetInfo: " << format_bytes(device_memory.device_used)
+        << " of " << format_bytes(device_memory.device_total) << " in use)\n";
   std::vector<int64_t> peak_per_rank;
   for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
   const int64_t trained = summary.steps - first_step;
@@ -445,6 +453,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                               {"planned_checkpoint_snapshot_bytes", memory.checkpoint_snapshot},
                               {"baseline_rss_bytes", baseline_rss},
                               {"peak_rss_bytes", peak_rss},
+                              {"device", describe_device(session.device)},
+                              {"device_peak_bytes", device_memory.device_peak},
                               {"peak_virtual_bytes", peak_virtual_bytes()},
                               {"model_flops_per_step", model_flops},
                               {"hardware_flops_per_step", hardware_flops},

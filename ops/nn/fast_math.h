@@ -17,6 +17,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/host_device.h"
+
 namespace engine::ops {
 
 // fast_exp's constants, shared with its vector twins (nn/fast_math_avx2.h, nn/fast_math_avx512.h).
@@ -30,24 +32,44 @@ inline constexpr float kPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.33
                                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace exp_constants
 
-// The multiply-adds are explicit fused ones (__builtin_fmaf), so every compiler and every vector
-// width computes the same bits; fast_exp8 and fast_exp16 (nn/fast_math_avx2.h, nn/fast_math_avx512.h)
-// are its vector twins.
-inline float fast_exp(float x) {
+// A fused multiply-add a * b + c rounded once, and x rounded to the nearest integer (ties to even),
+// on the CPU (GCC builtins: inline instructions that vectorise) and in CUDA device code alike.
+ENGINE_HOST_DEVICE inline float fused_multiply_add(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+ENGINE_HOST_DEVICE inline float round_to_integer(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return __builtin_rintf(x);
+#endif
+}
+
+// The multiply-adds are explicit fused ones (fused_multiply_add), so every compiler, every vector
+// width and the CUDA kernels (ENGINE_HOST_DEVICE; built with -fmad=false) compute the same bits;
+// fast_exp8 and fast_exp16 (nn/fast_math_avx2.h, nn/fast_math_avx512.h) are its vector twins.
+ENGINE_HOST_DEVICE inline float fast_exp(float x) {
   using namespace exp_constants;
   // NaN fails both comparisons and flows through the arithmetic to a NaN result.
   float c = x < kLowest ? kLowest : x;
   c = c > kHighest ? kHighest : c;
-  const float v = __builtin_fmaf(c, kLog2e, 0.5f);
+  const float v = fused_multiply_add(c, kLog2e, 0.5f);
   // n = floor(v), in [-150, 128] (or NaN), from rint: GCC makes floorf a library call (which stops
   // vectorisation) unless its result is converted to int, and there is no such conversion here.
-  float n = __builtin_rintf(v);
+  float n = round_to_integer(v);
   n = n > v ? n - 1.0f : n;
-  float r = __builtin_fmaf(-n, kLn2High, c);  // ln 2 in two parts for an exact reduction
-  r = __builtin_fmaf(-n, kLn2Low, r);
-  float p = kPolynomial[0];
-  for (int i = 1; i < 6; ++i) p = __builtin_fmaf(p, r, kPolynomial[i]);
-  const float e = __builtin_fmaf(p * r, r, r) + 1.0f;
+  float r = fused_multiply_add(-n, kLn2High, c);  // ln 2 in two parts for an exact reduction
+  r = fused_multiply_add(-n, kLn2Low, r);
+  // A local copy: CUDA device code may read a namespace-scope constexpr scalar but not an array.
+  constexpr float kP[6] = {kPolynomial[0], kPolynomial[1], kPolynomial[2],
+                           kPolynomial[3], kPolynomial[4], kPolynomial[5]};
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = fused_multiply_add(p, r, kP[i]);
+  const float e = fused_multiply_add(p * r, r, r) + 1.0f;
   // n as an integer without converting a float to int (undefined for NaN): adding 1.5 * 2^23 puts
   // the integer n in the low mantissa bits. For NaN the bits are meaningless, and unused: e is NaN.
   const auto k = static_cast<int32_t>(std::bit_cast<uint32_t>(n + 12582912.0f) - 0x4b400000u);
@@ -60,7 +82,7 @@ inline float fast_exp(float x) {
   return e * s1 * s2;
 }
 
-inline float fast_tanh(float x) {
+ENGINE_HOST_DEVICE inline float fast_tanh(float x) {
   const float a = x < 0 ? -x : x;
   const float t = 1.0f - 2.0f / (fast_exp(2.0f * a) + 1.0f);  // +inf: 1 - 2/inf = 1; NaN stays NaN
   return x < 0 ? -t : t;

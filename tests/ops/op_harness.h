@@ -10,10 +10,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "graph/graph.h"
 
 namespace engine::op_harness {
@@ -50,6 +52,34 @@ struct RunOptions {
 
 // Runs case `c`: its forward against the reference, then its backward against finite differences.
 void run_case(const Case& c, uint64_t seed, const RunOptions& options = {});
+
+// A case's one-op graph, through the precision pass and autodiff as run_case runs it.
+struct CaseGraph {
+  Graph graph;
+  std::vector<ValueId> params;  // the case's float inputs, as parameters
+  ValueId tokens = kNoValue;    // the i32 input, if any
+  ValueId out = kNoValue;       // the op's output
+  ValueId weights = kNoValue;   // R, the loss's weights (an f32 input)
+};
+// Built in place (the executor keeps a reference to the graph): hold it by the pointer.
+std::unique_ptr<CaseGraph> build_case_graph(const Case& c, DType storage);
+
+// Runs case `c` on the CPU and on `device` (CUDA device 0 unless told) from the same parameters
+// and inputs (random normal values, the same bits on both), and compares the forward output and
+// every parameter gradient, `device` against the CPU, relative to max |cpu| of each tensor:
+//   f32:  twice the case's tolerance against the double reference (each device is within it),
+//         at most 1e-5; 0 for cases exact against the reference (forward_tolerance 0, straight-through).
+//   bf16, fp16: the type's ulp at 1 (2^-7, 2^-10): one rounding flipped by fp32 noise, times 2 for
+//         the forward and 4 for the gradients (reductions over values that may differ by an ulp).
+// Prints the worst relative errors and how many elements differ in their bits (reported, never a
+// failure) on one line per case.
+struct DeviceComparison {
+  double worst_forward = 0, worst_backward = 0;  // relative to max |cpu| of each tensor
+  int64_t compared = 0;                          // elements compared (output and gradients)
+  int64_t bits_differ = 0;                       // of them, not bit-equal
+};
+DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOptions& options = {},
+                                      Device device = Device{Device::Kind::cuda, 0});
 
 // Every op's case, on shapes drawn from `shape_rng`.
 std::vector<Case> cases(std::mt19937& shape_rng);

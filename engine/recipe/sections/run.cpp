@@ -17,6 +17,14 @@ void declare_run(Schema& schema) {
       .min(0)
       .limit((int64_t(1) << 53))
       .help("Seed of every random stream (initialisation, data order, dropout); same seed, same run.");
+  run.key("device", &RunSection::device)
+      .choices({{"auto", RunDevice::auto_detect}, {"cpu", RunDevice::cpu}, {"cuda", RunDevice::cuda}})
+      .def(RunDevice::auto_detect)
+      .help(
+          "Where the step runs: cpu, cuda (the first GPU; an error where the build has no CUDA or the machine no "
+          "GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). The model state (masters, "
+          "optimizer state) stays in host memory and the optimizer runs on the CPU; the forward and backward run "
+          "on the device.");
 }
 
 }  // namespace engine::recipe

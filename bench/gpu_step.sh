@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU step against PyTorch on the same card, in one run: GPT-2 124M (bench/gpt2-124m-gpu.yaml:
+# bf16, batch 32 x 1024, AdamW) trained by this engine, by PyTorch eager (bf16 autocast, SDPA,
+# fused AdamW) and by torch.compile of the same model. Prints tokens/s, MFU (model FLOPs per token:
+# 6 N + 6 L T C, over the card's dense bf16 peak, 989 TFLOP/s for an H100/H200 SXM) and peak
+# memory, then the engine's ten most expensive ops (telemetry.op_table, timed with CUDA events).
+#
+#   bench/gpu_step.sh [STEPS]    (default 12; the first 3 steps of each run are not timed)
+#   ENGINE   the engine's command (default build/engine; e.g. "bash .device/run.sh engine")
+#   PYTHON   the Python with PyTorch and CUDA (default python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-12}
+read -r -a engine <<< "${ENGINE:-build/engine}"
+python=${PYTHON:-python3}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+vocab=50304 context=1024 layers=12 heads=12 width=768 batch=32
+params=$((vocab * width + context * width + layers * (12 * width * width + 13 * width) + 2 * width))
+flops_per_token=$((6 * params + 6 * layers * context * width))
+
+"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out" telemetry.op_table=true \
+  > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
+engine_rate=$(python3 - "$out/gpt2-124m-gpu/metrics.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rates = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r and r["step"] > 3]
+print(f"{statistics.median(rates):.1f}")
+PY
+)
+engine_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine.log" | head -1 | sed 's/device memory peak //' || true)
+run_torch() {
+  (cd bench && "$python" pytorch_gpt_cuda.py $vocab $context $layers $heads $width $batch "$steps" "$1") \
+    2> "$out/torch_$1.log" || { cat "$out/torch_$1.log"; return 1; }
+}
+eager=$(run_torch eager)
+compiled=$(run_torch compile)
+value() { sed -n "s/^$1=//p" <<< "$2"; }
+row() {  # name tokens/s peak
+  python3 -c "import sys; r=float(sys.argv[2]); print(f'| {sys.argv[1]:<22} | {r/1e3:9.1f}K | {100*r*$flops_per_token/989e12:5.1f}% | {sys.argv[3]:>12} |')" "$@"
+}
+echo "GPT-2 124M, bf16, batch $batch x $context, AdamW, $steps steps (3 untimed); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+echo "| run                    |  tokens/s  |  MFU  | peak memory  |"
+echo "|------------------------|------------|-------|--------------|"
+row engine "$engine_rate" "${engine_peak:-?}"
+row "pytorch eager" "$(value tokens_per_second "$eager")" "$(( $(value peak_memory_bytes "$eager") >> 20 )) MiB"
+row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(( $(value peak_memory_bytes "$compiled") >> 20 )) MiB"
+echo
+echo "engine: the ten most expensive ops"
+sed -n '/^op table/,/^$/p' "$out/engine.log" | head -14

@@ -1,0 +1,65 @@
+// DeviceRunner: the part of the Executor that replays plans on a CUDA device. It owns the device
+// memory of a step, one allocator per kind:
+//   device   the activation arena (the plan's offsets, unchanged), the f32 scratch of the planned
+//            casts, the parameters in the compute type and their gradients (one buffer per wrap
+//            unit, laid out as the ParameterStore's), the step's inputs, the library workspace;
+//   pinned   host values (cpu_checkpointing's activations moved out of the arena), and the
+//            ParameterStore's own buffers, registered so their copies run as DMA.
+// The ParameterStore on the host stays the owner of the model's state: the optimizer, ZeRO's host
+// side, checkpoints and plugins see the same buffers at every device. A step uploads the parameters
+// and the inputs, replays the plan's nodes on one stream (each node's CUDA kernel, with its 16-bit
+// values widened into the scratch and rounded back where its OpDef::cuda_16bit is unset), and
+// downloads the gradients a training plan wrote into the store's micro-batch gradients.
+//
+//   auto runner = make_device_runner(graph, store, /*device index*/ 0);   // UserError without CUDA
+//   runner->add_plan("train", plan);
+//   runner->run("train", plan, ctx, host_inputs, nullptr);
+//   const float* losses = runner->value_f32("train", plan, losses_id);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "graph/op.h"
+#include "plan/plan.h"
+#include "runtime/buffer.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+struct OpTotals;
+
+// What the runner holds, by memory kind, and the device's own view.
+struct DeviceMemory {
+  int64_t device = 0;       // bytes allocated on the device now
+  int64_t device_peak = 0;  // the allocator's high-water mark
+  int64_t pinned = 0;       // page-locked host bytes allocated (not counting registered store buffers)
+  int64_t device_used = 0;  // cudaMemGetInfo: total minus free, every process and context included
+  int64_t device_total = 0;
+  std::string name;  // the device's name
+};
+
+class DeviceRunner {
+ public:
+  virtual ~DeviceRunner() = default;
+  // Plans share the arena and the scratch, sized for the largest.
+  virtual void add_plan(const std::string& name, const Plan& plan) = 0;
+  // One replay of `plan`. `ctx` carries the step's identity (seed, step, micro_step, training,
+  // loss scale); `inputs` the host values the trainer filled (by ValueId). With `op_totals`, every
+  // kernel is timed with events and summed per op. Returns once the device is done.
+  virtual void run(const std::string& name, const Plan& plan, KernelContext ctx,
+                   const std::map<ValueId, Buffer>& inputs, std::map<std::string, OpTotals>* op_totals) = 0;
+  // An activation of the last run of `name`, copied to the host and widened to f32.
+  virtual const float* value_f32(const std::string& name, const Plan& plan, ValueId id) = 0;
+  virtual DeviceMemory memory() const = 0;
+};
+
+// The runner on CUDA device `index`; a UserError in a build without CUDA or without that device.
+std::unique_ptr<DeviceRunner> make_device_runner(const Graph& graph, ParameterStore& parameters, int index);
+
+// The f32 scratch bytes the planned casts of `plan` need on CUDA (the largest node's).
+int64_t cuda_scratch_bytes(const Graph& graph, const Plan& plan);
+
+}  // namespace engine

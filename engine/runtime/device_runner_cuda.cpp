@@ -1,0 +1,352 @@
+// The CUDA device runner (runtime/device_runner.h). Host code: the kernels it calls live in
+// ops/<family>/<op>.cu; this file allocates, copies and sequences on one stream.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "core/convert.h"
+#include "core/error.h"
+#include "cuda_convert.h"
+#include "runtime/device_runner.h"
+#include "runtime/executor.h"
+
+namespace engine {
+namespace {
+
+void check(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
+}
+
+// Bytes allocated per kind, and the device's high-water mark.
+struct Tally {
+  int64_t device = 0, device_peak = 0, pinned = 0;
+};
+
+// One cudaMalloc'd block, zeroed once; counted in the runner's tally while it lives.
+class DeviceBlock {
+ public:
+  DeviceBlock() = default;
+  DeviceBlock(int64_t bytes, Tally& tally, const std::string& what) : bytes_(bytes), tally_(&tally) {
+    if (bytes <= 0) return;
+    const size_t rounded = size_t(bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    const cudaError_t status = cudaMalloc(&data_, rounded);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      throw UserError("the GPU has no room for " + what + " (" + std::to_string(rounded >> 20) + " MiB; " +
+                      std::to_string(free >> 20) + " MiB of " + std::to_string(total >> 20) +
+                      " MiB free): shrink train.micro_batch_size or turn on activation_checkpointing");
+    }
+    check(cudaMemset(data_, 0, rounded), "memset " + what);
+    tally.device += int64_t(rounded);
+    tally.device_peak = std::max(tally.device_peak, tally.device);
+    counted_ = int64_t(rounded);
+  }
+  DeviceBlock(DeviceBlock&& other) noexcept { *this = std::move(other); }
+  DeviceBlock& operator=(DeviceBlock&& other) noexcept {
+    release();
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+    std::swap(counted_, other.counted_);
+    std::swap(tally_, other.tally_);
+    return *this;
+  }
+  ~DeviceBlock() { release(); }
+  std::byte* data() const { return static_cast<std::byte*>(data_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  void release() {
+    if (data_) cudaFree(data_);
+    if (tally_) tally_->device -= counted_;
+    data_ = nullptr;
+    bytes_ = counted_ = 0;
+  }
+  void* data_ = nullptr;
+  int64_t bytes_ = 0, counted_ = 0;
+  Tally* tally_ = nullptr;
+};
+
+// Page-locked host memory (host values the kernels copy to and from).
+class PinnedBlock {
+ public:
+  PinnedBlock(int64_t bytes, Tally& tally) : bytes_(bytes), tally_(&tally) {
+    check(cudaMallocHost(&data_, size_t(std::max<int64_t>(bytes, 1))), "pinned allocation");
+    std::memset(data_, 0, size_t(std::max<int64_t>(bytes, 1)));
+    tally.pinned += bytes;
+  }
+  PinnedBlock(const PinnedBlock&) = delete;
+  ~PinnedBlock() {
+    cudaFreeHost(data_);
+    tally_->pinned -= bytes_;
+  }
+  std::byte* data() const { return static_cast<std::byte*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+  Tally* tally_;
+};
+
+// cuBLASLt asks for up to 32 MiB on Hopper; the other kernels use the workspace for per-block
+// partial sums (deterministic reductions), well within it.
+constexpr int64_t kWorkspaceBytes = int64_t(64) << 20;
+
+class CudaRunner final : public DeviceRunner {
+ public:
+  CudaRunner(const Graph& graph, ParameterStore& store, int index) : graph_(graph), store_(store), index_(index) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= index) {
+      cudaGetLastError();
+      throw UserError("run.device: cuda, but no CUDA device is present (" + std::to_string(count) +
+                      " found); use run.device: cpu or auto");
+    }
+    check(cudaSetDevice(index), "set device");
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, index), "device properties");
+    name_ = prop.name;
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
+    workspace_ = DeviceBlock(kWorkspaceBytes, tally_, "the library workspace");
+    const size_t units = graph.units().size();
+    for (size_t u = 0; u < units; ++u) {
+      compute_.emplace_back(unit_bytes(u, store.param_dtype()), tally_, "the parameters");
+      grads_.emplace_back(unit_bytes(u, store.grad_dtype()), tally_, "the gradients");
+    }
+    for (size_t i = 0; i < graph.values().size(); ++i) {
+      const Value& v = graph.values()[i];
+      if (v.placement == Placement::input)
+        inputs_.emplace(ValueId(i), DeviceBlock(value_bytes(v), tally_, "the inputs"));
+      else if (v.placement == Placement::host)
+        host_values_.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
+    }
+  }
+
+  ~CudaRunner() override {
+    cudaStreamSynchronize(stream_);
+    for (void* p : registered_) cudaHostUnregister(p);
+    cublasLtDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  void add_plan(const std::string& name, const Plan& plan) override {
+    if (!plan.actions.empty())
+      throw UserError("run.device: cuda runs one process without ZeRO collectives for now (plan '" + name +
+                      "' communicates); train on CPU for distributed or ZeRO-2/3 runs");
+    if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
+    const int64_t scratch = cuda_scratch_bytes(graph_, plan);
+    if (scratch > scratch_.bytes()) scratch_ = DeviceBlock(scratch, tally_, "the 16-bit casts' scratch");
+  }
+
+  void run(const std::string& name, const Plan& plan, KernelContext ctx, const std::map<ValueId, Buffer>& inputs,
+           std::map<std::string, OpTotals>* op_totals) override {
+    check(cudaSetDevice(index_), "set device");
+    upload_parameters();
+    if (plan.training)
+      for (DeviceBlock& g : grads_) check(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+    for (auto& [id, block] : inputs_)
+      check(cudaMemcpyAsync(block.data(), inputs.at(id).data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
+            "input upload");
+    bind(plan, ctx);
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
+    for (size_t index : plan.nodes) {
+      const Node& node = graph_.nodes()[index];
+      cudaEvent_t start = nullptr, stop = nullptr;
+      if (op_totals) {
+        check(cudaEventCreate(&start), "event");
+        check(cudaEventCreate(&stop), "event");
+        check(cudaEventRecord(start, stream_), "event record");
+      }
+      run_node(node, ctx);
+      if (op_totals) {
+        check(cudaEventRecord(stop, stream_), "event record");
+        events.emplace_back(start, stop);
+      }
+    }
+    if (plan.training) download_gradients();
+    check(cudaStreamSynchronize(stream_), "step of plan " + name);
+    last_run_[name] = ctx.pointers;
+    if (op_totals) total_events(plan, events, *op_totals);
+  }
+
+  const float* value_f32(const std::string& name, const Plan& plan, ValueId id) override {
+    const auto found = last_run_.find(name);
+    ENGINE_CHECK(found != last_run_.end(), "plan " + name + " has not run on the device");
+    const Value& v = graph_.value(id);
+    ENGINE_CHECK(v.placement == Placement::activation && plan.offsets[size_t(id)] >= 0,
+                 "value " + v.name + " is not an activation of plan " + name);
+    std::vector<std::byte> bytes(size_t(value_bytes(v)));
+    check(cudaMemcpy(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost), "download");
+    std::vector<float>& out = downloads_[id];
+    out.resize(size_t(v.shape.numel()));
+    widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
+    return out.data();
+  }
+
+  DeviceMemory memory() const override {
+    DeviceMemory m;
+    m.device = tally_.device;
+    m.device_peak = tally_.device_peak;
+    m.pinned = tally_.pinned;
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      m.device_used = int64_t(total - free);
+      m.device_total = int64_t(total);
+    }
+    m.name = name_;
+    return m;
+  }
+
+ private:
+  int64_t unit_bytes(size_t u, DType type) const {
+    return store_.layout().padded(u) * int64_t(dtype_size(type));
+  }
+
+  // The store's buffers are registered with the driver the first time they are copied, so every
+  // later copy is a DMA at full link speed rather than a staged pageable copy.
+  void register_once(void* host, int64_t bytes) {
+    if (!host || bytes <= 0 || std::find(registered_.begin(), registered_.end(), host) != registered_.end()) return;
+    if (cudaHostRegister(host, size_t(bytes), cudaHostRegisterDefault) == cudaSuccess)
+      registered_.push_back(host);
+    else
+      cudaGetLastError();  // a pageable copy still works, only slower
+  }
+
+  void upload_parameters() {
+    for (size_t u = 0; u < compute_.size(); ++u) {
+      std::byte* host = store_.compute(u);
+      ENGINE_CHECK(host, "run.device: cuda needs every unit's parameters in the store (ZeRO-3 gathers them)");
+      register_once(host, compute_[u].bytes());
+      check(cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, stream_),
+            "parameter upload");
+    }
+  }
+
+  void download_gradients() {
+    for (size_t u = 0; u < grads_.size(); ++u) {
+      std::byte* host = store_.micro_grad(u);
+      ENGINE_CHECK(host, "run.device: cuda needs the store's micro-batch gradients (ZeRO-2/3 bind arena buffers)");
+      register_once(host, grads_[u].bytes());
+      check(cudaMemcpyAsync(host, grads_[u].data(), size_t(grads_[u].bytes()), cudaMemcpyDeviceToHost, stream_),
+            "gradient download");
+    }
+  }
+
+  // Points every value at its device memory: the same offsets as the host would use.
+  void bind(const Plan& plan, KernelContext& ctx) {
+    ctx.graph = &graph_;
+    ctx.device = Device{Device::Kind::cuda, index_};
+    ctx.stream = stream_;
+    ctx.blas = blas_;
+    ctx.workspace = workspace_.data();
+    ctx.workspace_bytes = size_t(workspace_.bytes());
+    ctx.pointers.assign(graph_.values().size(), nullptr);
+    ctx.dtypes.resize(graph_.values().size());
+    for (size_t i = 0; i < graph_.values().size(); ++i) {
+      const Value& v = graph_.values()[i];
+      ctx.dtypes[i] = v.dtype;
+      switch (v.placement) {
+        case Placement::activation:
+          if (plan.offsets[i] >= 0) ctx.pointers[i] = arena_.data() + plan.offsets[i];
+          break;
+        case Placement::parameter:
+        case Placement::gradient: {
+          const Param& p = graph_.params()[size_t(v.param)];
+          const DeviceBlock& block = v.placement == Placement::parameter ? compute_[size_t(p.unit)] : grads_[size_t(p.unit)];
+          ctx.pointers[i] = block.data() + p.offset * int64_t(dtype_size(v.dtype));
+          break;
+        }
+        case Placement::input:
+          ctx.pointers[i] = inputs_.at(ValueId(i)).data();
+          break;
+        case Placement::host:
+          ctx.pointers[i] = host_values_.at(ValueId(i))->data();
+          break;
+      }
+    }
+  }
+
+  // The node's kernel, with its 16-bit values widened into the scratch and rounded back when its
+  // CUDA kernel computes in f32 only: the planned casts of the device.
+  void run_node(const Node& node, KernelContext& ctx) {
+    if (!needs_conversion(graph_, node, Device::Kind::cuda)) return node.op->cuda(node, ctx);
+    struct Converted {
+      ValueId id;
+      void* original;
+      bool output;
+    };
+    std::vector<Converted> converted;
+    std::byte* next = scratch_.data();
+    auto convert = [&](ValueId id, bool output, bool load) {
+      const DType type = graph_.value(id).dtype;
+      if (type != DType::bf16 && type != DType::f16) return;
+      for (Converted& c : converted)
+        if (c.id == id) {
+          c.output = c.output || output;
+          return;
+        }
+      const int64_t n = graph_.value(id).shape.numel();
+      auto* f32 = reinterpret_cast<float*>(next);
+      next += (n * 4 + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+      if (load) cuda::widen(ctx.pointers[size_t(id)], type, f32, n, stream_);
+      converted.push_back({id, ctx.pointers[size_t(id)], output});
+      ctx.pointers[size_t(id)] = f32;
+      ctx.dtypes[size_t(id)] = DType::f32;
+    };
+    for (ValueId id : node.inputs) convert(id, false, true);
+    for (size_t i = 0; i < node.outputs.size(); ++i) convert(node.outputs[i], true, ctx.accumulates(node, i));
+    node.op->cuda(node, ctx);
+    for (const Converted& c : converted) {
+      const Value& v = graph_.value(c.id);
+      if (c.output) cuda::narrow(static_cast<const float*>(ctx.pointers[size_t(c.id)]), c.original, v.dtype,
+                                 v.shape.numel(), stream_);
+      ctx.pointers[size_t(c.id)] = c.original;
+      ctx.dtypes[size_t(c.id)] = v.dtype;
+    }
+  }
+
+  void total_events(const Plan& plan, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& events,
+                    std::map<std::string, OpTotals>& totals) {
+    for (size_t i = 0; i < events.size(); ++i) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events[i].first, events[i].second), "event time");
+      const Node& node = graph_.nodes()[plan.nodes[i]];
+      const NodeWork work = node_work(graph_, node);
+      OpTotals& t = totals[node.op->name];
+      t.seconds += ms * 1e-3;
+      t.calls += 1;
+      t.flops += work.flops;
+      t.bytes += work.bytes;
+      cudaEventDestroy(events[i].first);
+      cudaEventDestroy(events[i].second);
+    }
+  }
+
+  const Graph& graph_;
+  ParameterStore& store_;
+  int index_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t blas_ = nullptr;
+  Tally tally_;
+  DeviceBlock workspace_, arena_, scratch_;
+  std::vector<DeviceBlock> compute_, grads_;
+  std::map<ValueId, DeviceBlock> inputs_;
+  std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;
+  std::map<std::string, std::vector<void*>> last_run_;
+  std::map<ValueId, std::vector<float>> downloads_;
+  std::vector<void*> registered_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceRunner> make_device_runner(const Graph& graph, ParameterStore& parameters, int index) {
+  return std::make_unique<CudaRunner>(graph, parameters, index);
+}
+
+}  // namespace engine

@@ -1,0 +1,12 @@
+// A build without CUDA has no device runner: asking for one is a user error (run.device: cuda).
+#include "core/error.h"
+#include "runtime/device_runner.h"
+
+namespace engine {
+
+std::unique_ptr<DeviceRunner> make_device_runner(const Graph&, ParameterStore&, int) {
+  throw UserError("run.device: cuda, but this engine was built without CUDA (configure with ENGINE_CUDA=ON on a "
+                  "machine with the CUDA toolkit)");
+}
+
+}  // namespace engine

@@ -1,0 +1,222 @@
+// CUDA kernels of linear (ops/linalg/linear.h) and matmul (ops/linalg/matmul.h): every product
+// through cuBLASLt, fp32 with pure fp32 compute (CUBLAS_COMPUTE_32F: no TF32, so fp32 runs track
+// the CPU), bf16 and fp16 with fp32 accumulation. The forward adds the bias in cuBLASLt's epilogue;
+// the bias gradient is a column sum of dy in a fixed row order, in double, as the CPU sums it.
+//
+// Row-major operands are column-major transposes, so each row-major product C = A B is issued as
+// C^T = B^T A^T with the operands swapped (m and n swap with them).
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "cuda_kernels.h"
+#include "cuda_util.cuh"
+
+namespace engine::cuda {
+namespace {
+
+void check_blas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw InternalError(std::string("cuBLASLt ") + what + ": " + cublasGetStatusString(status));
+}
+
+cudaDataType_t blas_type(DType type) {
+  switch (type) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      throw InternalError("cuBLASLt product of a non-float value");
+  }
+}
+
+// One column-major product D = alpha op(A) op(B) + beta C (C is D), batched by strides.
+struct Product {
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  DType a_type = DType::f32;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  DType b_type = DType::f32;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  DType c_type = DType::f32;
+  int64_t ldc = 0;
+  float beta = 0;
+  const void* bias = nullptr;  // (m) added to every column: the BIAS epilogue
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool,
+                           int64_t>;
+
+// The heuristic's first algorithm per shape, asked once: a step repeats the same few products.
+std::map<PlanKey, cublasLtMatmulAlgo_t>& algorithm_cache() {
+  static std::map<PlanKey, cublasLtMatmulAlgo_t> cache;
+  return cache;
+}
+
+struct Layouts {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Layouts() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+cublasLtMatrixLayout_t layout(DType type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t out = nullptr;
+  check_blas(cublasLtMatrixLayoutCreate(&out, blas_type(type), uint64_t(rows), uint64_t(cols), ld), "layout");
+  if (batch > 1) {
+    const int32_t count = int32_t(batch);
+    check_blas(cublasLtMatrixLayoutSetAttribute(out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+               "batch count");
+    check_blas(
+        cublasLtMatrixLayoutSetAttribute(out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+        "batch stride");
+  }
+  return out;
+}
+
+void run_product(const KernelContext& ctx, const Product& p) {
+  if (p.a_type != p.b_type) throw InternalError("cuBLASLt product of operands of different types");
+  auto handle = static_cast<cublasLtHandle_t>(ctx.blas);
+  Layouts l;
+  check_blas(cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t ta = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
+  check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
+  if (p.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+               "epilogue");
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
+               "bias");
+    const cudaDataType_t bias_type = blas_type(p.c_type);
+    check_blas(
+        cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+        "bias type");
+  }
+  l.a = layout(p.a_type, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
+  l.b = layout(p.b_type, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
+  l.c = layout(p.c_type, p.m, p.n, p.ldc, p.batch, p.stride_c);
+  const PlanKey key{p.transpose_a, p.transpose_b, p.m,      p.n,      p.k,           int(p.a_type), int(p.c_type),
+                    int(p.batch > 1), p.lda,       p.ldb,    p.ldc,    p.bias != nullptr, p.beta != 0, p.batch};
+  auto& cache = algorithm_cache();
+  auto found = cache.find(key);
+  if (found == cache.end()) {
+    cublasLtMatmulPreference_t preference = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&preference), "preference");
+    const uint64_t workspace = ctx.workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                         sizeof(workspace));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(handle, l.op, l.a, l.b, l.c, l.c, preference, 1, &result, &count);
+    cublasLtMatmulPreferenceDestroy(preference);
+    check_blas(status, "heuristic");
+    if (count == 0) throw InternalError("cuBLASLt has no algorithm for a product of this shape");
+    found = cache.emplace(key, result.algo).first;
+  }
+  const float alpha = 1.0f;
+  check_blas(cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &found->second,
+                            ctx.workspace, ctx.workspace_bytes, stream(ctx)),
+             "matmul");
+}
+
+// db[j] (+)= sum over rows of dy[r, j], one thread per column summing the rows in order in double:
+// the CPU's order (ops/linalg/linear.cpp add_bias_gradient), whatever the launch shape.
+__global__ void bias_gradient_kernel(const void* dy, DType dy_type, int64_t rows, int64_t cols, void* db,
+                                     DType db_type) {
+  for (int64_t j = thread_index(); j < cols; j += thread_stride()) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += double(load_float(dy, dy_type, r * cols + j));
+    store_float(db, db_type, j, load_float(db, db_type, j) + float(sum));  // as core/convert.h add_float
+  }
+}
+
+}  // namespace
+
+// y (rows, M) = x (rows, K) W^T + b: C^T (M, rows) = W (M, K) x^T, W stored (K, M) column-major.
+void linear(const Node& node, const KernelContext& ctx) {
+  const ValueId x = node.inputs[0], w = node.inputs[1], y = node.outputs[0];
+  const Shape& ws = ctx.shape(w);
+  const int64_t m = ws[0], k = ws[1], rows = ctx.shape(x).numel() / k;
+  Product p;
+  p.transpose_a = true;
+  p.m = m, p.n = rows, p.k = k;
+  p.a = ctx.data(w), p.a_type = ctx.dtype(w), p.lda = k;
+  p.b = ctx.data(x), p.b_type = ctx.dtype(x), p.ldb = k;
+  p.c = ctx.data(y), p.c_type = ctx.dtype(y), p.ldc = m;
+  p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
+  if (node.inputs.size() > 2) {
+    if (ctx.dtype(node.inputs[2]) != p.c_type) throw InternalError("linear: bias and output types differ on CUDA");
+    p.bias = ctx.data(node.inputs[2]);
+  }
+  run_product(ctx, p);
+}
+
+// dx (rows, K) (+)= dy (rows, M) W (M, K): dx^T (K, rows) = W^T dy^T, both stored as they are.
+void linear_backward_input(const Node& node, const KernelContext& ctx) {
+  const ValueId dy = node.inputs[0], w = node.inputs[1], dx = node.outputs[0];
+  const Shape& ws = ctx.shape(w);
+  const int64_t m = ws[0], k = ws[1], rows = ctx.shape(dy).numel() / m;
+  Product p;
+  p.m = k, p.n = rows, p.k = m;
+  p.a = ctx.data(w), p.a_type = ctx.dtype(w), p.lda = k;
+  p.b = ctx.data(dy), p.b_type = ctx.dtype(dy), p.ldb = m;
+  p.c = ctx.data(dx), p.c_type = ctx.dtype(dx), p.ldc = k;
+  p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
+  run_product(ctx, p);
+}
+
+// dW (M, K) += dy^T x: dW^T (K, M) = x^T (K, rows) dy (rows, M); db (M) += column sums of dy.
+void linear_backward_weight(const Node& node, const KernelContext& ctx) {
+  const ValueId dy = node.inputs[0], x = node.inputs[1], dw = node.outputs[0];
+  const int64_t m = ctx.shape(dw)[0], k = ctx.shape(dw)[1], rows = ctx.shape(dy).numel() / m;
+  Product p;
+  p.transpose_b = true;
+  p.m = k, p.n = m, p.k = rows;
+  p.a = ctx.data(x), p.a_type = ctx.dtype(x), p.lda = k;
+  p.b = ctx.data(dy), p.b_type = ctx.dtype(dy), p.ldb = m;
+  p.c = ctx.data(dw), p.c_type = ctx.dtype(dw), p.ldc = k;
+  p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
+  run_product(ctx, p);
+  if (node.outputs.size() > 1) {
+    const ValueId db = node.outputs[1];
+    if (!ctx.accumulates(node, 1)) throw InternalError("linear_backward_weight: the bias gradient always accumulates");
+    bias_gradient_kernel<<<blocks_for(m, 128), 128, 0, stream(ctx)>>>(ctx.data(dy), ctx.dtype(dy), rows, m,
+                                                                      ctx.data(db), ctx.dtype(db));
+    check_launch("bias_gradient_kernel");
+  }
+}
+
+// C[b] (M, N) = op(A[b]) op(B[b]) row-major: C^T (N, M) = op(B)^T op(A)^T, the stored operands swapped.
+void matmul(const Node& node, const KernelContext& ctx) {
+  const bool ta = node.attrs.ints[0] != 0, tb = node.attrs.ints[1] != 0;
+  const Shape& as = ctx.shape(node.inputs[0]);
+  const Shape& bs = ctx.shape(node.inputs[1]);
+  const int64_t a_rows = as[as.rank() - 2], a_cols = as.last(), b_cols = bs.last();
+  const int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols, n = tb ? bs[bs.rank() - 2] : b_cols;
+  const int64_t batch = as.numel() / (a_rows * a_cols);
+  Product p;
+  p.transpose_a = tb, p.transpose_b = ta;
+  p.m = n, p.n = m, p.k = k;
+  p.a = ctx.data(node.inputs[1]), p.a_type = ctx.dtype(node.inputs[1]), p.lda = b_cols;
+  p.b = ctx.data(node.inputs[0]), p.b_type = ctx.dtype(node.inputs[0]), p.ldb = a_cols;
+  p.c = ctx.data(node.outputs[0]), p.c_type = ctx.dtype(node.outputs[0]), p.ldc = n;
+  p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
+  p.batch = batch, p.stride_a = bs.numel() / batch, p.stride_b = as.numel() / batch, p.stride_c = m * n;
+  run_product(ctx, p);
+}
+
+}  // namespace engine::cuda

@@ -1,0 +1,123 @@
+// CUDA kernels of layernorm and rmsnorm (CPU: norm_cpu, norm_backward_cpu in nn/layernorm.cpp), on
+// f32 values (the executor widens 16-bit ones around them). The per-row math is the row programs'
+// (nn/row_programs.h), run by a block of kLanes threads.
+//
+// Forward: one block per row. Backward: one block per group of kGroupRows consecutive rows (32, as
+// the CPU's blocks), which writes dx and its group's float sums of the scale and shift gradients
+// into the workspace; then one thread per (column, warp) adds every 8th group's sum in double, and
+// the 8 warps' sums are added in a fixed order and added to the gradients. No atomics: the same
+// bits on every run.
+#include "cuda_kernels.h"
+#include "cuda_util.cuh"
+#include "nn/block_lanes.cuh"
+
+namespace engine::cuda {
+
+namespace {
+
+constexpr int kLanes = 256;
+constexpr int64_t kGroupRows = 32;  // rows per partial gradient sum (at least; more if the workspace is short)
+constexpr int kSumWarps = 8;         // warps adding the groups' partial sums of 32 columns
+
+bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
+bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
+
+__global__ void __launch_bounds__(kLanes)
+    norm_forward_kernel(const float* x,  // (rows, c)
+                        const float* w,  // (c)
+                        const float* b,  // (c) or null
+                        float* y,        // (rows, c)
+                        float* mean,     // (rows)
+                        float* rstd,     // (rows)
+                        int64_t c, bool rms, double eps) {
+  ops::BlockLanes<kLanes> lanes;
+  const int64_t r = blockIdx.x;
+  ops::norm_forward_row(lanes, x + r * c, c, rms, eps, w, b, y + r * c, mean + r, rstd + r);
+}
+
+__global__ void __launch_bounds__(kLanes)
+    norm_backward_kernel(const float* dy,                      // (rows, c)
+                         const float* x,                       // (rows, c)
+                         const float* w,                       // (c)
+                         const float* mean, const float* rstd,  // (rows)
+                         float* dx,                            // (rows, c)
+                         float* dw_groups,                     // (groups, c)
+                         float* db_groups,                     // (groups, c) or null
+                         int64_t rows, int64_t c, int64_t group_rows, bool rms, bool accumulate) {
+  ops::BlockLanes<kLanes> lanes;
+  const int64_t g = blockIdx.x, begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
+  ops::norm_backward_rows(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
+                          db_groups ? db_groups + g * c : nullptr, dx, accumulate);
+}
+
+// Block (32 columns) x (kSumWarps warps): warp k adds groups k, k + kSumWarps, ... of its lane's
+// column in double; warp 0 adds the warps' sums in order and adds the total to the gradient.
+__global__ void __launch_bounds__(32 * kSumWarps)
+    norm_parameter_sums_kernel(const float* dw_groups, const float* db_groups,  // (groups, c)
+                               float* dw, float* db,                            // (c)
+                               int64_t groups, int64_t c) {
+  __shared__ double sums[2][kSumWarps][32];
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int64_t col = int64_t(blockIdx.x) * 32 + lane;
+  double sw = 0.0, sb = 0.0;
+  if (col < c)
+    for (int64_t g = warp; g < groups; g += kSumWarps) {
+      sw += dw_groups[g * c + col];
+      if (db_groups) sb += db_groups[g * c + col];
+    }
+  sums[0][warp][lane] = sw;
+  sums[1][warp][lane] = sb;
+  __syncthreads();
+  if (warp == 0 && col < c) {
+    double tw = 0.0, tb = 0.0;
+    for (int k = 0; k < kSumWarps; ++k) {
+      tw += sums[0][k][lane];
+      tb += sums[1][k][lane];
+    }
+    dw[col] += float(tw);
+    if (db) db[col] += float(tb);
+  }
+}
+
+}  // namespace
+
+// inputs x, w [, b]; outputs y, mean, rstd
+void norm(const Node& node, const KernelContext& ctx) {
+  const Shape& xs = ctx.shape(node.inputs[0]);
+  const int64_t rows = xs.rows(), c = xs.last();
+  if (rows == 0 || c == 0) return;
+  const float* b = has_shift(node) ? ctx.f32(node.inputs[2]) : nullptr;
+  norm_forward_kernel<<<unsigned(rows), kLanes, 0, stream(ctx)>>>(
+      ctx.f32(node.inputs[0]), ctx.f32(node.inputs[1]), b, ctx.f32(node.outputs[0]), ctx.f32(node.outputs[1]),
+      ctx.f32(node.outputs[2]), c, is_rms(node), node.attrs.floats[0]);
+  check_launch("norm_forward_kernel");
+}
+
+// inputs dy, x, w, mean, rstd; outputs dx, dw [, db] (the scale and shift gradients are added to)
+void norm_backward(const Node& node, const KernelContext& ctx) {
+  const Shape& xs = ctx.shape(node.inputs[1]);
+  const int64_t rows = xs.rows(), c = xs.last();
+  if (rows == 0 || c == 0) return;
+  const bool shift = has_shift(node);
+  // The groups' partial sums live in the workspace: fewer, longer groups if it is short.
+  const int64_t row_bytes = c * int64_t(sizeof(float)) * (shift ? 2 : 1);
+  const int64_t max_groups = int64_t(ctx.workspace_bytes) / row_bytes;
+  if (max_groups < 1 || ctx.workspace == nullptr)
+    throw InternalError("norm_backward: a workspace of " + std::to_string(row_bytes) + " bytes is needed");
+  int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  if (groups > max_groups) groups = max_groups;
+  const int64_t group_rows = (rows + groups - 1) / groups;
+  groups = (rows + group_rows - 1) / group_rows;
+  float* dw_groups = static_cast<float*>(ctx.workspace);
+  float* db_groups = shift ? dw_groups + groups * c : nullptr;
+  norm_backward_kernel<<<unsigned(groups), kLanes, 0, stream(ctx)>>>(
+      ctx.f32(node.inputs[0]), ctx.f32(node.inputs[1]), ctx.f32(node.inputs[2]), ctx.f32(node.inputs[3]),
+      ctx.f32(node.inputs[4]), ctx.f32(node.outputs[0]), dw_groups, db_groups, rows, c, group_rows, is_rms(node),
+      ctx.accumulates(node, 0));
+  check_launch("norm_backward_kernel");
+  norm_parameter_sums_kernel<<<unsigned((c + 31) / 32), 32 * kSumWarps, 0, stream(ctx)>>>(
+      dw_groups, db_groups, ctx.f32(node.outputs[1]), shift ? ctx.f32(node.outputs[2]) : nullptr, groups, c);
+  check_launch("norm_parameter_sums_kernel");
+}
+
+}  // namespace engine::cuda

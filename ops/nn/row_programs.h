@@ -1,0 +1,324 @@
+// Row programs: the per-row math of the row ops (norms, softmax, cross-entropy) written once for
+// the CUDA kernels and the CPU tests that check them, as phases over a fixed number of lanes.
+//
+// A program is a function templated on a Lanes policy. Lane l of N owns the elements l, l + N,
+// l + 2N, ... of a row; a phase is `lanes.each([&](int l) { ... })`; a lane-local variable is a
+// `typename L::template Local<T>` indexed by the lane; `lanes.sum(v)` / `lanes.max(v)` combine
+// the lanes' values in one fixed tree and give every lane the total (they are also the barriers
+// between phases). Two policies run the same program:
+//   SerialLanes<N> (here): a loop over the N lanes on the CPU, the tree as loops;
+//   BlockLanes<N> (nn/block_lanes.cuh): the block's N threads, __syncthreads() between phases,
+//   the tree as warp shuffles then one shuffle over the warps' totals.
+// The tree, for N a power of two from 32 to 1024: within each group of 32 lanes, v[l] (+)= v[l + o]
+// for o = 16, 8, 4, 2, 1 (a warp's __shfl_down), then the same over the groups' totals for
+// o = N/64, ..., 1. Same operations in the same order, so the CPU run of a program gives the
+// device's bits (CUDA sources are compiled with -fmad=false; a CPU build that contracts a*b+c into
+// an FMA can differ in the last bit).
+//
+//   SerialLanes<256> lanes;
+//   norm_forward_row(lanes, x, c, /*rms=*/false, 1e-5, w, b, y, &mean, &rstd);
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/host_device.h"
+#include "nn/fast_math.h"
+
+namespace engine::ops {
+
+// ---- Scalar math shared by both policies ---------------------------------------------------------
+
+// fast_exp (nn/fast_math.h), written with functions that exist on both sides (the same operations,
+// so the same bits: the test checks it against fast_exp).
+ENGINE_HOST_DEVICE inline float row_exp(float x) {
+  using namespace exp_constants;
+  constexpr float lowest = kLowest, highest = kHighest, log2e = kLog2e, ln2_high = kLn2High, ln2_low = kLn2Low;
+  constexpr float p0 = kPolynomial[0], p1 = kPolynomial[1], p2 = kPolynomial[2], p3 = kPolynomial[3],
+                  p4 = kPolynomial[4], p5 = kPolynomial[5];
+  float c = x < lowest ? lowest : x;
+  c = c > highest ? highest : c;
+  const float v = ::fmaf(c, log2e, 0.5f);
+  float n = ::rintf(v);
+  n = n > v ? n - 1.0f : n;
+  float r = ::fmaf(-n, ln2_high, c);
+  r = ::fmaf(-n, ln2_low, r);
+  float p = p0;
+  p = ::fmaf(p, r, p1);
+  p = ::fmaf(p, r, p2);
+  p = ::fmaf(p, r, p3);
+  p = ::fmaf(p, r, p4);
+  p = ::fmaf(p, r, p5);
+  const float e = ::fmaf(p * r, r, r) + 1.0f;
+  const float shifted = n + 12582912.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  const auto k = static_cast<int32_t>(bits - 0x4b400000u);
+  const int32_t k1 = k >> 1, k2 = k - k1;
+  const uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  return e * s1 * s2;
+}
+
+ENGINE_HOST_DEVICE inline bool row_finite(float x) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+// The combining steps of the trees (the same expression on both sides, NaN handling included).
+struct RowSum {
+  template <class T>
+  ENGINE_HOST_DEVICE T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct RowMax {
+  template <class T>
+  ENGINE_HOST_DEVICE T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+
+// ---- The CPU policy ------------------------------------------------------------------------------
+
+template <int N>
+struct SerialLanes {
+  static_assert(N >= 32 && N <= 1024 && (N & (N - 1)) == 0, "lanes: a power of two from 32 to 1024");
+  static constexpr int kCount = N;
+
+  template <class T>
+  struct Local {
+    T value[N];
+    T& operator[](int l) { return value[l]; }
+  };
+
+  template <class F>
+  void each(F&& phase) const {
+    for (int l = 0; l < N; ++l) phase(l);
+  }
+  void barrier() const {}
+
+  template <class T, class Op>
+  T reduce(Local<T>& v, Op op) const {
+    constexpr int groups = N / 32;
+    T totals[groups];
+    for (int g = 0; g < groups; ++g) {
+      T* w = v.value + g * 32;
+      for (int o = 16; o > 0; o /= 2)
+        for (int l = 0; l < o; ++l) w[l] = op(w[l], w[l + o]);
+      totals[g] = w[0];
+    }
+    for (int o = groups / 2; o > 0; o /= 2)
+      for (int l = 0; l < o; ++l) totals[l] = op(totals[l], totals[l + o]);
+    return totals[0];
+  }
+  template <class T>
+  T sum(Local<T>& v) const {
+    return reduce(v, RowSum{});
+  }
+  template <class T>
+  T max(Local<T>& v) const {
+    return reduce(v, RowMax{});
+  }
+};
+
+// ---- layernorm / rmsnorm (nn/layernorm.cpp) ------------------------------------------------------
+
+// One row of the forward: y = (x - mean) rstd w (+ b), mean 0 for rmsnorm; rstd from the float sum
+// of squared deviations, or from double sums where the float ones overflow (as norm_cpu does).
+template <class L>
+ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, const float* x, int64_t c, bool rms, double eps, const float* w,
+                                         const float* b, float* y, float* mean_out, float* rstd_out) {
+  constexpr int n = L::kCount;
+  typename L::template Local<float> acc;
+  float mean = 0.0f;
+  if (!rms) {
+    lanes.each([&](int l) {
+      float s = 0.0f;
+      for (int64_t i = l; i < c; i += n) s += x[i];
+      acc[l] = s;
+    });
+    mean = lanes.sum(acc) / float(c);
+  }
+  lanes.each([&](int l) {
+    float s = 0.0f;
+    for (int64_t i = l; i < c; i += n) s += (x[i] - mean) * (x[i] - mean);
+    acc[l] = s;
+  });
+  const float float_squares = lanes.sum(acc);
+  double squares = float_squares;
+  if (!row_finite(mean) || !row_finite(float_squares)) {
+    typename L::template Local<double> wide;
+    double wide_mean = 0.0;
+    if (!rms) {
+      lanes.each([&](int l) {
+        double s = 0.0;
+        for (int64_t i = l; i < c; i += n) s += x[i];
+        wide[l] = s;
+      });
+      wide_mean = lanes.sum(wide) / double(c);
+    }
+    lanes.each([&](int l) {
+      double s = 0.0;
+      for (int64_t i = l; i < c; i += n) s += (x[i] - wide_mean) * (x[i] - wide_mean);
+      wide[l] = s;
+    });
+    squares = lanes.sum(wide);
+    mean = float(wide_mean);
+  }
+  const float rstd = float(1.0 / ::sqrt(squares / double(c) + eps));
+  lanes.each([&](int l) {
+    if (b)
+      for (int64_t i = l; i < c; i += n) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+    else
+      for (int64_t i = l; i < c; i += n) y[i] = (x[i] - mean) * rstd * w[i];
+    if (l == 0) {
+      *mean_out = mean;
+      *rstd_out = rstd;
+    }
+  });
+}
+
+// Rows [begin, end) of the backward: dx (= or +=) rstd (g - mean(g) - xhat mean(g xhat)), g = dy w
+// (rmsnorm: no mean(g) term); the rows' scale (and shift) gradients summed in float, in row order,
+// into dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
+template <class L>
+ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, const float* dy, const float* x, const float* w,
+                                           const float* mean, const float* rstd, int64_t c, bool rms, int64_t begin,
+                                           int64_t end, float* dw_sum, float* db_sum, float* dx, bool accumulate) {
+  constexpr int n = L::kCount;
+  lanes.each([&](int l) {
+    for (int64_t i = l; i < c; i += n) {
+      dw_sum[i] = 0.0f;
+      if (db_sum) db_sum[i] = 0.0f;
+    }
+  });
+  typename L::template Local<float> sum_g, sum_gx;
+  const float inv_c = 1.0f / float(c);
+  for (int64_t r = begin; r < end; ++r) {
+    const float* dyr = dy + r * c;
+    const float* xr = x + r * c;
+    float* dxr = dx + r * c;
+    const float m = mean[r], s = rstd[r];
+    lanes.each([&](int l) {
+      float a = 0.0f, ax = 0.0f;
+      for (int64_t i = l; i < c; i += n) {
+        const float g = dyr[i] * w[i], xhat = (xr[i] - m) * s;
+        a += g;
+        ax += g * xhat;
+        dw_sum[i] += dyr[i] * xhat;
+        if (db_sum) db_sum[i] += dyr[i];
+      }
+      sum_g[l] = a;
+      sum_gx[l] = ax;
+    });
+    const float mean_g = rms ? 0.0f : lanes.sum(sum_g) * inv_c;
+    const float mean_gx = lanes.sum(sum_gx) * inv_c;
+    lanes.each([&](int l) {
+      for (int64_t i = l; i < c; i += n) {
+        const float v = s * (dyr[i] * w[i] - mean_g - (xr[i] - m) * s * mean_gx);
+        dxr[i] = accumulate ? dxr[i] + v : v;
+      }
+    });
+  }
+}
+
+// ---- softmax (nn/softmax.cpp) ----------------------------------------------------------------------
+
+// y = exp(x - max) / sum, the exponentials and their sum in double (as softmax_cpu).
+template <class L>
+ENGINE_HOST_DEVICE void softmax_row(L& lanes, const float* x, int64_t cols, float* y) {
+  constexpr int n = L::kCount;
+  typename L::template Local<float> top;
+  lanes.each([&](int l) {
+    float m = -INFINITY;
+    for (int64_t i = l; i < cols; i += n) m = m > x[i] ? m : x[i];
+    top[l] = m;
+  });
+  const float mx = lanes.max(top);
+  typename L::template Local<double> partial;
+  lanes.each([&](int l) {
+    double s = 0.0;
+    for (int64_t i = l; i < cols; i += n) s += ::exp(double(x[i]) - mx);
+    partial[l] = s;
+  });
+  const double sum = lanes.sum(partial);
+  lanes.each([&](int l) {
+    for (int64_t i = l; i < cols; i += n) y[i] = float(::exp(double(x[i]) - mx) / sum);
+  });
+}
+
+// dx (= or +=) y (dy - sum(y dy)), the dot product in double (as softmax_backward_cpu).
+template <class L>
+ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, const float* y, const float* dy, int64_t cols, float* dx,
+                                             bool accumulate) {
+  constexpr int n = L::kCount;
+  typename L::template Local<double> partial;
+  lanes.each([&](int l) {
+    double s = 0.0;
+    for (int64_t i = l; i < cols; i += n) s += double(y[i]) * dy[i];
+    partial[l] = s;
+  });
+  const double dot = lanes.sum(partial);
+  lanes.each([&](int l) {
+    for (int64_t i = l; i < cols; i += n) {
+      const float v = float(y[i] * (dy[i] - dot));
+      dx[i] = accumulate ? dx[i] + v : v;
+    }
+  });
+}
+
+// ---- softmax cross-entropy (loss/cross_entropy.cpp) ------------------------------------------------
+
+// One row: returns the loss log(sum exp(z)) - z[target] and overwrites z with its gradient,
+// scale * (softmax - onehot). Two passes: each lane keeps an online max and a float sum of
+// exponentials (rescaled as its max rises), the lanes' sums are rescaled to the row's max and added
+// in double; then z = exp(z - max) * factor, factor = exp(max - log_sum) * scale as the CPU's
+// chunk_factor. A target outside [0, vocab) gives a NaN loss and no one-hot (the CPU does not check).
+template <class L>
+ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, float* z, int64_t vocab, int32_t target, float scale) {
+  constexpr int n = L::kCount;
+  const bool has_target = target >= 0 && target < vocab;
+  const float z_target = has_target ? z[target] : NAN;  // read before any lane overwrites it
+  typename L::template Local<float> top, sum;
+  lanes.each([&](int l) {
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t i = l; i < vocab; i += n) {
+      const float v = z[i];
+      if (v > m) {
+        s = m == -INFINITY ? 0.0f : s * row_exp(m - v);
+        m = v;
+        s += 1.0f;
+      } else {
+        s += row_exp(v - (m == -INFINITY ? 0.0f : m));
+      }
+    }
+    top[l] = m;
+    sum[l] = s;
+  });
+  typename L::template Local<float> tops;  // reduce() consumes its argument: keep each lane's max
+  lanes.each([&](int l) { tops[l] = top[l]; });
+  const float row_max = lanes.max(tops);
+  const float shift = row_max == -INFINITY ? 0.0f : row_max;
+  typename L::template Local<double> rescaled;
+  lanes.each([&](int l) {
+    rescaled[l] = top[l] == -INFINITY ? double(sum[l]) : double(sum[l]) * ::exp(double(top[l]) - double(shift));
+  });
+  const double log_sum = double(shift) + ::log(lanes.sum(rescaled));
+  const float factor = float(::exp(double(row_max) - log_sum) * double(scale));
+  lanes.each([&](int l) {
+    for (int64_t i = l; i < vocab; i += n) {
+      const float g = row_exp(z[i] - shift) * factor;
+      z[i] = i == target ? g - scale : g;  // the one-hot subtracted once the softmax is scaled
+    }
+  });
+  return float(log_sum - double(z_target));
+}
+
+}  // namespace engine::ops

@@ -1,0 +1,332 @@
+// The row programs (nn/row_programs.h) that the CUDA row kernels run, here on the CPU through
+// SerialLanes (the same phases and the same reduction tree as the device's BlockLanes): each
+// against a double-precision reference and against the CPU kernel of its op (norm_cpu,
+// norm_backward_cpu, softmax_cpu, softmax_backward_cpu, cross_entropy_cpu), on the lane counts the
+// CUDA kernels launch, with ragged widths, wide rows, overflowing and -inf rows.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "loss/cross_entropy.h"
+#include "nn/fast_math.h"
+#include "nn/layernorm.h"
+#include "nn/row_programs.h"
+#include "nn/softmax.h"
+#include "random_values.h"
+
+namespace engine {
+namespace {
+
+using ops::SerialLanes;
+
+std::vector<float> floats_of(const test_util::RandomValues& values, ValueId id) {
+  const std::vector<char>& bytes = values.bytes(id);
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+void set_floats(test_util::RandomValues& values, ValueId id, const std::vector<float>& v) {
+  std::memcpy(values.memory[size_t(id)].data(), v.data(), v.size() * sizeof(float));
+}
+
+// Every element of `got` within `tolerance` (1 + |want|) of `want`; NaN matches NaN.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tolerance,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i]) && std::isnan(got[i])) continue;
+    const double error = std::isnan(got[i]) || std::isnan(want[i]) ? INFINITY
+                                                                   : std::abs(double(got[i]) - want[i]) / (1 + std::abs(want[i]));
+    if (!(error <= worst)) worst = error, at = i;
+  }
+  EXPECT_LE(worst, tolerance) << what << ": element " << at << " is " << got[at] << ", want " << want[at];
+}
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+TEST(RowProgram, ExpIsFastExpBitForBit) {
+  std::mt19937 rng(1);
+  std::vector<float> inputs{0.0f, -0.0f, 1.0f, -1.0f, 88.7f, 89.0f, 89.5f, -87.0f, -103.9f, -104.0f, -200.0f,
+                            INFINITY, -INFINITY, NAN, std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::denorm_min()};
+  for (int i = 0; i < 200000; ++i) inputs.push_back(std::uniform_real_distribution<float>(-110.0f, 95.0f)(rng));
+  for (int i = 0; i < 100000; ++i) inputs.push_back(std::bit_cast<float>(uint32_t(rng())));
+  for (float x : inputs) {
+    const uint32_t got = std::bit_cast<uint32_t>(ops::row_exp(x)), want = std::bit_cast<uint32_t>(ops::fast_exp(x));
+    if (std::isnan(ops::fast_exp(x))) {
+      EXPECT_TRUE(std::isnan(ops::row_exp(x))) << x;
+    } else {
+      ASSERT_EQ(got, want) << "x = " << x;
+    }
+  }
+}
+
+// The tree: lanes 0..31 pair by 16, 8, 4, 2, 1, then the groups' totals the same way; 2^k values
+// whose sum depends on the order show it (the tree adds 1 to 2^24 only after the 1s are paired).
+TEST(RowProgram, LanesReduceInTheWarpTree) {
+  SerialLanes<64> lanes;
+  SerialLanes<64>::Local<float> v;
+  for (int l = 0; l < 64; ++l) v[l] = l == 0 ? 16777216.0f : 1.0f;
+  // Lane 0 takes 1 (2^24 + 1 rounds to even: 2^24), then 2, 4, 8, 16 (exact): 2^24 + 30; the other
+  // group's 32 makes 2^24 + 62. A sequential sum would stay at 2^24.
+  EXPECT_EQ(lanes.sum(v), 16777216.0f + 62.0f);
+  SerialLanes<64>::Local<float> m;
+  for (int l = 0; l < 64; ++l) m[l] = float(l % 7) + (l == 41 ? 10.0f : 0.0f);
+  EXPECT_EQ(lanes.max(m), 16.0f);
+}
+
+// ---- norms -----------------------------------------------------------------------------------------
+
+struct NormCase {
+  int64_t rows, c;
+  bool rms, shift;
+  float magnitude = 1.0f;  // 1e20: float sums overflow, the double fallback runs
+};
+
+// The GPU's two-level column sum of the groups' partial sums (norm_parameter_sums_kernel).
+double column_sum(const std::vector<float>& groups, int64_t count, int64_t c, int64_t col) {
+  constexpr int warps = 8;
+  double warp_sums[warps] = {};
+  for (int k = 0; k < warps; ++k)
+    for (int64_t g = k; g < count; g += warps) warp_sums[k] += groups[size_t(g * c + col)];
+  double total = 0;
+  for (double s : warp_sums) total += s;
+  return total;
+}
+
+void check_norm(const NormCase& nc) {
+  const int64_t rows = nc.rows, c = nc.c;
+  Graph g;
+  const ValueId x = g.add_activation("x", Shape{rows, c}), w = g.add_activation("w", Shape{c}),
+                b = g.add_activation("b", Shape{c}), y = g.add_activation("y", Shape{rows, c}),
+                mean = g.add_activation("mean", Shape{rows}), rstd = g.add_activation("rstd", Shape{rows}),
+                dy = g.add_activation("dy", Shape{rows, c}), dx = g.add_activation("dx", Shape{rows, c}),
+                dw = g.add_activation("dw", Shape{c}), db = g.add_activation("db", Shape{c});
+  const Attrs attrs{{nc.rms ? 1 : 0, nc.shift ? 1 : 0}, {1e-5}};
+  std::vector<ValueId> inputs{x, w};
+  if (nc.shift) inputs.push_back(b);
+  const Node forward{nc.rms ? &ops::kRmsNorm : &ops::kLayerNorm, inputs, {y, mean, rstd}, attrs, false, false, "ln"};
+  std::vector<ValueId> grads{dx, dw};
+  if (nc.shift) grads.push_back(db);
+  const Node backward{nc.rms ? &ops::kRmsNormBackward : &ops::kLayerNormBackward,
+                      {dy, x, w, mean, rstd},
+                      grads,
+                      attrs,
+                      true,  // dx accumulates into its random start, as the gradients do
+                      true,
+                      "ln"};
+  test_util::RandomValues values(g, uint32_t(rows * 131 + c));
+  std::vector<float> xs = floats_of(values, x);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = xs[i] * nc.magnitude + (i % 3 == 0 ? 3.0f * nc.magnitude : 0.0f);
+  set_floats(values, x, xs);
+  const std::vector<float> ws = floats_of(values, w), bs = floats_of(values, b), dys = floats_of(values, dy),
+                           dx0 = floats_of(values, dx), dw0 = floats_of(values, dw), db0 = floats_of(values, db);
+  forward.op->cpu(forward, values.ctx);
+  backward.op->cpu(backward, values.ctx);
+  const std::string what = std::string(nc.rms ? "rmsnorm" : "layernorm") + (nc.shift ? " with shift" : "") + " " +
+                           std::to_string(rows) + "x" + std::to_string(c) +
+                           (nc.magnitude != 1.0f ? " magnitude " + std::to_string(nc.magnitude) : "");
+
+  // The programs, as the CUDA kernels run them: a row per block forward, groups of 32 rows backward.
+  SerialLanes<256> lanes;
+  std::vector<float> py(static_cast<size_t>(rows * c)), pmean(static_cast<size_t>(rows)), prstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    ops::norm_forward_row(lanes, xs.data() + r * c, c, nc.rms, 1e-5, ws.data(), nc.shift ? bs.data() : nullptr,
+                          py.data() + r * c, &pmean[size_t(r)], &prstd[size_t(r)]);
+  const int64_t group_rows = 32, groups = (rows + group_rows - 1) / group_rows;
+  std::vector<float> pdx = dx0, dw_groups(static_cast<size_t>(groups * c)), db_groups(static_cast<size_t>(groups * c));
+  for (int64_t k = 0; k < groups; ++k)
+    ops::norm_backward_rows(lanes, dys.data(), xs.data(), ws.data(), pmean.data(), prstd.data(), c, nc.rms,
+                            k * group_rows, std::min(rows, (k + 1) * group_rows), dw_groups.data() + k * c,
+                            nc.shift ? db_groups.data() + k * c : nullptr, pdx.data(), true);
+  std::vector<float> pdw(static_cast<size_t>(c)), pdb(static_cast<size_t>(c));
+  for (int64_t i = 0; i < c; ++i) {
+    pdw[size_t(i)] = dw0[size_t(i)] + float(column_sum(dw_groups, groups, c, i));
+    pdb[size_t(i)] = db0[size_t(i)] + float(column_sum(db_groups, groups, c, i));
+  }
+
+  // The double reference.
+  std::vector<double> ry(static_cast<size_t>(rows * c)), rmean(static_cast<size_t>(rows)), rrstd(static_cast<size_t>(rows)), rdx(static_cast<size_t>(rows * c)),
+      rdw(dw0.begin(), dw0.end()), rdb(db0.begin(), db0.end());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xs.data() + r * c;
+    double m = 0, sq = 0;
+    if (!nc.rms) {
+      for (int64_t i = 0; i < c; ++i) m += xr[i];
+      m /= double(c);
+    }
+    for (int64_t i = 0; i < c; ++i) sq += (xr[i] - m) * (xr[i] - m);
+    const double s = 1 / std::sqrt(sq / double(c) + 1e-5);
+    rmean[size_t(r)] = m;
+    rrstd[size_t(r)] = s;
+    double mg = 0, mgx = 0;
+    for (int64_t i = 0; i < c; ++i) {
+      const double xhat = (xr[i] - m) * s, gi = double(dys[size_t(r * c + i)]) * ws[size_t(i)];
+      ry[size_t(r * c + i)] = xhat * ws[size_t(i)] + (nc.shift ? bs[size_t(i)] : 0.0);
+      mg += gi / double(c);
+      mgx += gi * xhat / double(c);
+      rdw[size_t(i)] += dys[size_t(r * c + i)] * xhat;
+      rdb[size_t(i)] += dys[size_t(r * c + i)];
+    }
+    if (nc.rms) mg = 0;
+    for (int64_t i = 0; i < c; ++i) {
+      const double xhat = (xr[i] - m) * s, gi = double(dys[size_t(r * c + i)]) * ws[size_t(i)];
+      rdx[size_t(r * c + i)] = dx0[size_t(r * c + i)] + s * (gi - mg - xhat * mgx);
+    }
+  }
+  // Against the reference: statistics relative to their size (the mean of a 1e20 row, 1 / its deviation).
+  std::vector<double> mean_scaled(rmean), rstd_scaled(rrstd);
+  std::vector<float> pmean_scaled(pmean), prstd_scaled(prstd);
+  for (int64_t r = 0; r < rows; ++r) {
+    mean_scaled[size_t(r)] /= nc.magnitude;
+    pmean_scaled[size_t(r)] /= nc.magnitude;
+    rstd_scaled[size_t(r)] *= nc.magnitude;
+    prstd_scaled[size_t(r)] *= nc.magnitude;
+  }
+  expect_close(py, ry, 2e-6, what + " y");
+  expect_close(pmean_scaled, mean_scaled, 1e-6, what + " mean");
+  expect_close(prstd_scaled, rstd_scaled, 1e-6, what + " rstd");
+  if (nc.magnitude != 1.0f) return;  // the backward of a 1e20 row is 1e-20 times dy: nothing to learn
+  expect_close(pdx, rdx, 4e-6, what + " dx");
+  expect_close(pdw, rdw, 1e-5, what + " dw");
+  if (nc.shift) expect_close(pdb, rdb, 1e-5, what + " db");
+  // Against the CPU kernel (its 16 lanes against the program's 256: a few float roundings apart).
+  expect_close(py, widen(floats_of(values, y)), 1e-6, what + " y against norm_cpu");
+  expect_close(pmean, widen(floats_of(values, mean)), 1e-6, what + " mean against norm_cpu");
+  expect_close(prstd, widen(floats_of(values, rstd)), 1e-6, what + " rstd against norm_cpu");
+  expect_close(pdx, widen(floats_of(values, dx)), 2e-6, what + " dx against norm_backward_cpu");
+  expect_close(pdw, widen(floats_of(values, dw)), 1e-6, what + " dw against norm_backward_cpu");
+  if (nc.shift) expect_close(pdb, widen(floats_of(values, db)), 1e-6, what + " db against norm_backward_cpu");
+}
+
+TEST(RowProgram, NormsMatchTheReferenceAndTheCpuKernel) {
+  for (const NormCase& nc : {NormCase{40, 150, false, true}, NormCase{40, 150, false, false},
+                             NormCase{40, 150, true, false}, NormCase{70, 768, false, true},
+                             NormCase{33, 7, false, true}, NormCase{5, 1000, true, false},
+                             NormCase{3, 2304, false, true}, NormCase{1, 256, false, true}})
+    check_norm(nc);
+}
+
+TEST(RowProgram, NormsFallBackToDoubleWhereFloatSumsOverflow) {
+  check_norm({4, 768, false, true, 1e20f});
+  check_norm({4, 300, true, false, 1e20f});
+}
+
+// ---- softmax ---------------------------------------------------------------------------------------
+
+void check_softmax(int64_t rows, int64_t n) {
+  Graph g;
+  const ValueId x = g.add_activation("x", Shape{rows, n}), y = g.add_activation("y", Shape{rows, n}),
+                dy = g.add_activation("dy", Shape{rows, n}), dx = g.add_activation("dx", Shape{rows, n});
+  const Node forward{&ops::kSoftmax, {x}, {y}, {}, false, false, "sm"};
+  const Node backward{&ops::kSoftmaxBackward, {y, dy}, {dx}, {}, true, true, "sm"};
+  test_util::RandomValues values(g, uint32_t(rows + 7 * n));
+  std::vector<float> xs = floats_of(values, x);
+  for (float& v : xs) v *= 4.0f;
+  if (rows > 1) xs[size_t(n)] = -INFINITY;  // a -inf logit in row 1
+  set_floats(values, x, xs);
+  const std::vector<float> dys = floats_of(values, dy), dx0 = floats_of(values, dx);
+  forward.op->cpu(forward, values.ctx);
+  backward.op->cpu(backward, values.ctx);
+  const std::vector<float> cpu_y = floats_of(values, y);
+
+  SerialLanes<256> lanes;
+  std::vector<float> py(xs.size()), pdx = dx0;
+  for (int64_t r = 0; r < rows; ++r) ops::softmax_row(lanes, xs.data() + r * n, n, py.data() + r * n);
+  for (int64_t r = 0; r < rows; ++r)
+    ops::softmax_backward_row(lanes, cpu_y.data() + r * n, dys.data() + r * n, n, pdx.data() + r * n, true);
+
+  std::vector<double> ry(xs.size()), rdx(xs.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, sum = 0, dot = 0;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, double(xs[size_t(r * n + i)]));
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(xs[size_t(r * n + i)]) - mx);
+    for (int64_t i = 0; i < n; ++i) ry[size_t(r * n + i)] = std::exp(double(xs[size_t(r * n + i)]) - mx) / sum;
+    for (int64_t i = 0; i < n; ++i) dot += double(cpu_y[size_t(r * n + i)]) * dys[size_t(r * n + i)];
+    for (int64_t i = 0; i < n; ++i)
+      rdx[size_t(r * n + i)] =
+          dx0[size_t(r * n + i)] + double(cpu_y[size_t(r * n + i)]) * (dys[size_t(r * n + i)] - dot);
+  }
+  const std::string what = "softmax " + std::to_string(rows) + "x" + std::to_string(n);
+  expect_close(py, ry, 1e-7, what + " y");
+  expect_close(pdx, rdx, 1e-6, what + " dx");
+  // The CPU kernel computes the same double sums in another order: the same floats, or one rounding apart.
+  expect_close(py, widen(cpu_y), 1e-7, what + " y against softmax_cpu");
+  expect_close(pdx, widen(floats_of(values, dx)), 1e-7, what + " dx against softmax_backward_cpu");
+}
+
+TEST(RowProgram, SoftmaxMatchesTheReferenceAndTheCpuKernel) {
+  check_softmax(6, 1);
+  check_softmax(6, 77);
+  check_softmax(4, 1024);
+  check_softmax(3, 3001);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------------
+
+template <int N>
+void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
+  Graph g;
+  const ValueId logits = g.add_activation("logits", Shape{rows, vocab});
+  const ValueId targets = g.add_activation("targets", Shape{rows}, DType::i32);
+  const ValueId losses = g.add_activation("losses", Shape{rows});
+  const double scale = 0.25;
+  const Node node{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {scale}}, false, false, "loss"};
+  test_util::RandomValues values(g, uint32_t(rows * 3 + vocab), vocab);
+  values.ctx.loss_scale = 2.0f;
+  const float full_scale = float(scale) * 2.0f;
+  std::vector<float> z = floats_of(values, logits);
+  for (float& v : z) v *= 3.0f;
+  if (edges && rows >= 3) {
+    // Row 0: its largest logit last (every lane's max rises late); row 1: -inf logits, not the
+    // target's; row 2: a logit of 80 (exp overflows float without its shift).
+    for (int64_t i = 0; i < vocab; ++i) z[size_t(i)] = float(i) * 1e-3f;
+    for (int64_t i = 0; i < vocab; i += 3) z[size_t(vocab + i)] = -INFINITY;
+    z[size_t(2 * vocab + vocab / 2)] = 80.0f;
+  }
+  set_floats(values, logits, z);
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
+  std::memcpy(tokens.data(), values.bytes(targets).data(), tokens.size() * sizeof(int32_t));
+  if (edges && rows >= 3 && tokens[1] % 3 == 0) tokens[1] = (tokens[1] + 1) % int32_t(vocab);
+  std::memcpy(values.memory[size_t(targets)].data(), tokens.data(), tokens.size() * sizeof(int32_t));
+  node.op->cpu(node, values.ctx);
+
+  SerialLanes<N> lanes;
+  std::vector<float> pz = z, ploss(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    ploss[size_t(r)] = ops::cross_entropy_row(lanes, pz.data() + r * vocab, vocab, tokens[size_t(r)], full_scale);
+
+  std::vector<double> rloss(static_cast<size_t>(rows)), rgrad(z.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* zr = z.data() + r * vocab;
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, double(zr[i]));
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(zr[i] - mx);
+    rloss[size_t(r)] = mx + std::log(sum) - zr[tokens[size_t(r)]];
+    for (int64_t i = 0; i < vocab; ++i)
+      rgrad[size_t(r * vocab + i)] = full_scale * (std::exp(zr[i] - mx) / sum - (i == tokens[size_t(r)] ? 1 : 0));
+  }
+  const std::string what = "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " +
+                           std::to_string(N) + " lanes";
+  expect_close(ploss, rloss, 1e-6, what + " loss");
+  expect_close(pz, rgrad, 1e-7, what + " gradient");
+  expect_close(ploss, widen(floats_of(values, losses)), 1e-6, what + " loss against cross_entropy_cpu");
+  expect_close(pz, widen(floats_of(values, logits)), 1e-7, what + " gradient against cross_entropy_cpu");
+}
+
+TEST(RowProgram, CrossEntropyMatchesTheReferenceAndTheCpuKernel) {
+  check_cross_entropy<512>(5, 7, false);
+  check_cross_entropy<512>(4, 1100, true);
+  check_cross_entropy<512>(3, 50304, true);
+  check_cross_entropy<32>(4, 1100, true);
+  check_cross_entropy<1024>(3, 5000, true);
+}
+
+}  // namespace
+}  // namespace engine
