@@ -3,20 +3,13 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/philox.h"
+
 namespace engine {
 
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key) {
-  constexpr uint32_t kMultiplier0 = 0xD2511F53u, kMultiplier1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    uint64_t product0 = static_cast<uint64_t>(kMultiplier0) * counter[0];
-    uint64_t product1 = static_cast<uint64_t>(kMultiplier1) * counter[2];
-    counter = {static_cast<uint32_t>(product1 >> 32) ^ counter[1] ^ key[0], static_cast<uint32_t>(product1),
-               static_cast<uint32_t>(product0 >> 32) ^ counter[3] ^ key[1], static_cast<uint32_t>(product0)};
-    key[0] += kWeyl0;
-    key[1] += kWeyl1;
-  }
-  return counter;
+  const PhiloxWords w = philox4x32_10({{counter[0], counter[1], counter[2], counter[3]}}, {{key[0], key[1]}});
+  return {w.word[0], w.word[1], w.word[2], w.word[3]};
 }
 
 RandomStream::RandomStream(uint64_t seed, RandomPurpose purpose, uint64_t position)

@@ -25,7 +25,8 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// One Philox4x32-10 block: 4 random words from a 128-bit counter and a 64-bit key.
+// One Philox4x32-10 block: 4 random words from a 128-bit counter and a 64-bit key (the math is
+// core/philox.h's philox4x32_10, which CUDA kernels call).
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
 enum class RandomPurpose : uint32_t { init = 1, data = 2, dropout = 3, sampling = 4, test = 99 };

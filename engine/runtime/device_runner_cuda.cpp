@@ -298,7 +298,10 @@ class CudaRunner final : public DeviceRunner {
       ctx.pointers[size_t(id)] = f32;
       ctx.dtypes[size_t(id)] = DType::f32;
     };
-    for (ValueId id : node.inputs) convert(id, false, true);
+    // An input the kernel overwrites (cross-entropy writes the logits' gradient over them) is
+    // rounded back like an output.
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      convert(node.inputs[i], i < 32 && (node.op->overwritten_inputs >> i & 1u), true);
     for (size_t i = 0; i < node.outputs.size(); ++i) convert(node.outputs[i], true, ctx.accumulates(node, i));
     node.op->cuda(node, ctx);
     for (const Converted& c : converted) {

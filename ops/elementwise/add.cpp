@@ -1,5 +1,6 @@
 #include "elementwise/add.h"
 
+#include "elementwise/add_math.h"
 #include "elementwise/chunked.h"
 #include "cuda_kernels.h"
 
@@ -16,14 +17,14 @@ void add_cpu(const Node& node, const KernelContext& ctx) {
                                   const float* b = in[1];
                                   float* y = out[0];
 #pragma omp simd
-                                  for (int64_t i = 0; i < count; ++i) y[i] = a[i] + b[i];
+                                  for (int64_t i = 0; i < count; ++i) y[i] = add_values(a[i], b[i]);
                                 });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
 #pragma omp parallel for simd schedule(static) if (n > kSerialElements)
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = add_values(a[i], b[i]);
 }
 
 void add_grad(GradBuilder& gb, const Node& node) {

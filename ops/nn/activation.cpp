@@ -69,7 +69,7 @@ void unary_backward_cpu(const Node& node, const KernelContext& ctx) {
   int64_t n = ctx.shape(node.inputs[0]).numel();
   if (ctx.accumulates(node, 0)) {
 #pragma omp parallel for simd schedule(static) if (n > kSerialElements)
-    for (int64_t i = 0; i < n; ++i) dx[i] += F::derivative(x[i]) * dy[i];
+    for (int64_t i = 0; i < n; ++i) dx[i] = accumulate_product(dx[i], F::derivative(x[i]), dy[i]);
   } else {
 #pragma omp parallel for simd schedule(static) if (n > kSerialElements)
     for (int64_t i = 0; i < n; ++i) dx[i] = F::derivative(x[i]) * dy[i];
@@ -99,14 +99,14 @@ void swiglu_cpu(const Node& node, const KernelContext& ctx) {
                                   const float* b = in[1];
                                   float* y = out[0];
 #pragma omp simd
-                                  for (int64_t i = 0; i < count; ++i) y[i] = Silu::forward(a[i]) * b[i];
+                                  for (int64_t i = 0; i < count; ++i) y[i] = swiglu_forward(a[i], b[i]);
                                 });
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* y = ctx.f32(node.outputs[0]);
   int64_t n = ctx.shape(node.inputs[0]).numel();
 #pragma omp parallel for simd schedule(static) if (n > kSerialElements)
-  for (int64_t i = 0; i < n; ++i) y[i] = Silu::forward(a[i]) * b[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = swiglu_forward(a[i], b[i]);
 }
 
 // inputs a, b, dy; outputs da, db (each written or accumulated per its own target)
@@ -123,8 +123,8 @@ void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
                                   float* db = out[1];
 #pragma omp simd
                                   for (int64_t i = 0; i < count; ++i) {
-                                    da[i] = Silu::derivative(a[i]) * b[i] * dy[i];
-                                    db[i] = Silu::forward(a[i]) * dy[i];
+                                    da[i] = swiglu_grad_a(a[i], b[i], dy[i]);
+                                    db[i] = swiglu_grad_b(a[i], dy[i]);
                                   }
                                 });
   const float* a = ctx.f32(node.inputs[0]);
@@ -135,8 +135,9 @@ void swiglu_backward_cpu(const Node& node, const KernelContext& ctx) {
   int64_t n = ctx.shape(node.inputs[0]).numel();
 #pragma omp parallel for simd schedule(static) if (n > kSerialElements)
   for (int64_t i = 0; i < n; ++i) {
-    float va = Silu::derivative(a[i]) * b[i] * dy[i];
-    float vb = Silu::forward(a[i]) * dy[i];
+    // An accumulated gradient is added after rounding (GCC keeps these products unfused).
+    float va = swiglu_grad_a(a[i], b[i], dy[i]);
+    float vb = swiglu_grad_b(a[i], dy[i]);
     da[i] = acc_a ? da[i] + va : va;
     db[i] = acc_b ? db[i] + vb : vb;
   }

@@ -19,8 +19,8 @@
 
 #include "core/host_device.h"
 
-// Loop unrolling hints for nvcc; nothing for the C++ compiler (whose -Wunknown-pragmas would warn).
-#if defined(__CUDACC__)
+// Loop unrolling hints for nvcc's device pass; nothing for host compilers (-Wunknown-pragmas).
+#if defined(__CUDA_ARCH__)
 #define ATTENTION_PRAGMA(x) _Pragma(#x)
 #define ATTENTION_UNROLL ATTENTION_PRAGMA(unroll)
 #define ATTENTION_UNROLL_BY(n) ATTENTION_PRAGMA(unroll n)

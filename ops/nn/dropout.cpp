@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/rng.h"
+#include "nn/dropout_math.h"
 #include "cuda_kernels.h"
 
 namespace engine::ops {
@@ -16,18 +16,15 @@ void apply_mask(const Node& node, const KernelContext& ctx) {
   const float* in = ctx.f32(node.inputs[0]);
   float* out = ctx.f32(node.outputs[0]);
   const int64_t n = ctx.shape(node.inputs[0]).numel();
-  const double p = node.attrs.floats[0];
-  const auto salt = uint32_t(node.attrs.ints[0]);
-  const auto threshold = uint32_t(p * 4294967296.0);
-  const float scale = float(1.0 / (1.0 - p));
+  const DropoutMask mask =
+      DropoutMask::make(node.attrs.floats[0], node.attrs.ints[0], ctx.seed, ctx.step, ctx.micro_step);
   const bool accumulate = ctx.accumulates(node, 0);
-  const std::array<uint32_t, 2> key{uint32_t(ctx.seed), uint32_t(ctx.seed >> 32) ^ 0x64726f70u};
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < (n + 3) / 4; ++block) {
-    auto words = philox4x32({uint32_t(block), salt, uint32_t(ctx.step), uint32_t(ctx.micro_step)}, key);
+    const PhiloxWords words = mask.block(block);
     for (int64_t j = 0; j < 4 && block * 4 + j < n; ++j) {
       int64_t i = block * 4 + j;
-      float v = words[size_t(j)] >= threshold ? in[i] * scale : 0.0f;
+      float v = mask.apply(words.word[j], in[i]);
       out[i] = accumulate ? out[i] + v : v;
     }
   }

@@ -12,8 +12,8 @@
 // The tree, for N a power of two from 32 to 1024: within each group of 32 lanes, v[l] (+)= v[l + o]
 // for o = 16, 8, 4, 2, 1 (a warp's __shfl_down), then the same over the groups' totals for
 // o = N/64, ..., 1. Same operations in the same order, so the CPU run of a program gives the
-// device's bits (CUDA sources are compiled with -fmad=false; a CPU build that contracts a*b+c into
-// an FMA can differ in the last bit).
+// device's bits, except where the CPU build contracts a*b+c into an FMA (CUDA sources are compiled
+// with -fmad=false) and where a double exp/log of libm and of CUDA differ in their last bit.
 //
 //   SerialLanes<256> lanes;
 //   norm_forward_row(lanes, x, c, /*rms=*/false, 1e-5, w, b, y, &mean, &rstd);
@@ -21,47 +21,13 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "core/host_device.h"
 #include "nn/fast_math.h"
 
 namespace engine::ops {
 
-// ---- Scalar math shared by both policies ---------------------------------------------------------
-
-// fast_exp (nn/fast_math.h), written with functions that exist on both sides (the same operations,
-// so the same bits: the test checks it against fast_exp).
-ENGINE_HOST_DEVICE inline float row_exp(float x) {
-  using namespace exp_constants;
-  constexpr float lowest = kLowest, highest = kHighest, log2e = kLog2e, ln2_high = kLn2High, ln2_low = kLn2Low;
-  constexpr float p0 = kPolynomial[0], p1 = kPolynomial[1], p2 = kPolynomial[2], p3 = kPolynomial[3],
-                  p4 = kPolynomial[4], p5 = kPolynomial[5];
-  float c = x < lowest ? lowest : x;
-  c = c > highest ? highest : c;
-  const float v = ::fmaf(c, log2e, 0.5f);
-  float n = ::rintf(v);
-  n = n > v ? n - 1.0f : n;
-  float r = ::fmaf(-n, ln2_high, c);
-  r = ::fmaf(-n, ln2_low, r);
-  float p = p0;
-  p = ::fmaf(p, r, p1);
-  p = ::fmaf(p, r, p2);
-  p = ::fmaf(p, r, p3);
-  p = ::fmaf(p, r, p4);
-  p = ::fmaf(p, r, p5);
-  const float e = ::fmaf(p * r, r, r) + 1.0f;
-  const float shifted = n + 12582912.0f;
-  uint32_t bits;
-  std::memcpy(&bits, &shifted, sizeof bits);
-  const auto k = static_cast<int32_t>(bits - 0x4b400000u);
-  const int32_t k1 = k >> 1, k2 = k - k1;
-  const uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127) << 23;
-  float s1, s2;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  return e * s1 * s2;
-}
+// ---- Scalar math shared by both policies (and fast_exp, nn/fast_math.h) --------------------------
 
 ENGINE_HOST_DEVICE inline bool row_finite(float x) {
 #if defined(__CUDA_ARCH__)
@@ -292,11 +258,11 @@ ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, float* z, int64_t vocab, in
     for (int64_t i = l; i < vocab; i += n) {
       const float v = z[i];
       if (v > m) {
-        s = m == -INFINITY ? 0.0f : s * row_exp(m - v);
+        s = m == -INFINITY ? 0.0f : s * fast_exp(m - v);
         m = v;
         s += 1.0f;
       } else {
-        s += row_exp(v - (m == -INFINITY ? 0.0f : m));
+        s += fast_exp(v - (m == -INFINITY ? 0.0f : m));
       }
     }
     top[l] = m;
@@ -314,7 +280,7 @@ ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, float* z, int64_t vocab, in
   const float factor = float(::exp(double(row_max) - log_sum) * double(scale));
   lanes.each([&](int l) {
     for (int64_t i = l; i < vocab; i += n) {
-      const float g = row_exp(z[i] - shift) * factor;
+      const float g = fast_exp(z[i] - shift) * factor;
       z[i] = i == target ? g - scale : g;  // the one-hot subtracted once the softmax is scaled
     }
   });

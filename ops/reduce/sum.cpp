@@ -12,6 +12,7 @@ void reduce_cpu(const Node& node, const KernelContext& ctx) {
   const float* x = ctx.f32(node.inputs[0]);
   float* y = ctx.f32(node.outputs[0]);
   const double factor = node.attrs.floats[0];
+  // Each row in order, in double: reduce/sum.cu sums a row on one thread in the same order.
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0;
@@ -28,9 +29,13 @@ void reduce_backward_cpu(const Node& node, const KernelContext& ctx) {
   float* dx = ctx.f32(node.outputs[0]);
   const auto factor = float(node.attrs.floats[0]);
   const bool accumulate = ctx.accumulates(node, 0);
+  // The product once per row: GCC would fuse it into the accumulating add in some iterations (a loop
+  // tail's) and not others; the CUDA kernel (reduce/sum.cu) adds the same rounded product.
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < n; ++i) store(&dx[r * n + i], dy[r] * factor, accumulate);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float v = dy[r] * factor;
+    for (int64_t i = 0; i < n; ++i) store(&dx[r * n + i], v, accumulate);
+  }
 }
 
 void reduce_grad(GradBuilder& gb, const Node& node) {

@@ -22,7 +22,7 @@ void sum_grad(GradBuilder& gb, const Node& node) {
   auto t = gb.target(node.inputs[0]);
   gb.emit(kAccumulate, {node.inputs[1]}, {t.value}, t, {}, node.name);
 }
-const OpDef kSumWithOnes{"sum", sum_cpu, sum_grad, nullptr};
+const OpDef kSumWithOnes{.name = "sum", .cpu = sum_cpu, .grad = sum_grad};
 
 TEST(Dropout, MaskIsConsistentScaledAndFreshEachStep) {
   const int64_t n = 100'000;

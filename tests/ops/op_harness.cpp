@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -35,7 +36,14 @@ void weighted_sum_grad(GradBuilder& gb, const Node& node) {
 }
 // Its loss stays fp32 in 16-bit precision, as the models' per-row losses do; it has no 16-bit
 // path, so the executor hands it widened copies.
-const OpDef kWeightedSum{"weighted_sum", weighted_sum_cpu, weighted_sum_grad, nullptr, nullptr, 0b1};
+// On CUDA nothing reads L (its gradient rule seeds dout = R, whatever L is), so its CUDA kernel
+// leaves it unwritten: the harness needs no device code of its own.
+void weighted_sum_cuda(const Node&, const KernelContext&) {}
+const OpDef kWeightedSum{.name = "weighted_sum",
+                         .cpu = weighted_sum_cpu,
+                         .cuda = weighted_sum_cuda,
+                         .grad = weighted_sum_grad,
+                         .fp32_outputs = 0b1};
 
 // The unit roundoff of a storage type: half the gap between 1 and the next value.
 double unit_roundoff(DType t) { return t == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
@@ -98,7 +106,50 @@ void check_finite_differences(const Case& c, const std::vector<Tensor>& inputs, 
   }
 }
 
+// The step's inputs: the token ids (below the case's range) and the loss's weights R, drawn from
+// the test stream of `seed`.
+struct CaseInputs {
+  std::vector<int32_t> tokens;
+  Tensor r;
+};
+
+CaseInputs draw_inputs(const Case& c, const CaseGraph& built, uint64_t seed, DType storage) {
+  CaseInputs in;
+  RandomStream rng(seed, RandomPurpose::test);
+  in.tokens.resize(c.tokens.rank() ? static_cast<size_t>(c.tokens.numel()) : 0);
+  for (auto& t : in.tokens) t = int32_t(rng.below(uint64_t(c.token_range)));
+  in.r.resize(static_cast<size_t>(built.graph.value(built.out).shape.numel()));
+  // R is representable in the storage type, so its cast at the start of a 16-bit step is exact.
+  for (auto& v : in.r) v = c.weighted ? round_to(storage, rng.normal()) : 1.0;
+  return in;
+}
+
+// Fills the executor's host input buffers (on CUDA too: the step uploads them).
+void set_inputs(Executor& exec, const CaseGraph& built, const CaseInputs& in) {
+  if (built.tokens != kNoValue) std::memcpy(exec.input(built.tokens), in.tokens.data(), in.tokens.size() * 4);
+  auto* r_buffer = static_cast<float*>(exec.input(built.weights));
+  for (size_t i = 0; i < in.r.size(); ++i) r_buffer[i] = float(in.r[i]);
+}
+
 }  // namespace
+
+std::unique_ptr<CaseGraph> build_case_graph(const Case& c, DType storage) {
+  auto built = std::make_unique<CaseGraph>();
+  Graph& g = built->graph;
+  int unit = g.add_unit("op");
+  for (size_t i = 0; i < c.float_inputs.size(); ++i)
+    built->params.push_back(g.add_param("in" + std::to_string(i), c.float_inputs[i], unit, ParamInit::normal(1.0)));
+  built->tokens = c.tokens.rank() ? g.add_input("tokens", c.tokens, DType::i32) : kNoValue;
+  built->out = c.build(g, built->params, built->tokens);
+  built->weights = g.add_input("R", g.value(built->out).shape, DType::f32);
+  ValueId loss = g.add_activation("L", Shape{1});
+  g.add_node(Node{&kWeightedSum, {built->out, built->weights}, {loss}, {}, false, false, "L"});
+  g.set_loss(loss);
+  g.mark_forward_end();
+  apply_precision(g, storage, DType::f32);
+  autodiff(g);
+  return built;
+}
 
 // Runs case `c` with its values stored in `storage`. In bf16 or fp16 the graph goes through the
 // precision pass before autodiff, as the engine's step does: parameters are read from their 16-bit
@@ -108,20 +159,10 @@ void check_finite_differences(const Case& c, const std::vector<Tensor>& inputs, 
 void run_case(const Case& c, uint64_t seed, const RunOptions& options) {
   const DType storage = options.storage;
   SCOPED_TRACE(c.name + " stored in " + std::string(dtype_name(storage)));
-  Graph g;
-  int unit = g.add_unit("op");
-  std::vector<ValueId> params;
-  for (size_t i = 0; i < c.float_inputs.size(); ++i)
-    params.push_back(g.add_param("in" + std::to_string(i), c.float_inputs[i], unit, ParamInit::normal(1.0)));
-  ValueId tokens = c.tokens.rank() ? g.add_input("tokens", c.tokens, DType::i32) : kNoValue;
-  ValueId out = c.build(g, params, tokens);
-  ValueId weights = g.add_input("R", g.value(out).shape, DType::f32);
-  ValueId loss = g.add_activation("L", Shape{1});
-  g.add_node(Node{&kWeightedSum, {out, weights}, {loss}, {}, false, false, "L"});
-  g.set_loss(loss);
-  g.mark_forward_end();
-  apply_precision(g, storage, DType::f32);
-  autodiff(g);
+  const std::unique_ptr<CaseGraph> built = build_case_graph(c, storage);
+  const Graph& g = built->graph;
+  const std::vector<ValueId>& params = built->params;
+  const ValueId out = built->out;
   if (options.print_path)
     for (const OpDef* op : {&ops::kLinear, &ops::kLinearBackwardInput, &ops::kLinearBackwardWeight})
       std::cout << "  " << dtype_name(storage) << " " << op->name << ": " << compute_path(g, *op) << '\n';
@@ -131,16 +172,11 @@ void run_case(const Case& c, uint64_t seed, const RunOptions& options) {
   Executor exec(g, store, seed);
   exec.add_plan("step", plan_step(g, all_nodes(g), {out}));
 
-  RandomStream rng(seed, RandomPurpose::test);
-  std::vector<int32_t> token_values(c.tokens.rank() ? static_cast<size_t>(c.tokens.numel()) : 0);
-  for (auto& t : token_values) t = int32_t(rng.below(uint64_t(c.token_range)));
-  if (tokens != kNoValue) std::memcpy(exec.input(tokens), token_values.data(), token_values.size() * 4);
+  const CaseInputs drawn = draw_inputs(c, *built, seed, storage);
+  const std::vector<int32_t>& token_values = drawn.tokens;
+  const Tensor& r = drawn.r;
+  set_inputs(exec, *built, drawn);
   const int64_t n_out = g.value(out).shape.numel();
-  Tensor r(static_cast<size_t>(n_out));
-  // R is representable in the storage type, so its cast at the start of a 16-bit step is exact.
-  for (auto& v : r) v = c.weighted ? round_to(storage, rng.normal()) : 1.0;
-  auto* r_buffer = static_cast<float*>(exec.input(weights));
-  for (int64_t i = 0; i < n_out; ++i) r_buffer[i] = float(r[size_t(i)]);
 
   // The values the kernels read: the fp32 masters, or their 16-bit copies.
   std::vector<Tensor> inputs;
@@ -189,6 +225,123 @@ void run_case(const Case& c, uint64_t seed, const RunOptions& options) {
   if (std::getenv("OP_HARNESS_REPORT"))
     std::cout << "  " << c.name << " [" << dtype_name(storage) << "]: worst forward " << worst_forward << ", backward "
               << worst_backward << "\n";
+}
+
+namespace {
+
+// One step of a built case on `device`: the op's output (as f32) and every parameter's fp32 gradient.
+struct DeviceRun {
+  std::vector<float> out;
+  std::vector<std::vector<float>> grads;
+};
+
+DeviceRun run_on(const CaseGraph& built, ParameterStore& store, const CaseInputs& in, uint64_t seed, Device device) {
+  const Graph& g = built.graph;
+  Executor exec(g, store, seed, device);
+  exec.add_plan("step", plan_step(g, all_nodes(g), {built.out}));
+  set_inputs(exec, built, in);
+  store.zero_micro_grads();
+  exec.run("step", 0, 0);
+  store.widen_gradients();
+  DeviceRun run;
+  const Value& v = g.value(built.out);
+  const float* got = exec.value_f32("step", built.out);
+  // The CPU executor hands out the arena's bytes in the stored type, the device runner a host copy
+  // widened to f32.
+  const DType type = device.kind == Device::Kind::cpu ? v.dtype : DType::f32;
+  run.out.resize(size_t(v.shape.numel()));
+  for (int64_t i = 0; i < v.shape.numel(); ++i) run.out[size_t(i)] = load_float(got, type, i);
+  for (size_t p = 0; p < built.params.size(); ++p) {
+    const float* grad = store.grad(int(p));
+    run.grads.emplace_back(grad, grad + store.numel(int(p)));
+  }
+  return run;
+}
+
+// `got` against `cpu`, relative to max |cpu|; the first element past `tolerance` is a failure (one
+// per tensor). The worst error and the bit-different elements add to `worst`, `comparison`.
+void compare_to_cpu(const std::vector<float>& cpu, const std::vector<float>& got, double tolerance,
+                    const std::string& what, double& worst, DeviceComparison& comparison) {
+  ASSERT_EQ(cpu.size(), got.size()) << what;
+  double scale = 0;
+  for (float v : cpu) scale = std::max(scale, double(std::abs(v)));
+  if (scale == 0) scale = 1;
+  bool reported = false;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ++comparison.compared;
+    if (std::bit_cast<uint32_t>(cpu[i]) != std::bit_cast<uint32_t>(got[i])) ++comparison.bits_differ;
+    const double error = std::abs(double(got[i]) - double(cpu[i])) / scale;
+    worst = std::max(worst, std::isnan(error) ? INFINITY : error);
+    if (!(error <= tolerance) && !reported) {
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " against the CPU's " << cpu[i] << ", error "
+                    << error << " of max |cpu| " << scale << " > " << tolerance;
+      reported = true;
+    }
+  }
+}
+
+const char* device_name(Device device) { return device.kind == Device::Kind::cuda ? "cuda" : "cpu"; }
+
+}  // namespace
+
+DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOptions& options, Device device) {
+  const DType storage = options.storage;
+  SCOPED_TRACE(c.name + " stored in " + std::string(dtype_name(storage)) + ", " + device_name(device) +
+               " against the CPU");
+  DeviceComparison comparison;
+  const std::unique_ptr<CaseGraph> built = build_case_graph(c, storage);
+  const CaseInputs in = draw_inputs(c, *built, seed, storage);
+  // One store for both runs: the same parameter bits (normal(1) values, no zeros) on both devices.
+  ParameterStore store(built->graph);
+  store.initialize(seed);
+  for (size_t p = 0; p < built->params.size(); ++p) {
+    double largest = 0;
+    for (int64_t k = 0; k < store.numel(int(p)); ++k)
+      largest = std::max(largest, double(std::abs(load_float(store.param_storage(int(p)), storage, k))));
+    EXPECT_GT(largest, 0) << "parameter " << p << " is all zeros: the comparison would not see its kernel";
+  }
+  // A kernel may overwrite an input in place (cross-entropy writes the logits' gradient over them,
+  // here a parameter): the second run starts from the parameters the first one did.
+  std::vector<std::vector<std::byte>> saved;
+  for (size_t p = 0; p < built->params.size(); ++p) {
+    const auto* data = static_cast<const std::byte*>(store.param_storage(int(p)));
+    saved.emplace_back(data, data + store.numel(int(p)) * int64_t(dtype_size(store.param_dtype())));
+  }
+  const DeviceRun cpu = run_on(*built, store, in, seed, Device{});
+  for (size_t p = 0; p < built->params.size(); ++p)
+    std::memcpy(store.param_storage(int(p)), saved[p].data(), saved[p].size());
+  const DeviceRun other = run_on(*built, store, in, seed, device);
+
+  // Tolerances relative to max |cpu| of each tensor (op_harness.h). f32: each device is within the
+  // case's tolerance t (1 + |y|) of the reference, so the two within 2 t (1 + M) of each other, M
+  // = max |cpu| (and at most 1e-5 of M, far above fp32 summation-order noise at these sizes).
+  // 16-bit: the outputs are rounded once to the type, and fp32 noise below an ulp can flip that
+  // rounding: one ulp at 1 (2 u: 2^-7 bf16, 2^-10 fp16) of M, twice for the forward and four times
+  // for the gradients, which reduce over values that may each differ by an ulp.
+  auto f32_tolerance = [&](double case_tolerance, const std::vector<float>& reference) {
+    double m = 0;
+    for (float v : reference) m = std::max(m, double(std::abs(v)));
+    if (m == 0) m = 1;
+    return std::min(1e-5, 2 * case_tolerance * (1 + m) / m);
+  };
+  const bool sixteen = storage != DType::f32;
+  const double ulp = 2 * unit_roundoff(storage);
+  const double forward_tolerance =
+      c.forward_tolerance == 0 ? 0 : sixteen ? 2 * ulp : f32_tolerance(c.forward_tolerance, cpu.out);
+  compare_to_cpu(cpu.out, other.out, forward_tolerance, "output", comparison.worst_forward, comparison);
+  if (c.differentiable)
+    for (size_t p = 0; p < cpu.grads.size(); ++p) {
+      const double backward_tolerance =
+          c.straight_through ? 0 : sixteen ? 4 * ulp : f32_tolerance(c.backward_tolerance, cpu.grads[p]);
+      compare_to_cpu(cpu.grads[p], other.grads[p], backward_tolerance, "d input " + std::to_string(p),
+                     comparison.worst_backward, comparison);
+    }
+  if (device.kind != Device::Kind::cpu || std::getenv("OP_HARNESS_REPORT"))
+    std::cout << "  " << c.name << " [" << dtype_name(storage) << "] " << device_name(device)
+              << " against cpu: worst forward " << comparison.worst_forward << " (tolerance " << forward_tolerance
+              << "), backward " << comparison.worst_backward << "; bit-different " << comparison.bits_differ << " of "
+              << comparison.compared << (comparison.bits_differ == 0 ? " (bit-equal)" : "") << "\n";
+  return comparison;
 }
 
 }  // namespace engine::op_harness

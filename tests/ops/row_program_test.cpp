@@ -5,15 +5,13 @@
 // CUDA kernels launch, with ragged widths, wide rows, overflowing and -inf rows.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <limits>
-#include <random>
 #include <vector>
 
 #include "loss/cross_entropy.h"
-#include "nn/fast_math.h"
 #include "nn/layernorm.h"
 #include "nn/row_programs.h"
 #include "nn/softmax.h"
@@ -34,38 +32,23 @@ void set_floats(test_util::RandomValues& values, ValueId id, const std::vector<f
   std::memcpy(values.memory[size_t(id)].data(), v.data(), v.size() * sizeof(float));
 }
 
-// Every element of `got` within `tolerance` (1 + |want|) of `want`; NaN matches NaN.
+// Every element of `got` within `tolerance` (floor + |want|) of `want`; NaN matches NaN. floor 1
+// for values of order 1, near 0 for a relative comparison of small ones (probabilities).
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tolerance,
-                  const std::string& what) {
+                  const std::string& what, double floor = 1.0) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::isnan(want[i]) && std::isnan(got[i])) continue;
     const double error = std::isnan(got[i]) || std::isnan(want[i]) ? INFINITY
-                                                                   : std::abs(double(got[i]) - want[i]) / (1 + std::abs(want[i]));
+                                                                   : std::abs(double(got[i]) - want[i]) / (floor + std::abs(want[i]));
     if (!(error <= worst)) worst = error, at = i;
   }
+  if (std::getenv("ROW_PROGRAM_PRINT")) std::printf("%-70s worst %.3g\n", what.c_str(), worst);
   EXPECT_LE(worst, tolerance) << what << ": element " << at << " is " << got[at] << ", want " << want[at];
 }
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
-TEST(RowProgram, ExpIsFastExpBitForBit) {
-  std::mt19937 rng(1);
-  std::vector<float> inputs{0.0f, -0.0f, 1.0f, -1.0f, 88.7f, 89.0f, 89.5f, -87.0f, -103.9f, -104.0f, -200.0f,
-                            INFINITY, -INFINITY, NAN, std::numeric_limits<float>::max(),
-                            std::numeric_limits<float>::denorm_min()};
-  for (int i = 0; i < 200000; ++i) inputs.push_back(std::uniform_real_distribution<float>(-110.0f, 95.0f)(rng));
-  for (int i = 0; i < 100000; ++i) inputs.push_back(std::bit_cast<float>(uint32_t(rng())));
-  for (float x : inputs) {
-    const uint32_t got = std::bit_cast<uint32_t>(ops::row_exp(x)), want = std::bit_cast<uint32_t>(ops::fast_exp(x));
-    if (std::isnan(ops::fast_exp(x))) {
-      EXPECT_TRUE(std::isnan(ops::row_exp(x))) << x;
-    } else {
-      ASSERT_EQ(got, want) << "x = " << x;
-    }
-  }
-}
 
 // The tree: lanes 0..31 pair by 16, 8, 4, 2, 1, then the groups' totals the same way; 2^k values
 // whose sum depends on the order show it (the tree adds 1 to 2^24 only after the 1s are paired).
@@ -139,10 +122,12 @@ void check_norm(const NormCase& nc) {
   for (int64_t r = 0; r < rows; ++r)
     ops::norm_forward_row(lanes, xs.data() + r * c, c, nc.rms, 1e-5, ws.data(), nc.shift ? bs.data() : nullptr,
                           py.data() + r * c, &pmean[size_t(r)], &prstd[size_t(r)]);
+  // The backward from the CPU kernel's statistics, so that it is compared alone.
+  const std::vector<float> cpu_mean = floats_of(values, mean), cpu_rstd = floats_of(values, rstd);
   const int64_t group_rows = 32, groups = (rows + group_rows - 1) / group_rows;
   std::vector<float> pdx = dx0, dw_groups(static_cast<size_t>(groups * c)), db_groups(static_cast<size_t>(groups * c));
   for (int64_t k = 0; k < groups; ++k)
-    ops::norm_backward_rows(lanes, dys.data(), xs.data(), ws.data(), pmean.data(), prstd.data(), c, nc.rms,
+    ops::norm_backward_rows(lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
                             k * group_rows, std::min(rows, (k + 1) * group_rows), dw_groups.data() + k * c,
                             nc.shift ? db_groups.data() + k * c : nullptr, pdx.data(), true);
   std::vector<float> pdw(static_cast<size_t>(c)), pdb(static_cast<size_t>(c));
@@ -254,10 +239,10 @@ void check_softmax(int64_t rows, int64_t n) {
           dx0[size_t(r * n + i)] + double(cpu_y[size_t(r * n + i)]) * (dys[size_t(r * n + i)] - dot);
   }
   const std::string what = "softmax " + std::to_string(rows) + "x" + std::to_string(n);
-  expect_close(py, ry, 1e-7, what + " y");
+  expect_close(py, ry, 2e-7, what + " y", 1e-30);
   expect_close(pdx, rdx, 1e-6, what + " dx");
   // The CPU kernel computes the same double sums in another order: the same floats, or one rounding apart.
-  expect_close(py, widen(cpu_y), 1e-7, what + " y against softmax_cpu");
+  expect_close(py, widen(cpu_y), 2e-7, what + " y against softmax_cpu", 1e-30);
   expect_close(pdx, widen(floats_of(values, dx)), 1e-7, what + " dx against softmax_backward_cpu");
 }
 
@@ -315,9 +300,10 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
   const std::string what = "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " +
                            std::to_string(N) + " lanes";
   expect_close(ploss, rloss, 1e-6, what + " loss");
-  expect_close(pz, rgrad, 1e-7, what + " gradient");
+  // Relative, to the rounding of z - max in float (as the CPU's): 2^-24 |z - max| ~ 4e-6 at z - max = -60.
+  expect_close(pz, rgrad, 5e-6, what + " gradient", 1e-30);
   expect_close(ploss, widen(floats_of(values, losses)), 1e-6, what + " loss against cross_entropy_cpu");
-  expect_close(pz, widen(floats_of(values, logits)), 1e-7, what + " gradient against cross_entropy_cpu");
+  expect_close(pz, widen(floats_of(values, logits)), 5e-6, what + " gradient against cross_entropy_cpu", 1e-30);
 }
 
 TEST(RowProgram, CrossEntropyMatchesTheReferenceAndTheCpuKernel) {
