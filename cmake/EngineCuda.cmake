@@ -11,13 +11,15 @@ if(NOT ENGINE_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 90)  # Hopper (H100/H200)
     endif()
+    enable_language(CUDA)
     # The engine's headers need C++20 (defaulted operator==, std::bit_cast), and CMake 3.25 knows no
     # CUDA20 dialect for nvcc: tell it the flag, so CUDA sources get the C++ standard of the rest.
+    # After enable_language: its compiler checks (try_compile) would ask for CUDA20 without the flag
+    # and fail in a fresh build folder.
     set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-    enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(ENGINE_HAVE_CUDA ON)
     # Every CUDA source: constexpr std functions in device code, and no contraction into
@@ -29,3 +31,36 @@ if(NOT ENGINE_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "engine: CUDA ${ENGINE_HAVE_CUDA} (ENGINE_CUDA=${ENGINE_CUDA})")
+
+# cuDNN's fused SDPA for causal_attention in bf16/fp16 (ops/nn/attention_cudnn.cu): cudnn.h and
+# libcudnn (the toolkit's directories, /usr/local/cuda), and the cuDNN frontend's headers, which
+# scripts/setup installs into third_party/cudnn_frontend/include (ENGINE_CUDNN_FRONTEND_DIR to use
+# another copy). With both, ENGINE_HAVE_CUDNN; without, the engine's own kernels do all attention
+# and ENGINE_CUDNN_MISSING says why (`engine --version` prints it). ENGINE_CUDNN=OFF skips it.
+set(ENGINE_CUDNN AUTO CACHE STRING "cuDNN SDPA for 16-bit attention: AUTO (when cuDNN and its frontend are found) or OFF")
+set(ENGINE_CUDNN_FRONTEND_DIR ${PROJECT_SOURCE_DIR}/third_party/cudnn_frontend/include CACHE PATH
+    "The cuDNN frontend's include folder (cudnn_frontend.h)")
+set(ENGINE_HAVE_CUDNN OFF)
+set(ENGINE_CUDNN_MISSING "")
+if(NOT ENGINE_HAVE_CUDA)
+  set(ENGINE_CUDNN_MISSING "no CUDA in this build")
+elseif(ENGINE_CUDNN STREQUAL "OFF")
+  set(ENGINE_CUDNN_MISSING "configured with ENGINE_CUDNN=OFF")
+else()
+  find_path(ENGINE_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(ENGINE_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(NOT ENGINE_CUDNN_INCLUDE_DIR OR NOT ENGINE_CUDNN_LIBRARY)
+    set(ENGINE_CUDNN_MISSING "cudnn.h or libcudnn not found beside the CUDA toolkit")
+  elseif(NOT EXISTS ${ENGINE_CUDNN_FRONTEND_DIR}/cudnn_frontend.h)
+    set(ENGINE_CUDNN_MISSING "no cuDNN frontend headers in ${ENGINE_CUDNN_FRONTEND_DIR} (scripts/setup --deps installs them)")
+  elseif(NOT TARGET CUDA::nvrtc)
+    set(ENGINE_CUDNN_MISSING "no NVRTC library in the CUDA toolkit (the cuDNN frontend links it)")
+  else()
+    set(ENGINE_HAVE_CUDNN ON)
+  endif()
+endif()
+if(ENGINE_HAVE_CUDNN)
+  message(STATUS "engine: cuDNN SDPA ON (${ENGINE_CUDNN_LIBRARY}, frontend ${ENGINE_CUDNN_FRONTEND_DIR})")
+else()
+  message(STATUS "engine: cuDNN SDPA OFF: ${ENGINE_CUDNN_MISSING}")
+endif()

@@ -1,8 +1,25 @@
 #include <cuda_runtime.h>
 
 #include "core/device_info.h"
+#include "nn/attention_cudnn.h"
 
 namespace engine {
+
+namespace {
+
+// "; cuDNN SDPA: yes (cuDNN 9.19.0 loaded, ...)" or "; cuDNN SDPA: no (why)": 16-bit attention on
+// cuDNN's fused SDPA, or all of it on the engine's own kernels.
+std::string cudnn_summary() {
+#if defined(ENGINE_HAVE_CUDNN) && ENGINE_HAVE_CUDNN
+  return "; cuDNN SDPA: " + cuda::cudnn_attention_summary();
+#elif defined(ENGINE_CUDNN_MISSING)
+  return std::string("; cuDNN SDPA: no (") + ENGINE_CUDNN_MISSING + "; the engine's kernels do all attention)";
+#else
+  return "; cuDNN SDPA: no (not built with cuDNN; the engine's kernels do all attention)";
+#endif
+}
+
+}  // namespace
 
 std::string accelerator_summary() {
   int runtime = 0;
@@ -12,7 +29,8 @@ std::string accelerator_summary() {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the sticky "no device" error
-    return out + ", no device (" + (status != cudaSuccess ? cudaGetErrorString(status) : "none found") + ")";
+    return out + ", no device (" + (status != cudaSuccess ? cudaGetErrorString(status) : "none found") + ")" +
+           cudnn_summary();
   }
   out += ", " + std::to_string(count) + (count == 1 ? " device" : " devices");
   for (int i = 0; i < count; ++i) {
@@ -21,7 +39,7 @@ std::string accelerator_summary() {
     out += std::string(i ? "; " : ": ") + prop.name + " (sm_" + std::to_string(prop.major) +
            std::to_string(prop.minor) + ")";
   }
-  return out;
+  return out + cudnn_summary();
 }
 
 int cuda_device_count() {

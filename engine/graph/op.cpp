@@ -34,7 +34,8 @@ bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device)
   DType type = DType::f32;
   for_each_16bit_value(graph, node, [&](ValueId id) { type = graph.value(id).dtype; });
   if (type == DType::f32) return false;
-  if (device == Device::Kind::cuda) return !node.op->cuda_16bit;
+  if (device == Device::Kind::cuda)
+    return node.op->cuda_16bit_for ? !node.op->cuda_16bit_for(graph, node) : !node.op->cuda_16bit;
   return !node.op->native_16bit || (node.op->native_for && !node.op->native_for(type));
 }
 

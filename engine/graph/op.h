@@ -88,6 +88,12 @@ struct OpDef {
   // How the CUDA kernel computes on 16-bit values, or nullptr: it reads and writes f32 only, and
   // the executor widens and rounds around it on the device (as native_16bit for the CPU).
   const char* cuda_16bit = nullptr;
+  // When set, decides per node whether the CUDA kernel takes the node's 16-bit values as they are
+  // (cuDNN's attention for the head sizes it supports), in place of cuda_16bit.
+  bool (*cuda_16bit_for)(const Graph& graph, const Node& node) = nullptr;
+  // Device scratch the CUDA kernel needs for `node` (KernelContext::workspace), asked once per node
+  // when a plan is added, with the device present; nullptr: the runner's default workspace is enough.
+  int64_t (*cuda_workspace)(const Graph& graph, const Node& node) = nullptr;
   // Traits the passes read instead of lists of op names:
   bool matmul = false;              // a matrix product: model FLOPs (MFU) count it
   bool cheap_to_recompute = false;  // selective checkpointing recomputes it (graph/recompute.cpp)

@@ -139,6 +139,12 @@ class CudaRunner final : public DeviceRunner {
       throw UserError("run.device: cuda runs one process without ZeRO collectives for now (plan '" + name +
                       "' communicates); train on CPU for distributed or ZeRO-2/3 runs");
     if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
+    int64_t workspace = kWorkspaceBytes;
+    for (size_t index : plan.nodes) {
+      const Node& node = graph_.nodes()[index];
+      if (node.op->cuda_workspace) workspace = std::max(workspace, node.op->cuda_workspace(graph_, node));
+    }
+    if (workspace > workspace_.bytes()) workspace_ = DeviceBlock(workspace, tally_, "the kernels' workspace");
     const int64_t scratch = cuda_scratch_bytes(graph_, plan);
     if (scratch > scratch_.bytes()) scratch_ = DeviceBlock(scratch, tally_, "the 16-bit casts' scratch");
   }

@@ -18,7 +18,7 @@ namespace {
 
 void check_blas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw InternalError(std::string("cuBLASLt ") + what + ": " + cublasGetStatusString(status));
+    throw InternalError(std::string("cuBLASLt ") + what + ": status " + std::to_string(int(status)));
 }
 
 cudaDataType_t blas_type(DType type) {

@@ -10,6 +10,7 @@
 #include "nn/attention_blocks.h"
 #include "nn/qkv_layout.h"
 #include "cuda_kernels.h"
+#include "nn/attention_cudnn.h"
 
 namespace engine::ops {
 
@@ -186,13 +187,17 @@ const OpDef kCausalAttention{
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
     .native_16bit = kTiles16,
     .fp32_outputs = 0b10,  // output 1: the log-sum-exp
+    .cuda_16bit_for = cuda::cudnn_attention_supports,
+    .cuda_workspace = cuda::cudnn_attention_workspace,
     .matmul = true};
 const OpDef kCausalAttentionBackward{
     .name = "causal_attention_backward",
     .cpu = attention_backward_cpu,
     .cuda = cuda::attention_backward,
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); },
-    .native_16bit = kTiles16};
+    .native_16bit = kTiles16,
+    .cuda_16bit_for = cuda::cudnn_attention_supports,
+    .cuda_workspace = cuda::cudnn_attention_workspace};
 
 ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;

@@ -16,12 +16,17 @@
 //           registers in that fixed order, written once.
 // Head sizes up to 128, compiled at capacities 16, 32, 64 and 128 (zero-padded tiles); dynamic
 // shared memory, its limit raised once per kernel and device.
+//
+// bf16/fp16 nodes that cuDNN's fused SDPA takes (nn/attention_cudnn.h, cudnn_attention_supports)
+// go there on their 16-bit values; the executor converts every other node's values to f32 for
+// these kernels.
 #include <atomic>
 #include <cmath>
 #include <string>
 
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
+#include "nn/attention_cudnn.h"
 #include "nn/attention_math.h"
 
 namespace engine::cuda {
@@ -331,10 +336,17 @@ void backward(const Geometry& g, const float* dout, const float* qkv, const floa
   check_launch("causal_attention backward (dk, dv)");
 }
 
+// cuDNN when it takes the node and the executor handed over its 16-bit values as they are (it
+// skips conversion for such nodes); the fp32 kernels when the values are f32.
+bool on_cudnn(const Node& node, const KernelContext& ctx, ValueId qkv) {
+  return ctx.dtype(qkv) != DType::f32 && cudnn_attention_supports(*ctx.graph, node);
+}
+
 }  // namespace
 
 // inputs qkv; outputs out (B, T, H hd), lse (B, H, T)
 void attention(const Node& node, const KernelContext& ctx) {
+  if (on_cudnn(node, ctx, node.inputs[0])) return cudnn_attention_forward(node, ctx);
   const ValueId qkv_id = node.inputs[0], out_id = node.outputs[0], lse_id = node.outputs[1];
   check_f32(ctx, {qkv_id, out_id, lse_id});
   const Geometry g = checked_geometry(ctx, node, qkv_id);
@@ -356,6 +368,7 @@ void attention(const Node& node, const KernelContext& ctx) {
 void attention_backward(const Node& node, const KernelContext& ctx) {
   const ValueId dout_id = node.inputs[0], qkv_id = node.inputs[1], out_id = node.inputs[2], lse_id = node.inputs[3];
   const ValueId dqkv_id = node.outputs[0];
+  if (on_cudnn(node, ctx, qkv_id)) return cudnn_attention_backward(node, ctx);
   check_f32(ctx, {dout_id, qkv_id, out_id, lse_id, dqkv_id});
   const Geometry g = checked_geometry(ctx, node, qkv_id);
   if (g.batch * g.time == 0) return;
