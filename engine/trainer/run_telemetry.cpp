@@ -7,6 +7,7 @@
 #include "core/atomic_file.h"
 #include "core/format.h"
 #include "linalg/gemm16.h"
+#include "linalg/matmul_probe.h"
 #include "telemetry/roofline.h"
 #include "telemetry/trace.h"
 #include "trainer/telemetry.h"
@@ -74,6 +75,9 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
   if (!setup_.lead) return;
   if (config_.peak_flops > 0)
     peak_ = {config_.peak_flops, kRecipePeak, ""};
+  else if (session.device.kind == Device::Kind::cuda)
+    peak_ = {cuda::measure_matmul_flops(compute_dtype(session.recipe)), "measured",
+             "cuBLASLt " + std::string(dtype_name(compute_dtype(session.recipe))) + " 8192^3"};
   else
     peak_ = peak_flops(compute_dtype(session.recipe), omp_get_max_threads());
   out << "MFU against " << format_fixed(peak_.flops_per_second / 1e9, 1) << " GFLOP/s per rank (" << peak_.source
@@ -88,8 +92,8 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
         << (cache ? "delete " + cache->string() + " to probe again, or " : std::string())
         << "set telemetry.peak_flops\n";
   }
-  if (const DType compute = compute_dtype(session.recipe);
-      compute != DType::f32 && !ops::matmul_16bit_available(compute))
+  if (const DType compute = compute_dtype(session.recipe); session.device.kind == Device::Kind::cpu &&
+                                                            compute != DType::f32 && !ops::matmul_16bit_available(compute))
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
         << "widened copies: " << dtype_name(compute)
         << " saves memory here, not time (engine plan shows each op's path)\n";

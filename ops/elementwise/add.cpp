@@ -41,7 +41,8 @@ const OpDef kAdd{.name = "add",
                  .cuda = cuda::add,
                  .grad = add_grad,
                  .flops = elementwise_flops,
-                 .native_16bit = "fp32 on 16-bit chunks widened in cache"};
+                 .native_16bit = "fp32 on 16-bit chunks widened in cache",
+                 .cuda_16bit = "16-bit values read and written directly (16-byte vector loads), fp32 addition"};
 
 ValueId add(Graph& g, ValueId a, ValueId b, const std::string& name) {
   if (g.value(a).shape != g.value(b).shape)

@@ -1,4 +1,6 @@
-// CUDA kernel of add (elementwise/add.cpp): y = a + b, f32 (the executor widens 16-bit values).
+// CUDA kernel of add (elementwise/add.cpp): y = a + b on f32, bf16 or f16 values read and written in
+// their own types (fp32 addition, one rounding of each sum: the bits of the executor's widening and
+// rounding); packs of 16 bytes where the arrays are aligned and share one type.
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "elementwise/add_math.h"
@@ -7,8 +9,26 @@ namespace engine::cuda {
 
 namespace {
 
-__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {  // (n,) each
-  for (int64_t i = thread_index(); i < n; i += thread_stride()) y[i] = ops::add_values(a[i], b[i]);
+// T: the type of all three (void: mixed, each read by its own type).
+template <class T>
+__global__ void add_kernel(FloatArray<T> a, FloatArray<T> b, FloatArray<T> y, int64_t n, bool packed) {  // (n,) each
+  int64_t done = 0;
+  if constexpr (!std::is_void_v<T>) {
+    constexpr int k = kPack<T>;
+    if (packed) {
+      done = n / k * k;
+      for (int64_t p = thread_index() * k; p < done; p += thread_stride() * k) {
+        float va[k], vb[k];
+        load_pack(a.p, p, va);
+        load_pack(b.p, p, vb);
+#pragma unroll
+        for (int j = 0; j < k; ++j) va[j] = ops::add_values(va[j], vb[j]);
+        store_pack(y.p, p, va);
+      }
+    }
+  }
+  for (int64_t i = done + thread_index(); i < n; i += thread_stride())
+    y.store(i, ops::add_values(a.load(i), b.load(i)));
 }
 
 }  // namespace
@@ -16,8 +36,15 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
 void add(const Node& node, const KernelContext& ctx) {
   const int64_t n = ctx.shape(node.inputs[0]).numel();
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream(ctx)>>>(ctx.f32(node.inputs[0]), ctx.f32(node.inputs[1]),
-                                                          ctx.f32(node.outputs[0]), n);
+  const ValueId a = node.inputs[0], b = node.inputs[1], y = node.outputs[0];
+  with_float_type(ctx, {a, b, y}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int k = kPack<T>;
+    const bool packed =
+        !std::is_void_v<T> && pack_aligned(ctx.data(a)) && pack_aligned(ctx.data(b)) && pack_aligned(ctx.data(y));
+    add_kernel<T><<<blocks_for(packed ? (n + k - 1) / k : n), kThreads, 0, stream(ctx)>>>(
+        float_array<T>(ctx, a), float_array<T>(ctx, b), float_array<T>(ctx, y), n, packed);
+  });
   check_launch("add");
 }
 

@@ -220,3 +220,59 @@ void matmul(const Node& node, const KernelContext& ctx) {
 }
 
 }  // namespace engine::cuda
+
+namespace engine::cuda {
+namespace {
+
+__global__ void fill_pattern(void* data, DType type, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride())
+    store_float(data, type, i, float(int((i * 2654435761u) % 2001u) - 1000) * 1e-3f);  // never zeros
+}
+
+}  // namespace
+
+double measure_matmul_flops(DType type, int64_t n) {
+  const size_t bytes = size_t(n * n) * dtype_size(type);
+  void *a = nullptr, *b = nullptr, *c = nullptr, *workspace = nullptr;
+  constexpr size_t kWorkspace = size_t(32) << 20;
+  check(cudaMalloc(&a, bytes), "probe allocation");
+  check(cudaMalloc(&b, bytes), "probe allocation");
+  check(cudaMalloc(&c, bytes), "probe allocation");
+  check(cudaMalloc(&workspace, kWorkspace), "probe allocation");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreate(&s), "probe stream");
+  cublasLtHandle_t handle = nullptr;
+  check_blas(cublasLtCreate(&handle), "handle");
+  fill_pattern<<<blocks_for(n * n), kThreads, 0, s>>>(a, type, n * n);
+  fill_pattern<<<blocks_for(n * n), kThreads, 0, s>>>(b, type, n * n);
+  KernelContext ctx;
+  ctx.stream = s;
+  ctx.blas = handle;
+  ctx.workspace = workspace;
+  ctx.workspace_bytes = kWorkspace;
+  Product p;
+  p.transpose_a = true;
+  p.m = p.n = p.k = n;
+  p.a = a, p.a_type = type, p.lda = n;
+  p.b = b, p.b_type = type, p.ldb = n;
+  p.c = c, p.c_type = type, p.ldc = n;
+  for (int i = 0; i < 3; ++i) run_product(ctx, p);  // warm-up
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  constexpr int kRuns = 10;
+  check(cudaEventRecord(start, s), "event");
+  for (int i = 0; i < kRuns; ++i) run_product(ctx, p);
+  check(cudaEventRecord(stop, s), "event");
+  check(cudaEventSynchronize(stop), "probe");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "event time");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasLtDestroy(handle);
+  cudaStreamDestroy(s);
+  cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(workspace);
+  return 2.0 * double(n) * double(n) * double(n) * kRuns / (double(ms) * 1e-3);
+}
+
+}  // namespace engine::cuda

@@ -167,7 +167,8 @@ const OpDef kSoftmaxCrossEntropy{
     .flops = [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
     .native_16bit = "16-bit logits and their gradient, fp32 softmax and loss",
     .fp32_outputs = 0b1,        // output 0: the per-row losses
-    .overwritten_inputs = 0b1};  // input 0: the logits, overwritten by their gradient
+    .overwritten_inputs = 0b1,  // input 0: the logits, overwritten by their gradient
+    .cuda_16bit = "16-bit logits read and their gradient written directly, fp32 softmax and loss"};
 
 ValueId softmax_cross_entropy(Graph& g, ValueId logits, ValueId targets, double scale, const std::string& name) {
   const Shape& ls = g.value(logits).shape;

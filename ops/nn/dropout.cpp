@@ -39,10 +39,19 @@ void dropout_grad(GradBuilder& gb, const Node& node) {
 
 }  // namespace
 
-const OpDef kDropout{.name = "dropout", .cpu = apply_mask, .cuda = cuda::dropout_mask, .grad = dropout_grad,
-                     .flops = elementwise_flops, .cheap_to_recompute = true};
-const OpDef kDropoutBackward{
-    .name = "dropout_backward", .cpu = apply_mask, .cuda = cuda::dropout_mask, .flops = elementwise_flops};
+constexpr const char* kCudaDropout16 = "16-bit values read and written directly (4 at a time), fp32 arithmetic";
+const OpDef kDropout{.name = "dropout",
+                     .cpu = apply_mask,
+                     .cuda = cuda::dropout_mask,
+                     .grad = dropout_grad,
+                     .flops = elementwise_flops,
+                     .cuda_16bit = kCudaDropout16,
+                     .cheap_to_recompute = true};
+const OpDef kDropoutBackward{.name = "dropout_backward",
+                             .cpu = apply_mask,
+                             .cuda = cuda::dropout_mask,
+                             .flops = elementwise_flops,
+                             .cuda_16bit = kCudaDropout16};
 
 ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
   // NaN fails both comparisons, so it is refused by name rather than left to the kernel, whose

@@ -87,12 +87,14 @@ const OpDef kEmbedding{.name = "embedding",
                        .cuda = cuda::embedding,
                        .grad = embedding_grad,
                        .flops = elementwise_flops,
-                       .native_16bit = "reads 16-bit table rows, adds in fp32"};
+                       .native_16bit = "reads 16-bit table rows, adds in fp32",
+                       .cuda_16bit = "16-bit table rows read and output written directly, adds in fp32"};
 const OpDef kEmbeddingBackward{
     .name = "embedding_backward",
     .cpu = embedding_backward_cpu,
     .cuda = cuda::embedding_backward,
-    .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
+    .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
+    .cuda_16bit = "16-bit gradients read directly, sums in fp32 rounded once into the gradients' types"};
 
 ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name) {
   const Shape& ts = g.value(tokens).shape;

@@ -1,5 +1,7 @@
 // CUDA kernels of embedding and its backward (CPU: embedding_cpu, embedding_backward_cpu in
-// nn/embedding.cpp), on f32 tables (the executor widens 16-bit ones) and i32 token ids.
+// nn/embedding.cpp), on f32, bf16 or f16 tables, outputs and gradients read and written in their own
+// types (each output element rounded once, each gradient sum kept in fp32 and rounded once at its
+// end: the bits of the executor's widening and rounding) and i32 token ids.
 //
 // Forward: one thread per output element, out = table[token] (+ positions[t]).
 // Backward, both gradients added to in the CPU's order, so with the CPU's bits and no atomics:
@@ -16,25 +18,29 @@ namespace engine::cuda {
 
 namespace {
 
-__global__ void embedding_kernel(const int32_t* tokens,   // (B T)
-                                 const float* table,      // (V, C)
-                                 const float* positions,  // (P, C) or null
-                                 float* out,              // (B T, C)
+// T: the type of table, positions and out (void: mixed, each read by its own type).
+template <class T>
+__global__ void embedding_kernel(const int32_t* tokens,    // (B T)
+                                 FloatArray<T> table,      // (V, C)
+                                 FloatArray<T> positions,  // (P, C) or null
+                                 FloatArray<T> out,        // (B T, C)
                                  int64_t rows, int64_t time, int64_t channels) {
   for (int64_t i = thread_index(); i < rows * channels; i += thread_stride()) {
     const int64_t bt = i / channels, c = i % channels;
-    const float v = table[int64_t(tokens[bt]) * channels + c];
-    out[i] = positions ? v + positions[(bt % time) * channels + c] : v;
+    const float v = table.load(int64_t(tokens[bt]) * channels + c);
+    out.store(i, positions ? v + positions.load((bt % time) * channels + c) : v);
   }
 }
 
-__global__ void position_gradient_kernel(const float* dout,  // (B, T, C)
-                                         float* dpositions,  // (P, C), rows [0, T) added to
+// D: the type of dout; G: of the gradient (void: typed at run time).
+template <class D, class G>
+__global__ void position_gradient_kernel(FloatArray<D> dout,        // (B, T, C)
+                                         FloatArray<G> dpositions,  // (P, C), rows [0, T) added to
                                          int64_t batch, int64_t time, int64_t channels) {
   for (int64_t i = thread_index(); i < time * channels; i += thread_stride()) {
-    float acc = dpositions[i];
-    for (int64_t b = 0; b < batch; ++b) acc += dout[b * time * channels + i];
-    dpositions[i] = acc;
+    float acc = dpositions.load(i);
+    for (int64_t b = 0; b < batch; ++b) acc += dout.load(b * time * channels + i);
+    dpositions.store(i, acc);
   }
 }
 
@@ -44,21 +50,22 @@ __global__ void iota_kernel(int32_t* values, int64_t n) {
 
 // Block i: if sorted id i starts a run of equal ids, adds the run's dout rows (in position order)
 // to that id's table row; other blocks return at once.
-__global__ void table_gradient_kernel(const uint32_t* sorted_ids,   // (N)
-                                      const int32_t* sorted_rows,   // (N) positions of the ids in dout
-                                      const float* dout,            // (N, C)
-                                      float* dtable,                // (V, C) added to
+template <class D, class G>
+__global__ void table_gradient_kernel(const uint32_t* sorted_ids,  // (N)
+                                      const int32_t* sorted_rows,  // (N) positions of the ids in dout
+                                      FloatArray<D> dout,          // (N, C)
+                                      FloatArray<G> dtable,        // (V, C) added to
                                       int64_t n, int64_t channels) {
   const int64_t first = blockIdx.x;
   const uint32_t id = sorted_ids[first];
   if (first > 0 && sorted_ids[first - 1] == id) return;
   int64_t end = first + 1;
   while (end < n && sorted_ids[end] == id) ++end;
-  float* row = dtable + int64_t(id) * channels;
+  const FloatArray<G> row = dtable + int64_t(id) * channels;
   for (int64_t c = threadIdx.x; c < channels; c += blockDim.x) {
-    float acc = row[c];
-    for (int64_t j = first; j < end; ++j) acc += dout[int64_t(sorted_rows[j]) * channels + c];
-    row[c] = acc;
+    float acc = row.load(c);
+    for (int64_t j = first; j < end; ++j) acc += dout.load(int64_t(sorted_rows[j]) * channels + c);
+    row.store(c, acc);
   }
 }
 
@@ -71,9 +78,16 @@ void embedding(const Node& node, const KernelContext& ctx) {
   const Shape& ts = ctx.shape(node.inputs[0]);
   const int64_t rows = ts[0] * ts[1], time = ts[1], channels = ctx.shape(node.inputs[1])[1];
   if (rows == 0 || channels == 0) return;
-  const float* positions = node.inputs.size() > 2 ? ctx.f32(node.inputs[2]) : nullptr;
-  embedding_kernel<<<blocks_for(rows * channels), kThreads, 0, stream(ctx)>>>(
-      ctx.i32(node.inputs[0]), ctx.f32(node.inputs[1]), positions, ctx.f32(node.outputs[0]), rows, time, channels);
+  const bool has_positions = node.inputs.size() > 2;
+  // The table, the positions where there are any, the output (an initializer_list made in a
+  // conditional would not outlive its full-expression).
+  with_float_type(ctx, {node.inputs[1], node.inputs[has_positions ? 2 : 1], node.outputs[0]}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    embedding_kernel<T><<<blocks_for(rows * channels), kThreads, 0, stream(ctx)>>>(
+        ctx.i32(node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
+        has_positions ? float_array<T>(ctx, node.inputs[2]) : FloatArray<T>{}, float_array<T>(ctx, node.outputs[0]),
+        rows, time, channels);
+  });
   check_launch("embedding_kernel");
 }
 
@@ -83,10 +97,19 @@ void embedding_backward(const Node& node, const KernelContext& ctx) {
   const int64_t batch = ds[0], time = ds[1], channels = ds[2], n = batch * time;
   const int64_t vocab = ctx.shape(node.outputs[0])[0];
   if (n == 0 || channels == 0) return;
-  const float* dout = ctx.f32(node.inputs[0]);
+  // Launches kernel<D, G> for the types of dout and of the gradient `grad`.
+  const auto with_types = [&](ValueId grad, auto&& launch) {
+    with_float_type(ctx, {node.inputs[0]}, [&](auto dout_tag) {
+      with_float_type(ctx, {grad}, [&](auto grad_tag) { launch(dout_tag, grad_tag); });
+    });
+  };
   if (node.outputs.size() > 1) {
-    position_gradient_kernel<<<blocks_for(time * channels), kThreads, 0, stream(ctx)>>>(
-        dout, ctx.f32(node.outputs[1]), batch, time, channels);
+    with_types(node.outputs[1], [&](auto dout_tag, auto grad_tag) {
+      using D = typename decltype(dout_tag)::type;
+      using G = typename decltype(grad_tag)::type;
+      position_gradient_kernel<D, G><<<blocks_for(time * channels), kThreads, 0, stream(ctx)>>>(
+          float_array<D>(ctx, node.inputs[0]), float_array<G>(ctx, node.outputs[1]), batch, time, channels);
+    });
     check_launch("position_gradient_kernel");
   }
   if (n > INT32_MAX) throw InternalError("embedding_backward: more than 2^31 tokens");
@@ -115,8 +138,13 @@ void embedding_backward(const Node& node, const KernelContext& ctx) {
         "embedding_backward: sort");
   check_launch("embedding_backward: sort");
   const int threads = channels >= 256 ? 256 : int((channels + 31) / 32 * 32);
-  table_gradient_kernel<<<unsigned(n), threads, 0, stream(ctx)>>>(sorted_ids, sorted_rows, dout,
-                                                                   ctx.f32(node.outputs[0]), n, channels);
+  with_types(node.outputs[0], [&](auto dout_tag, auto grad_tag) {
+    using D = typename decltype(dout_tag)::type;
+    using G = typename decltype(grad_tag)::type;
+    table_gradient_kernel<D, G>
+        <<<unsigned(n), threads, 0, stream(ctx)>>>(sorted_ids, sorted_rows, float_array<D>(ctx, node.inputs[0]),
+                                                   float_array<G>(ctx, node.outputs[0]), n, channels);
+  });
   check_launch("table_gradient_kernel");
 }
 

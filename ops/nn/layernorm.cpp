@@ -266,6 +266,7 @@ ValueId norm(Graph& g, const OpDef& op, ValueId x, ValueId w, ValueId b, double 
 double norm_flops(const Graph& g, const Node& n) { return 8.0 * double(g.value(n.inputs[0]).shape.numel()); }
 
 constexpr const char* kRows16 = "fp32 on 16-bit rows widened in cache";
+constexpr const char* kCudaRows16 = "16-bit rows read and written directly, fp32 arithmetic";
 
 }  // namespace
 
@@ -277,12 +278,14 @@ const OpDef kLayerNorm{.name = "layernorm",
                        .flops = norm_flops,
                        .native_16bit = kRows16,
                        .fp32_outputs = kStatisticsInFp32,
+                       .cuda_16bit = kCudaRows16,
                        .cheap_to_recompute = true};
 const OpDef kLayerNormBackward{.name = "layernorm_backward",
                                .cpu = norm_backward_cpu,
                                .cuda = cuda::norm_backward,
                                .flops = norm_flops,
-                               .native_16bit = kRows16};
+                               .native_16bit = kRows16,
+                               .cuda_16bit = kCudaRows16};
 const OpDef kRmsNorm{.name = "rmsnorm",
                      .cpu = norm_cpu,
                      .cuda = cuda::norm,
@@ -290,12 +293,14 @@ const OpDef kRmsNorm{.name = "rmsnorm",
                      .flops = norm_flops,
                      .native_16bit = kRows16,
                      .fp32_outputs = kStatisticsInFp32,
+                     .cuda_16bit = kCudaRows16,
                      .cheap_to_recompute = true};
 const OpDef kRmsNormBackward{.name = "rmsnorm_backward",
                              .cpu = norm_backward_cpu,
                              .cuda = cuda::norm_backward,
                              .flops = norm_flops,
-                             .native_16bit = kRows16};
+                             .native_16bit = kRows16,
+                             .cuda_16bit = kCudaRows16};
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {
   return norm(g, kLayerNorm, x, w, b, eps, false, name);

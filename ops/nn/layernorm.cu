@@ -1,6 +1,9 @@
 // CUDA kernels of layernorm and rmsnorm (CPU: norm_cpu, norm_backward_cpu in nn/layernorm.cpp), on
-// f32 values (the executor widens 16-bit ones around them). The per-row math is the row programs'
-// (nn/row_programs.h), run by a block of kLanes threads.
+// f32, bf16 or f16 values read and written in their own types (fp32 arithmetic, each output rounded
+// once: the bits of the executor's widening and rounding). Instantiated per type of the rows (x, y,
+// dy, dx) and of the parameters (w, b), runtime-typed where a group's types are mixed; the
+// statistics, partial sums and parameter gradients typed at run time. The per-row math is the row
+// programs' (nn/row_programs.h), run by a block of kLanes threads.
 //
 // Forward: one block per row. Backward: one block per group of kGroupRows consecutive rows (32, as
 // the CPU's blocks), which writes dx and its group's float sums of the scale and shift gradients
@@ -22,27 +25,28 @@ constexpr int kSumWarps = 8;         // warps adding the groups' partial sums of
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
 
-__global__ void __launch_bounds__(kLanes)
-    norm_forward_kernel(const float* x,  // (rows, c)
-                        const float* w,  // (c)
-                        const float* b,  // (c) or null
-                        float* y,        // (rows, c)
-                        float* mean,     // (rows)
-                        float* rstd,     // (rows)
-                        int64_t c, bool rms, double eps) {
+template <class T, class W>
+__global__ void __launch_bounds__(kLanes) norm_forward_kernel(FloatArray<T> x,        // (rows, c)
+                                                              FloatArray<W> w,        // (c)
+                                                              FloatArray<W> b,        // (c) or null
+                                                              FloatArray<T> y,        // (rows, c)
+                                                              FloatArray<void> mean,  // (rows)
+                                                              FloatArray<void> rstd,  // (rows)
+                                                              int64_t c, bool rms, double eps) {
   ops::BlockLanes<kLanes> lanes;
   const int64_t r = blockIdx.x;
   ops::norm_forward_row(lanes, x + r * c, c, rms, eps, w, b, y + r * c, mean + r, rstd + r);
 }
 
+template <class T, class W>
 __global__ void __launch_bounds__(kLanes)
-    norm_backward_kernel(const float* dy,                      // (rows, c)
-                         const float* x,                       // (rows, c)
-                         const float* w,                       // (c)
-                         const float* mean, const float* rstd,  // (rows)
-                         float* dx,                            // (rows, c)
-                         float* dw_groups,                     // (groups, c)
-                         float* db_groups,                     // (groups, c) or null
+    norm_backward_kernel(FloatArray<T> dy,                              // (rows, c)
+                         FloatArray<T> x,                               // (rows, c)
+                         FloatArray<W> w,                               // (c)
+                         FloatArray<void> mean, FloatArray<void> rstd,  // (rows)
+                         FloatArray<T> dx,                              // (rows, c)
+                         float* dw_groups,                              // (groups, c)
+                         float* db_groups,                              // (groups, c) or null
                          int64_t rows, int64_t c, int64_t group_rows, bool rms, bool accumulate) {
   ops::BlockLanes<kLanes> lanes;
   const int64_t g = blockIdx.x, begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(kLanes)
 // column in double; warp 0 adds the warps' sums in order and adds the total to the gradient.
 __global__ void __launch_bounds__(32 * kSumWarps)
     norm_parameter_sums_kernel(const float* dw_groups, const float* db_groups,  // (groups, c)
-                               float* dw, float* db,                            // (c)
+                               FloatArray<void> dw, FloatArray<void> db,        // (c)
                                int64_t groups, int64_t c) {
   __shared__ double sums[2][kSumWarps][32];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
@@ -74,8 +78,8 @@ __global__ void __launch_bounds__(32 * kSumWarps)
       tw += sums[0][k][lane];
       tb += sums[1][k][lane];
     }
-    dw[col] += float(tw);
-    if (db) db[col] += float(tb);
+    dw.store(col, dw.load(col) + float(tw));
+    if (db) db.store(col, db.load(col) + float(tb));
   }
 }
 
@@ -86,10 +90,20 @@ void norm(const Node& node, const KernelContext& ctx) {
   const Shape& xs = ctx.shape(node.inputs[0]);
   const int64_t rows = xs.rows(), c = xs.last();
   if (rows == 0 || c == 0) return;
-  const float* b = has_shift(node) ? ctx.f32(node.inputs[2]) : nullptr;
-  norm_forward_kernel<<<unsigned(rows), kLanes, 0, stream(ctx)>>>(
-      ctx.f32(node.inputs[0]), ctx.f32(node.inputs[1]), b, ctx.f32(node.outputs[0]), ctx.f32(node.outputs[1]),
-      ctx.f32(node.outputs[2]), c, is_rms(node), node.attrs.floats[0]);
+  const bool shift = has_shift(node);
+  with_float_type(ctx, {node.inputs[0], node.outputs[0]}, [&](auto rows_tag) {
+    using T = typename decltype(rows_tag)::type;
+    // The scale and, where there is one, the shift (an initializer_list made in a conditional
+    // would not outlive its full-expression).
+    with_float_type(ctx, {node.inputs[1], node.inputs[shift ? 2 : 1]}, [&](auto params_tag) {
+      using W = typename decltype(params_tag)::type;
+      norm_forward_kernel<T, W><<<unsigned(rows), kLanes, 0, stream(ctx)>>>(
+          float_array<T>(ctx, node.inputs[0]), float_array<W>(ctx, node.inputs[1]),
+          shift ? float_array<W>(ctx, node.inputs[2]) : FloatArray<W>{}, float_array<T>(ctx, node.outputs[0]),
+          float_array<void>(ctx, node.outputs[1]), float_array<void>(ctx, node.outputs[2]), c, is_rms(node),
+          node.attrs.floats[0]);
+    });
+  });
   check_launch("norm_forward_kernel");
 }
 
@@ -110,13 +124,21 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   groups = (rows + group_rows - 1) / group_rows;
   float* dw_groups = static_cast<float*>(ctx.workspace);
   float* db_groups = shift ? dw_groups + groups * c : nullptr;
-  norm_backward_kernel<<<unsigned(groups), kLanes, 0, stream(ctx)>>>(
-      ctx.f32(node.inputs[0]), ctx.f32(node.inputs[1]), ctx.f32(node.inputs[2]), ctx.f32(node.inputs[3]),
-      ctx.f32(node.inputs[4]), ctx.f32(node.outputs[0]), dw_groups, db_groups, rows, c, group_rows, is_rms(node),
-      ctx.accumulates(node, 0));
+  with_float_type(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}, [&](auto rows_tag) {
+    using T = typename decltype(rows_tag)::type;
+    with_float_type(ctx, {node.inputs[2]}, [&](auto params_tag) {
+      using W = typename decltype(params_tag)::type;
+      norm_backward_kernel<T, W><<<unsigned(groups), kLanes, 0, stream(ctx)>>>(
+          float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]), float_array<W>(ctx, node.inputs[2]),
+          float_array<void>(ctx, node.inputs[3]), float_array<void>(ctx, node.inputs[4]),
+          float_array<T>(ctx, node.outputs[0]), dw_groups, db_groups, rows, c, group_rows, is_rms(node),
+          ctx.accumulates(node, 0));
+    });
+  });
   check_launch("norm_backward_kernel");
   norm_parameter_sums_kernel<<<unsigned((c + 31) / 32), 32 * kSumWarps, 0, stream(ctx)>>>(
-      dw_groups, db_groups, ctx.f32(node.outputs[1]), shift ? ctx.f32(node.outputs[2]) : nullptr, groups, c);
+      dw_groups, db_groups, float_array<void>(ctx, node.outputs[1]),
+      shift ? float_array<void>(ctx, node.outputs[2]) : FloatArray<void>{}, groups, c);
   check_launch("norm_parameter_sums_kernel");
 }
 

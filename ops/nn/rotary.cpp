@@ -62,9 +62,13 @@ const OpDef kRotary{.name = "rotary",
                     .cuda = cuda::rotary,
                     .grad = rotary_grad,
                     .flops = rotary_flops,
+                    .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic",
                     .cheap_to_recompute = true};
-const OpDef kRotaryBackward{
-    .name = "rotary_backward", .cpu = rotary_backward_cpu, .cuda = cuda::rotary_backward, .flops = rotary_flops};
+const OpDef kRotaryBackward{.name = "rotary_backward",
+                            .cpu = rotary_backward_cpu,
+                            .cuda = cuda::rotary_backward,
+                            .flops = rotary_flops,
+                            .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic"};
 
 ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {
   const Shape& s = g.value(qkv).shape;

@@ -1,5 +1,7 @@
-// CUDA kernels of rotary and its backward (CPU: rotate in nn/rotary.cpp), on f32 packed qkv (the
-// layout of nn/qkv_layout.h: H query heads, KV key heads, KV value heads, each hd wide).
+// CUDA kernels of rotary and its backward (CPU: rotate in nn/rotary.cpp), on packed qkv (the layout
+// of nn/qkv_layout.h: H query heads, KV key heads, KV value heads, each hd wide) in f32, bf16 or f16,
+// read and written in its own type (fp32 arithmetic, each output rounded once: the bits of the
+// executor's widening and rounding; T the common type of input and output, void where they differ).
 //
 // The angles' cosines and sines are computed once per (t, i) in double, as the CPU does, into a
 // (T, hd/2) table in the workspace; then one thread per rotated pair (the q and k heads) and one
@@ -22,8 +24,9 @@ __global__ void angle_table_kernel(float* cosines, float* sines,  // (T, half)
   }
 }
 
-__global__ void rotate_kernel(const float* in,  // (B, T, row)
-                              float* out,       // (B, T, row)
+template <class T>
+__global__ void rotate_kernel(FloatArray<T> in,                          // (B, T, row)
+                              FloatArray<T> out,                         // (B, T, row)
                               const float* cosines, const float* sines,  // (T, half)
                               int64_t rows, int64_t time, int64_t row, int64_t rotated_heads, int64_t half,
                               bool accumulate) {
@@ -32,20 +35,21 @@ __global__ void rotate_kernel(const float* in,  // (B, T, row)
     const int64_t bt = k / pairs, p = k % pairs, h = p / half, i = p % half, t = bt % time;
     const int64_t at = bt * row + h * hd + i;
     const float cs = cosines[t * half + i], sn = sines[t * half + i];
-    const float x0 = in[at], x1 = in[at + half];
+    const float x0 = in.load(at), x1 = in.load(at + half);
     const float a = x0 * cs - x1 * sn;
     const float b = x0 * sn + x1 * cs;
-    out[at] = accumulate ? out[at] + a : a;
-    out[at + half] = accumulate ? out[at + half] + b : b;
+    out.store(at, accumulate ? out.load(at) + a : a);
+    out.store(at + half, accumulate ? out.load(at + half) + b : b);
   }
 }
 
-__global__ void copy_values_kernel(const float* in, float* out,  // (B, T, row): columns [rotated, row)
+template <class T>
+__global__ void copy_values_kernel(FloatArray<T> in, FloatArray<T> out,  // (B, T, row): columns [rotated, row)
                                    int64_t rows, int64_t row, int64_t rotated, bool accumulate) {
   const int64_t width = row - rotated;
   for (int64_t k = thread_index(); k < rows * width; k += thread_stride()) {
     const int64_t at = (k / width) * row + rotated + k % width;
-    out[at] = accumulate ? out[at] + in[at] : in[at];
+    out.store(at, accumulate ? out.load(at) + in.load(at) : in.load(at));
   }
 }
 
@@ -59,8 +63,6 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
   if (2 * table_bytes > ctx.workspace_bytes || (half > 0 && ctx.workspace == nullptr))
     throw InternalError("rotary: the workspace is smaller than the angle table (" + std::to_string(2 * table_bytes) +
                         " bytes)");
-  const float* in = ctx.f32(node.inputs[0]);
-  float* out = ctx.f32(node.outputs[0]);
   const bool accumulate = ctx.accumulates(node, 0);
   if (half > 0) {
     auto* cosines = static_cast<float*>(ctx.workspace);
@@ -68,13 +70,20 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
     angle_table_kernel<<<blocks_for(time * half), kThreads, 0, stream(ctx)>>>(cosines, sines, time, half, hd,
                                                                               node.attrs.floats[0], direction);
     check_launch("angle_table_kernel");
-    rotate_kernel<<<blocks_for(rows * (heads + kv_heads) * half), kThreads, 0, stream(ctx)>>>(
-        in, out, cosines, sines, rows, time, row, heads + kv_heads, half, accumulate);
+    with_float_type(ctx, {node.inputs[0], node.outputs[0]}, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      rotate_kernel<T><<<blocks_for(rows * (heads + kv_heads) * half), kThreads, 0, stream(ctx)>>>(
+          float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.outputs[0]), cosines, sines, rows, time, row,
+          heads + kv_heads, half, accumulate);
+    });
     check_launch("rotate_kernel");
   }
   if (row > rotated) {
-    copy_values_kernel<<<blocks_for(rows * (row - rotated)), kThreads, 0, stream(ctx)>>>(in, out, rows, row, rotated,
-                                                                                         accumulate);
+    with_float_type(ctx, {node.inputs[0], node.outputs[0]}, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      copy_values_kernel<T><<<blocks_for(rows * (row - rotated)), kThreads, 0, stream(ctx)>>>(
+          float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.outputs[0]), rows, row, rotated, accumulate);
+    });
     check_launch("copy_values_kernel");
   }
 }

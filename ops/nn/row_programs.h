@@ -15,6 +15,12 @@
 // device's bits, except where the CPU build contracts a*b+c into an FMA (CUDA sources are compiled
 // with -fmad=false) and where a double exp/log of libm and of CUDA differ in their last bit.
 //
+// Rows are read and written through row_load(row, i) / row_store(row, i, v), in float: float
+// pointers here; the CUDA kernels pass their typed arrays (cuda::FloatArray, cuda_util.cuh: 16-bit
+// elements widened exactly and rounded once to nearest even), found by argument-dependent lookup.
+// Every element is loaded as float and stored once, so a program gives the same bits on 16-bit rows
+// as on their f32 widening followed by one rounding of each output.
+//
 //   SerialLanes<256> lanes;
 //   norm_forward_row(lanes, x, c, /*rms=*/false, 1e-5, w, b, y, &mean, &rstd);
 #pragma once
@@ -50,6 +56,9 @@ struct RowMax {
     return a > b ? a : b;
   }
 };
+
+ENGINE_HOST_DEVICE inline float row_load(const float* p, int64_t i) { return p[i]; }
+ENGINE_HOST_DEVICE inline void row_store(float* p, int64_t i, float v) { p[i] = v; }
 
 // ---- The CPU policy ------------------------------------------------------------------------------
 
@@ -98,23 +107,26 @@ struct SerialLanes {
 
 // One row of the forward: y = (x - mean) rstd w (+ b), mean 0 for rmsnorm; rstd from the float sum
 // of squared deviations, or from double sums where the float ones overflow (as norm_cpu does).
-template <class L>
-ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, const float* x, int64_t c, bool rms, double eps, const float* w,
-                                         const float* b, float* y, float* mean_out, float* rstd_out) {
+template <class L, class X, class W, class B, class Y, class S>
+ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, double eps, W w, B b, Y y, S mean_out,
+                                         S rstd_out) {
   constexpr int n = L::kCount;
   typename L::template Local<float> acc;
   float mean = 0.0f;
   if (!rms) {
     lanes.each([&](int l) {
       float s = 0.0f;
-      for (int64_t i = l; i < c; i += n) s += x[i];
+      for (int64_t i = l; i < c; i += n) s += row_load(x, i);
       acc[l] = s;
     });
     mean = lanes.sum(acc) / float(c);
   }
   lanes.each([&](int l) {
     float s = 0.0f;
-    for (int64_t i = l; i < c; i += n) s += (x[i] - mean) * (x[i] - mean);
+    for (int64_t i = l; i < c; i += n) {
+      const float v = row_load(x, i);
+      s += (v - mean) * (v - mean);
+    }
     acc[l] = s;
   });
   const float float_squares = lanes.sum(acc);
@@ -125,14 +137,17 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, const float* x, int64_t c, bo
     if (!rms) {
       lanes.each([&](int l) {
         double s = 0.0;
-        for (int64_t i = l; i < c; i += n) s += x[i];
+        for (int64_t i = l; i < c; i += n) s += row_load(x, i);
         wide[l] = s;
       });
       wide_mean = lanes.sum(wide) / double(c);
     }
     lanes.each([&](int l) {
       double s = 0.0;
-      for (int64_t i = l; i < c; i += n) s += (x[i] - wide_mean) * (x[i] - wide_mean);
+      for (int64_t i = l; i < c; i += n) {
+        const float v = row_load(x, i);
+        s += (v - wide_mean) * (v - wide_mean);
+      }
       wide[l] = s;
     });
     squares = lanes.sum(wide);
@@ -141,12 +156,13 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, const float* x, int64_t c, bo
   const float rstd = float(1.0 / ::sqrt(squares / double(c) + eps));
   lanes.each([&](int l) {
     if (b)
-      for (int64_t i = l; i < c; i += n) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+      for (int64_t i = l; i < c; i += n)
+        row_store(y, i, (row_load(x, i) - mean) * rstd * row_load(w, i) + row_load(b, i));
     else
-      for (int64_t i = l; i < c; i += n) y[i] = (x[i] - mean) * rstd * w[i];
+      for (int64_t i = l; i < c; i += n) row_store(y, i, (row_load(x, i) - mean) * rstd * row_load(w, i));
     if (l == 0) {
-      *mean_out = mean;
-      *rstd_out = rstd;
+      row_store(mean_out, 0, mean);
+      row_store(rstd_out, 0, rstd);
     }
   });
 }
@@ -154,10 +170,10 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, const float* x, int64_t c, bo
 // Rows [begin, end) of the backward: dx (= or +=) rstd (g - mean(g) - xhat mean(g xhat)), g = dy w
 // (rmsnorm: no mean(g) term); the rows' scale (and shift) gradients summed in float, in row order,
 // into dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
-template <class L>
-ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, const float* dy, const float* x, const float* w,
-                                           const float* mean, const float* rstd, int64_t c, bool rms, int64_t begin,
-                                           int64_t end, float* dw_sum, float* db_sum, float* dx, bool accumulate) {
+template <class L, class DY, class X, class W, class S, class DX>
+ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
+                                           int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx,
+                                           bool accumulate) {
   constexpr int n = L::kCount;
   lanes.each([&](int l) {
     for (int64_t i = l; i < c; i += n) {
@@ -168,18 +184,19 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, const float* dy, const floa
   typename L::template Local<float> sum_g, sum_gx;
   const float inv_c = 1.0f / float(c);
   for (int64_t r = begin; r < end; ++r) {
-    const float* dyr = dy + r * c;
-    const float* xr = x + r * c;
-    float* dxr = dx + r * c;
-    const float m = mean[r], s = rstd[r];
+    const auto dyr = dy + r * c;
+    const auto xr = x + r * c;
+    const auto dxr = dx + r * c;
+    const float m = row_load(mean, r), s = row_load(rstd, r);
     lanes.each([&](int l) {
       float a = 0.0f, ax = 0.0f;
       for (int64_t i = l; i < c; i += n) {
-        const float g = dyr[i] * w[i], xhat = (xr[i] - m) * s;
+        const float d = row_load(dyr, i);
+        const float g = d * row_load(w, i), xhat = (row_load(xr, i) - m) * s;
         a += g;
         ax += g * xhat;
-        dw_sum[i] += dyr[i] * xhat;
-        if (db_sum) db_sum[i] += dyr[i];
+        dw_sum[i] += d * xhat;
+        if (db_sum) db_sum[i] += d;
       }
       sum_g[l] = a;
       sum_gx[l] = ax;
@@ -188,8 +205,8 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, const float* dy, const floa
     const float mean_gx = lanes.sum(sum_gx) * inv_c;
     lanes.each([&](int l) {
       for (int64_t i = l; i < c; i += n) {
-        const float v = s * (dyr[i] * w[i] - mean_g - (xr[i] - m) * s * mean_gx);
-        dxr[i] = accumulate ? dxr[i] + v : v;
+        const float v = s * (row_load(dyr, i) * row_load(w, i) - mean_g - (row_load(xr, i) - m) * s * mean_gx);
+        row_store(dxr, i, accumulate ? row_load(dxr, i) + v : v);
       }
     });
   }
@@ -198,44 +215,46 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, const float* dy, const floa
 // ---- softmax (nn/softmax.cpp) ----------------------------------------------------------------------
 
 // y = exp(x - max) / sum, the exponentials and their sum in double (as softmax_cpu).
-template <class L>
-ENGINE_HOST_DEVICE void softmax_row(L& lanes, const float* x, int64_t cols, float* y) {
+template <class L, class X, class Y>
+ENGINE_HOST_DEVICE void softmax_row(L& lanes, X x, int64_t cols, Y y) {
   constexpr int n = L::kCount;
   typename L::template Local<float> top;
   lanes.each([&](int l) {
     float m = -INFINITY;
-    for (int64_t i = l; i < cols; i += n) m = m > x[i] ? m : x[i];
+    for (int64_t i = l; i < cols; i += n) {
+      const float v = row_load(x, i);
+      m = m > v ? m : v;
+    }
     top[l] = m;
   });
   const float mx = lanes.max(top);
   typename L::template Local<double> partial;
   lanes.each([&](int l) {
     double s = 0.0;
-    for (int64_t i = l; i < cols; i += n) s += ::exp(double(x[i]) - mx);
+    for (int64_t i = l; i < cols; i += n) s += ::exp(double(row_load(x, i)) - mx);
     partial[l] = s;
   });
   const double sum = lanes.sum(partial);
   lanes.each([&](int l) {
-    for (int64_t i = l; i < cols; i += n) y[i] = float(::exp(double(x[i]) - mx) / sum);
+    for (int64_t i = l; i < cols; i += n) row_store(y, i, float(::exp(double(row_load(x, i)) - mx) / sum));
   });
 }
 
 // dx (= or +=) y (dy - sum(y dy)), the dot product in double (as softmax_backward_cpu).
-template <class L>
-ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, const float* y, const float* dy, int64_t cols, float* dx,
-                                             bool accumulate) {
+template <class L, class Y, class DY, class DX>
+ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, Y y, DY dy, int64_t cols, DX dx, bool accumulate) {
   constexpr int n = L::kCount;
   typename L::template Local<double> partial;
   lanes.each([&](int l) {
     double s = 0.0;
-    for (int64_t i = l; i < cols; i += n) s += double(y[i]) * dy[i];
+    for (int64_t i = l; i < cols; i += n) s += double(row_load(y, i)) * row_load(dy, i);
     partial[l] = s;
   });
   const double dot = lanes.sum(partial);
   lanes.each([&](int l) {
     for (int64_t i = l; i < cols; i += n) {
-      const float v = float(y[i] * (dy[i] - dot));
-      dx[i] = accumulate ? dx[i] + v : v;
+      const float v = float(row_load(y, i) * (row_load(dy, i) - dot));
+      row_store(dx, i, accumulate ? row_load(dx, i) + v : v);
     }
   });
 }
@@ -247,16 +266,16 @@ ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, const float* y, const flo
 // exponentials (rescaled as its max rises), the lanes' sums are rescaled to the row's max and added
 // in double; then z = exp(z - max) * factor, factor = exp(max - log_sum) * scale as the CPU's
 // chunk_factor. A target outside [0, vocab) gives a NaN loss and no one-hot (the CPU does not check).
-template <class L>
-ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, float* z, int64_t vocab, int32_t target, float scale) {
+template <class L, class Z>
+ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, Z z, int64_t vocab, int32_t target, float scale) {
   constexpr int n = L::kCount;
   const bool has_target = target >= 0 && target < vocab;
-  const float z_target = has_target ? z[target] : NAN;  // read before any lane overwrites it
+  const float z_target = has_target ? row_load(z, target) : NAN;  // read before any lane overwrites it
   typename L::template Local<float> top, sum;
   lanes.each([&](int l) {
     float m = -INFINITY, s = 0.0f;
     for (int64_t i = l; i < vocab; i += n) {
-      const float v = z[i];
+      const float v = row_load(z, i);
       if (v > m) {
         s = m == -INFINITY ? 0.0f : s * fast_exp(m - v);
         m = v;
@@ -280,8 +299,8 @@ ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, float* z, int64_t vocab, in
   const float factor = float(::exp(double(row_max) - log_sum) * double(scale));
   lanes.each([&](int l) {
     for (int64_t i = l; i < vocab; i += n) {
-      const float g = fast_exp(z[i] - shift) * factor;
-      z[i] = i == target ? g - scale : g;  // the one-hot subtracted once the softmax is scaled
+      const float g = fast_exp(row_load(z, i) - shift) * factor;
+      row_store(z, i, i == target ? g - scale : g);  // the one-hot subtracted once the softmax is scaled
     }
   });
   return float(log_sum - double(z_target));

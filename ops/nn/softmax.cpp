@@ -52,12 +52,17 @@ double softmax_flops(const Graph& g, const Node& n) { return 5.0 * double(g.valu
 
 }  // namespace
 
-const OpDef kSoftmax{
-    .name = "softmax", .cpu = softmax_cpu, .cuda = cuda::softmax, .grad = softmax_grad, .flops = softmax_flops};
+const OpDef kSoftmax{.name = "softmax",
+                     .cpu = softmax_cpu,
+                     .cuda = cuda::softmax,
+                     .grad = softmax_grad,
+                     .flops = softmax_flops,
+                     .cuda_16bit = "16-bit rows read and written directly, fp32 and double arithmetic"};
 const OpDef kSoftmaxBackward{.name = "softmax_backward",
                              .cpu = softmax_backward_cpu,
                              .cuda = cuda::softmax_backward,
-                             .flops = softmax_flops};
+                             .flops = softmax_flops,
+                             .cuda_16bit = "16-bit rows read and written directly, fp32 and double arithmetic"};
 
 ValueId softmax(Graph& g, ValueId x, const std::string& name) {
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);

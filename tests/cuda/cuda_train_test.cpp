@@ -13,9 +13,10 @@
 namespace engine::testing {
 namespace {
 
-void require_device() {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: the GPU training tests run on a GPU machine";
-}
+// A macro: GTEST_SKIP returns from the function it is written in, which must be the test body.
+#define REQUIRE_CUDA_DEVICE()                                                                        \
+  if (cuda_device_count() == 0)                                                                      \
+  GTEST_SKIP() << "no CUDA device here: the GPU training tests run on a GPU machine"
 
 struct Compared {
   double worst_loss = 0;    // largest per-step relative loss difference
@@ -49,25 +50,25 @@ std::vector<std::string> with(std::vector<std::string> more) {
 }
 
 TEST(CudaTraining, GptFp32TracksTheCpuRun) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
 TEST(CudaTraining, GptFp32WithDropoutAndAccumulationTracksTheCpuRun) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.dropout=0.1", "train.gradient_accumulation_steps=2"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
 TEST(CudaTraining, LlamaFp32TracksTheCpuRun) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.arch=llama", "model.kv_heads=2"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
 TEST(CudaTraining, GptFullRecomputeWithHostCheckpointsTracksTheCpuRun) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c =
       compare(with({"activation_checkpointing.policy=full", "activation_checkpointing.cpu_checkpointing=true"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
@@ -76,19 +77,19 @@ TEST(CudaTraining, GptFullRecomputeWithHostCheckpointsTracksTheCpuRun) {
 // bf16 rounds every activation to 8 bits of mantissa (2^-8 = 0.4%); a 20-step loss curve of this
 // model moves by a few of those between two correct bf16 implementations. The band: 2%.
 TEST(CudaTraining, GptBf16StaysWithinItsBand) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"precision.mode=bf16"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, LlamaBf16StaysWithinItsBand) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.arch=llama", "model.kv_heads=2", "precision.mode=bf16"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, EvaluationMatchesTheCpu) {
-  require_device();
+  REQUIRE_CUDA_DEVICE();
   double loss[2];
   for (int device = 0; device < 2; ++device) {
     Session session(quickstart(with({device ? "run.device=cuda" : "run.device=cpu"})).recipe);
