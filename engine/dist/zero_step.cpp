@@ -179,8 +179,9 @@ std::vector<double> ZeroStep::rank_major_to_unit_major(const std::vector<double>
   return ordered;
 }
 
-double ZeroStep::gradient_norm() {
-  std::vector<double> partials = gradient_norm_partials(store_);
+double ZeroStep::gradient_norm() { return gradient_norm(gradient_norm_partials(store_)); }
+
+double ZeroStep::gradient_norm(std::vector<double> partials) {
   const ShardLayout& layout = store_.layout();
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());

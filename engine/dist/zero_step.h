@@ -54,6 +54,9 @@ class ZeroStep : public StepCommunication {
 
   void finish_gradients();
   double gradient_norm();
+  // The same from this rank's partial sums (optimizer.h gradient_norm_partials), computed elsewhere
+  // (the device optimizer's).
+  double gradient_norm(std::vector<double> partials);
   // Each wrap unit's share of the last gradient_norm(): the L2 norm of its gradient (as scaled
   // then), summed over the ranks' shards; no communication of its own.
   const std::vector<double>& unit_gradient_norms() const { return unit_gradient_norms_; }

@@ -66,7 +66,8 @@ namespace {
 // The digest of the whole fp32 parameters, in unit and offset order. A unit's parameters tile its
 // [0, numel) (the padding a sharded layout adds follows them), so this hashes the bytes that
 // hashing each unit's masters from 0 to numel did before ranks existed. A collective when sharded.
-std::string weights_digest(const Session& session) {
+std::string weights_digest(Session& session) {
+  session.sync_host();
   const WholeParameters whole(session.store, session.comm);
   const Graph& graph = session.model.graph;
   std::vector<int> order(graph.params().size());

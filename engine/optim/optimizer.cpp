@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "optim/update_kernels.h"
+#include "optim/update_math.h"
 
 namespace engine {
 
@@ -145,24 +146,12 @@ double learning_rate(const recipe::Recipe& recipe, int64_t step) {
 
 namespace {
 
-// The sum of squares of one block, in double: 16 interleaved lanes (lane j takes elements j, j + 16,
-// ...) added in a fixed tree, so the compiler vectorises it and every build of one machine gets the
-// same bits. (In element order each add waited for the last: 4 cycles an element, 14 ms per step
-// for the benchmark GPT's 30M gradients on 2 threads.)
-double block_squares(const float* x) {
-  static_assert(kShardBlock % 16 == 0);
-  double lanes[16] = {};
-  for (int64_t k = 0; k < kShardBlock; k += 16)
-#pragma omp simd
-    for (int j = 0; j < 16; ++j) lanes[j] += double(x[k + j]) * double(x[k + j]);
-  for (int width = 8; width > 0; width /= 2)
-    for (int j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-  return lanes[0];
-}
-
 // Per unit, this rank's shard of an optimizer-range buffer (wherever the range starts), in blocks.
-// Each block sums in one fixed order, so the partials are the same on any number of threads and
-// ranks; the blocks run in parallel (a serial pass took 0.4 s per step for GPT-2 small's 124M
+// Each block sums its squares in one fixed order (optim/update_math.h block_squares: 16 interleaved
+// double lanes added in a fixed tree, which the compiler vectorises and the CUDA kernel repeats; in
+// element order each add waited for the last, 14 ms per step for the benchmark GPT's 30M gradients
+// on 2 threads), so the partials are the same on any number of threads and ranks and on either
+// device; the blocks run in parallel (a serial pass took 0.4 s per step for GPT-2 small's 124M
 // gradients).
 template <class Buffer>
 std::vector<double> shard_norm_partials(const ParameterStore& store, Buffer&& buffer) {

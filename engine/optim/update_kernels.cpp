@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "optim/update_kernels_isa.h"
+#include "optim/update_math.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -16,7 +17,8 @@
 #endif
 
 // This file is built with -ffp-contract=off (engine/CMakeLists.txt): the only fused multiply-adds
-// are the written ones, so the scalar loop rounds exactly as the vector paths do.
+// are the written ones, so the scalar loop (optim/update_math.h's element functions, which the CUDA
+// kernels run too) rounds exactly as the vector paths do.
 
 namespace engine {
 
@@ -39,27 +41,11 @@ using update_isa::Isa;
 
 void adamw_scalar(float* __restrict w, const float* __restrict g, float* __restrict m, float* __restrict v, int64_t n,
                   const AdamWScalars& s) {
-  for (int64_t k = 0; k < n; ++k) {
-    const float gk = g[k];
-    const float mk = std::fma(s.beta1, m[k], s.one_minus_beta1 * gk);
-    const float vk = std::fma(s.beta2, v[k], (s.one_minus_beta2 * gk) * gk);
-    const float wk = std::fma(-s.decay, w[k], w[k]);
-    const float d = std::fma(std::sqrt(vk), s.denom_scale, s.eps);
-    w[k] = std::fma(-s.step_size, mk / d, wk);
-    m[k] = mk;
-    v[k] = vk;
-  }
+  for (int64_t k = 0; k < n; ++k) adamw_element(w[k], g[k], m[k], v[k], s);
 }
 
 void sgd_scalar(float* __restrict w, const float* __restrict g, float* __restrict buf, int64_t n, const SgdScalars& s) {
-  for (int64_t k = 0; k < n; ++k) {
-    float d = std::fma(s.decay, w[k], g[k]);
-    if (buf) {
-      buf[k] = s.first ? d : std::fma(s.momentum, buf[k], d);
-      d = s.nesterov ? std::fma(s.momentum, buf[k], d) : buf[k];
-    }
-    w[k] = std::fma(-s.lr, d, w[k]);
-  }
+  for (int64_t k = 0; k < n; ++k) sgd_element(w[k], g[k], buf ? buf + k : nullptr, s);
 }
 
 #ifdef ENGINE_UPDATE_X86

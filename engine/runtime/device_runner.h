@@ -13,7 +13,7 @@
 //
 //   auto runner = make_device_runner(graph, store, /*device index*/ 0);   // UserError without CUDA
 //   runner->add_plan("train", plan);
-//   runner->run("train", plan, ctx, host_inputs, nullptr);
+//   runner->run("train", plan, ctx, host_inputs, nullptr, &zero_step);
 //   const float* losses = runner->value_f32("train", plan, losses_id);
 #pragma once
 
@@ -30,6 +30,7 @@
 namespace engine {
 
 struct OpTotals;
+class StepCommunication;
 
 // What the runner holds, by memory kind, and the device's own view.
 struct DeviceMemory {
@@ -49,11 +50,24 @@ class DeviceRunner {
   // One replay of `plan`. `ctx` carries the step's identity (seed, step, micro_step, training,
   // loss scale); `inputs` the host values the trainer filled (by ValueId). With `op_totals`, every
   // kernel is timed with events and summed per op. Returns once the device is done.
+  // `communication` runs the plan's gradient reductions (one rank accumulating micro-batches: the
+  // sum into the store's gradient shard), in plan order once the gradients are on the host.
   virtual void run(const std::string& name, const Plan& plan, KernelContext ctx,
-                   const std::map<ValueId, Buffer>& inputs, std::map<std::string, OpTotals>* op_totals) = 0;
+                   const std::map<ValueId, Buffer>& inputs, std::map<std::string, OpTotals>* op_totals,
+                   StepCommunication* communication) = 0;
   // An activation of the last run of `name`, copied to the host and widened to f32.
   virtual const float* value_f32(const std::string& name, const Plan& plan, ValueId id) = 0;
   virtual DeviceMemory memory() const = 0;
+
+  // Resident model state (optim/device_optimizer.h): run() then neither uploads the parameters nor
+  // downloads the gradients nor runs the plan's host reductions; the device optimizer reads the
+  // gradients and writes the parameters where they are.
+  virtual void set_resident(bool resident) = 0;
+  virtual std::byte* parameters(size_t unit) = 0;  // the unit's compute-type parameters (padded)
+  virtual std::byte* gradients(size_t unit) = 0;   // the unit's micro-batch gradients (padded)
+  virtual void* stream() = 0;                      // the cudaStream_t the steps run on
+  // Device memory counted in memory(), for state that lives beside the runner's.
+  virtual std::byte* allocate(int64_t bytes, const std::string& what) = 0;
 };
 
 // The runner on CUDA device `index`; a UserError in a build without CUDA or without that device.

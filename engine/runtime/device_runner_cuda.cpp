@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "core/convert.h"
@@ -135,9 +136,14 @@ class CudaRunner final : public DeviceRunner {
   }
 
   void add_plan(const std::string& name, const Plan& plan) override {
-    if (!plan.actions.empty())
-      throw UserError("run.device: cuda runs one process without ZeRO collectives for now (plan '" + name +
-                      "' communicates); train on CPU for distributed or ZeRO-2/3 runs");
+    // The gradient reductions of one rank accumulating micro-batches run on the host after the
+    // step; gathers and arena gradient buffers (ZeRO-2/3) do not exist on this path.
+    for (const auto& position : plan.actions)
+      for (const StepAction& action : position)
+        if ((action.kind != StepAction::Kind::reduce && action.kind != StepAction::Kind::wait) ||
+            action.buffer != kNoValue)
+          throw UserError("run.device: cuda runs one process at ZeRO stage 0-1 for now (plan '" + name +
+                          "' gathers parameters or partitions gradients); train on CPU for ZeRO-2/3 runs");
     if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
     int64_t workspace = kWorkspaceBytes;
     for (size_t index : plan.nodes) {
@@ -150,9 +156,9 @@ class CudaRunner final : public DeviceRunner {
   }
 
   void run(const std::string& name, const Plan& plan, KernelContext ctx, const std::map<ValueId, Buffer>& inputs,
-           std::map<std::string, OpTotals>* op_totals) override {
+           std::map<std::string, OpTotals>* op_totals, StepCommunication* communication) override {
     check(cudaSetDevice(index_), "set device");
-    upload_parameters();
+    if (!resident_) upload_parameters();
     if (plan.training)
       for (DeviceBlock& g : grads_) check(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
     for (auto& [id, block] : inputs_)
@@ -174,10 +180,16 @@ class CudaRunner final : public DeviceRunner {
         events.emplace_back(start, stop);
       }
     }
-    if (plan.training) download_gradients();
+    if (plan.training && !resident_) download_gradients();
     check(cudaStreamSynchronize(stream_), "step of plan " + name);
     last_run_[name] = ctx.pointers;
     if (op_totals) total_events(plan, events, *op_totals);
+    if (resident_) return;  // the device optimizer sums the micro-batches
+    for (const auto& position : plan.actions)
+      for (const StepAction& action : position) {
+        ENGINE_CHECK(communication, "plan " + name + " reduces gradients but has no communicator");
+        communication->run(action, nullptr);
+      }
   }
 
   const float* value_f32(const std::string& name, const Plan& plan, ValueId id) override {
@@ -192,6 +204,15 @@ class CudaRunner final : public DeviceRunner {
     out.resize(size_t(v.shape.numel()));
     widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
     return out.data();
+  }
+
+  void set_resident(bool resident) override { resident_ = resident; }
+  std::byte* parameters(size_t unit) override { return compute_.at(unit).data(); }
+  std::byte* gradients(size_t unit) override { return grads_.at(unit).data(); }
+  void* stream() override { return stream_; }
+  std::byte* allocate(int64_t bytes, const std::string& what) override {
+    extra_.emplace_back(bytes, tally_, what);
+    return extra_.back().data();
   }
 
   DeviceMemory memory() const override {
@@ -350,6 +371,8 @@ class CudaRunner final : public DeviceRunner {
   std::map<std::string, std::vector<void*>> last_run_;
   std::map<ValueId, std::vector<float>> downloads_;
   std::vector<void*> registered_;
+  std::deque<DeviceBlock> extra_;  // allocate()'s blocks
+  bool resident_ = false;
 };
 
 }  // namespace

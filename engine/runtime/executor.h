@@ -60,6 +60,7 @@ class Executor {
   Executor(const Graph& graph, ParameterStore& parameters, uint64_t seed, Device device = {});
   ~Executor();
   Device device() const { return device_; }
+  DeviceRunner* runner() { return runner_.get(); }  // null on the CPU
   // The device runner's memory (zeros on the CPU).
   DeviceMemory device_memory() const { return runner_ ? runner_->memory() : DeviceMemory{}; }
 

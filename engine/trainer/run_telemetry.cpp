@@ -181,7 +181,10 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
 void RunTelemetry::log(const nlohmann::json& line, int64_t step, double loss_scale, bool histograms_due) {
   std::vector<double> parameter_norms;
   const bool histograms = config_.tensorboard && config_.histograms && histograms_due;
-  if (histograms) parameter_norms = setup_.session.zero.unit_parameter_norms();  // every rank
+  if (histograms) {
+    setup_.session.sync_host();  // a GPU run's masters, from the device
+    parameter_norms = setup_.session.zero.unit_parameter_norms();  // every rank
+  }
   if (!tensorboard_) return;
   for (const auto& [key, value] : line.items()) {
     if (key == "step") continue;

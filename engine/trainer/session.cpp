@@ -298,6 +298,25 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communica
   eval_gathers_ = gather_sequence(compiled.eval);
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
+  if (DeviceRunner* runner = executor.runner()) {
+    // resolve_device put this run on the GPU only as one process without offload: the whole
+    // update happens there, and the model state stays there between steps.
+    device_optimizer = make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation);
+    runner->set_resident(true);
+  }
+}
+
+void Session::ensure_device_current() {
+  if (!device_optimizer || device_current_) return;
+  ENGINE_CHECK(host_current_, "the host's model state changed while the device held newer state");
+  device_optimizer->upload();
+  device_current_ = true;
+}
+
+void Session::sync_host() {
+  if (!device_optimizer || host_current_) return;
+  device_optimizer->download();
+  host_current_ = true;
 }
 
 void Session::load_batch(const Batch& batch) {
@@ -317,32 +336,42 @@ double Session::mean_loss(const std::string& plan) {
 }
 
 double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale) {
+  ensure_device_current();
   {
     trace::Scope event("data", "load batch");
-    if (store.sharding().stage < 2) store.zero_micro_grads();
+    if (store.sharding().stage < 2 && !device_optimizer) store.zero_micro_grads();
     load_batch(batch);
     zero.begin_micro_batch(micro);
     zero.begin_pass(train_gathers_);
   }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
+  if (device_optimizer) device_optimizer->add_micro_batch(micro);
   return mean_loss("train");
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
   if (offloaded) offloaded->check_present();  // a deleted swap file stops the run before its reads go wrong
+  std::vector<double> device_partials;
   {
     trace::Scope event("communication", "finish gradient reductions");
-    zero.finish_gradients();
+    if (device_optimizer)
+      device_partials = device_optimizer->finish_gradients();
+    else
+      zero.finish_gradients();
   }
-  if (hooks.after_backward) hooks.after_backward();
+  if (hooks.after_backward) {
+    if (device_optimizer) device_optimizer->download_gradients();
+    hooks.after_backward();
+    if (device_optimizer) device_optimizer->upload_gradients();  // the hook may have changed them
+  }
   // Three flat events on the trace's step lane: the norm, the update (clipping included), the copies.
   std::optional<trace::Scope> event(std::in_place, "optimizer", "gradient norm");
   StepResult result;
   result.loss = loss;
   result.loss_scale = scale;
   result.lr = learning_rate(recipe, updates);
-  const double scaled_norm = zero.gradient_norm();
+  const double scaled_norm = device_optimizer ? zero.gradient_norm(device_partials) : zero.gradient_norm();
   event.reset();
   event.emplace("optimizer", "optimizer update");
   if (!std::isfinite(scaled_norm) && scaler.enabled()) {
@@ -372,17 +401,25 @@ Session::StepResult Session::finish_step(double loss, double scale, const StepHo
       return result;
     }
   }
-  if (factor != 1.0) scale_gradients(store, factor);
-  optimizer->step(result.lr);
-  event.reset();
-  event.emplace("optimizer", "parameter copies");
-  zero.finish_update(!optimizer->writes_copies());
+  if (device_optimizer) {
+    if (factor != 1.0) device_optimizer->scale_gradients(factor);
+    device_optimizer->step(result.lr);  // and the 16-bit copies
+    host_current_ = false;
+  } else {
+    if (factor != 1.0) scale_gradients(store, factor);
+    optimizer->step(result.lr);
+    event.reset();
+    event.emplace("optimizer", "parameter copies");
+    zero.finish_update(!optimizer->writes_copies());
+  }
   scaler.update(false);
   ++updates;
   return result;
 }
 
 void Session::fall_back_to_bf16() {
+  sync_host();  // the host's masters are rounded anew, and the device takes them from there
+  host_changed();
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
   store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
@@ -394,6 +431,7 @@ double Session::evaluate(int64_t batches) {
   // Rank r evaluates batches r, r + world, ...; every rank runs as many (stage 3 gathers in each),
   // and the losses are summed in batch order, as one rank would.
   trace::Scope event("other", "evaluation");
+  ensure_device_current();
   trace::Suspend one_event;  // its ops are not the step's
   const int64_t rounds = (batches + world - 1) / world;
   std::vector<double> mine;

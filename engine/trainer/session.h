@@ -27,6 +27,7 @@
 #include "models/model.h"
 #include "offload/offloaded_state.h"
 #include "optim/loss_scaler.h"
+#include "optim/device_optimizer.h"
 #include "optim/optimizer.h"
 #include "recipe/load.h"
 #include "runtime/executor.h"
@@ -163,8 +164,19 @@ class Session {
   // the plan stands), the parameter copies are rounded anew and loss scaling stops.
   void fall_back_to_bf16();
 
+  // A GPU run keeps the model state on the device between steps (optim/device_optimizer.h): the
+  // host store and optimizer are brought up to date by sync_host() before anything reads them
+  // (checkpoints, exports, digests, tests), and host_changed() says they were written (a restored
+  // checkpoint, loaded weights), so the next step starts from them. Both are no-ops on the CPU.
+  void sync_host();
+  void host_changed() { device_current_ = false; }
+  std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU
+
  private:
   StepResult finish_step(double loss, double scale, const StepHooks& hooks);
+  void ensure_device_current();
+  bool device_current_ = false;  // the device holds the host's latest model state
+  bool host_current_ = true;     // the host holds the device's latest model state
   void load_batch(const Batch& batch);
   double mean_loss(const std::string& plan);
   MemoryPlan memory_;

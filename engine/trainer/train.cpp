@@ -172,6 +172,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   if (resume_dir) {
     const auto restore_start = std::chrono::steady_clock::now();
     restore_checkpoint(session, plugins, *resume_dir, resume);
+    session.host_changed();
     restore_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_start).count();
     out << "restored " << format_bytes(resume.total_bytes()) << " of checkpoint in " << format_fixed(restore_seconds, 2)
         << " s\n";
@@ -251,6 +252,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   auto write_checkpoint = [&](int64_t steps_done) {
     while (checkpoints.in_flight()) settle_checkpoint(true);  // its on_checkpoint runs before this state is taken
     std::optional<trace::Scope> manifest_event(std::in_place, "checkpoint", "checkpoint manifest");
+    session.sync_host();  // a GPU run's state, from the device
     const std::vector<StateKind> kinds = state_kinds(session.store, *session.optimizer);
     Manifest m;
     if (lead)
@@ -474,6 +476,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     }
     return summary;
   }
+  session.sync_host();
   const WholeParameters whole(session.store, comm);
   if (!lead) return summary;
   write_text_atomically(summary.run_dir / "summary.json", summary_json.dump(2) + "\n");

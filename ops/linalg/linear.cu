@@ -133,15 +133,48 @@ void run_product(const KernelContext& ctx, const Product& p) {
              "matmul");
 }
 
-// db[j] (+)= sum over rows of dy[r, j], one thread per column summing the rows in order in double:
-// the CPU's order (ops/linalg/linear.cpp add_bias_gradient), whatever the launch shape.
-__global__ void bias_gradient_kernel(const void* dy, DType dy_type, int64_t rows, int64_t cols, void* db,
-                                     DType db_type) {
+// db[j] (+)= sum over rows of dy[r, j], in a fixed order whatever the launch: each row chunk's sum
+// in double in row order (one thread per column and chunk, reads coalesced across columns), then
+// the chunks' sums in chunk order, added to db once in float (as core/convert.h add_float). The
+// CPU sums all rows in one double; the two orders differ in the double's last bits only, so the
+// float results agree but at a rounding boundary.
+constexpr int64_t kBiasChunkRows = 256;
+
+__global__ void bias_chunk_sums(const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t chunk_rows,
+                                double* partials) {  // partials (chunks, cols)
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (j >= cols) return;
+  const int64_t first = chunk * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
+  double sum = 0;
+  for (int64_t r = first; r < last; ++r) sum += double(load_float(dy, dy_type, r * cols + j));
+  partials[chunk * cols + j] = sum;
+}
+
+__global__ void bias_add_chunks(const double* partials, int64_t chunks, int64_t cols, void* db, DType db_type) {
   for (int64_t j = thread_index(); j < cols; j += thread_stride()) {
     double sum = 0;
-    for (int64_t r = 0; r < rows; ++r) sum += double(load_float(dy, dy_type, r * cols + j));
-    store_float(db, db_type, j, load_float(db, db_type, j) + float(sum));  // as core/convert.h add_float
+    for (int64_t c = 0; c < chunks; ++c) sum += partials[c * cols + j];
+    store_float(db, db_type, j, load_float(db, db_type, j) + float(sum));
   }
+}
+
+void bias_gradient(const KernelContext& ctx, const void* dy, DType dy_type, int64_t rows, int64_t cols, void* db,
+                   DType db_type) {
+  // As many chunks as the workspace holds partial sums for, of at least kBiasChunkRows rows each.
+  const int64_t fit = int64_t(ctx.workspace_bytes / sizeof(double)) / cols;
+  if (fit < 1) throw InternalError("linear_backward_weight: the workspace cannot hold one row of bias partial sums");
+  int64_t chunk_rows = kBiasChunkRows;
+  if ((rows + chunk_rows - 1) / chunk_rows > fit) chunk_rows = (rows + fit - 1) / fit;
+  const int64_t chunks = rows == 0 ? 0 : (rows + chunk_rows - 1) / chunk_rows;
+  if (chunks > 65535) throw InternalError("linear_backward_weight: too many rows for the bias gradient's grid");
+  auto* partials = static_cast<double*>(ctx.workspace);
+  if (chunks > 0) {
+    bias_chunk_sums<<<dim3(unsigned((cols + 127) / 128), unsigned(chunks)), 128, 0, stream(ctx)>>>(
+        dy, dy_type, rows, cols, chunk_rows, partials);
+    check_launch("bias_chunk_sums");
+  }
+  bias_add_chunks<<<blocks_for(cols, 128), 128, 0, stream(ctx)>>>(partials, chunks, cols, db, db_type);
+  check_launch("bias_add_chunks");
 }
 
 }  // namespace
@@ -194,9 +227,7 @@ void linear_backward_weight(const Node& node, const KernelContext& ctx) {
   if (node.outputs.size() > 1) {
     const ValueId db = node.outputs[1];
     if (!ctx.accumulates(node, 1)) throw InternalError("linear_backward_weight: the bias gradient always accumulates");
-    bias_gradient_kernel<<<blocks_for(m, 128), 128, 0, stream(ctx)>>>(ctx.data(dy), ctx.dtype(dy), rows, m,
-                                                                      ctx.data(db), ctx.dtype(db));
-    check_launch("bias_gradient_kernel");
+    bias_gradient(ctx, ctx.data(dy), ctx.dtype(dy), rows, m, ctx.data(db), ctx.dtype(db));
   }
 }
 

@@ -7,7 +7,11 @@
 #include <cmath>
 #include <cstdio>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "../equivalence/run_util.h"
+#include "../temp_dir.h"
 #include "core/device_info.h"
 
 namespace engine::testing {
@@ -97,6 +101,50 @@ TEST(CudaTraining, EvaluationMatchesTheCpu) {
     loss[device] = session.evaluate(2);
   }
   EXPECT_LT(std::abs(loss[1] - loss[0]) / loss[0], 1e-5) << loss[0] << " vs " << loss[1];
+}
+
+TEST(CudaTraining, Bf16WithAccumulationStaysWithinItsBand) {
+  REQUIRE_CUDA_DEVICE();
+  const Compared c = compare(with({"precision.mode=bf16", "train.gradient_accumulation_steps=2"}), 20);
+  EXPECT_LT(c.worst_loss, 2e-2);
+}
+
+TEST(CudaTraining, Fp16WithLossScalingStaysWithinItsBand) {
+  REQUIRE_CUDA_DEVICE();
+  const Compared c = compare(with({"precision.mode=fp16"}), 20);
+  EXPECT_LT(c.worst_loss, 2e-2);
+}
+
+TEST(CudaTraining, SgdWithMomentumTracksTheCpuRun) {
+  REQUIRE_CUDA_DEVICE();
+  const Compared c = compare(with({"optimizer.type=sgd", "optimizer.lr=0.05", "optimizer.momentum=0.9"}), 20);
+  EXPECT_LT(c.worst_loss, 1e-4);
+}
+
+// The final loss and step count of `engine train` on the quick start with `arguments`.
+double train_final_loss(const std::filesystem::path& dir, const std::string& arguments) {
+  const std::string command = "OMP_NUM_THREADS=4 '" ENGINE_BINARY "' train '" ENGINE_SOURCE_DIR
+                              "/recipes/quickstart.yaml' train.steps=8 train.eval_every=0 checkpoint.every_steps=4 "
+                              "run.output_dir='" + dir.string() + "' " + arguments + " > '" + dir.string() +
+                              "/log.txt' 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  std::ifstream summary(dir / "quickstart" / "summary.json");
+  return nlohmann::json::parse(summary).at("final_loss").get<double>();
+}
+
+// A checkpoint is the host's record of the model, whichever device trained it: a run cut at step 4
+// on one device and resumed on the other ends where a straight run on the first does (fp32: the
+// devices agree to 1e-4, as above).
+TEST(CudaTraining, CheckpointsResumeAcrossDevices) {
+  REQUIRE_CUDA_DEVICE();
+  for (const auto& [first, second] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
+    const TempDir straight("straight"), cut("cut");
+    const double expected = train_final_loss(straight.path(), std::string("run.device=") + first);
+    train_final_loss(cut.path(), std::string("run.device=") + first + " --stop-after 4");
+    const double resumed = train_final_loss(cut.path(), std::string("run.device=") + second + " --resume");
+    EXPECT_LT(std::abs(resumed - expected) / expected, 1e-4) << first << " then " << second << ": " << resumed
+                                                              << " vs " << expected;
+  }
 }
 
 }  // namespace

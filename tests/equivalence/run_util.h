@@ -62,6 +62,7 @@ inline Run run(const recipe::Recipe& r, int64_t steps, const std::set<int64_t>& 
     out.loss_scales.push_back(result.loss_scale);
     out.skipped.push_back(result.skipped);
   }
+  session.sync_host();  // a GPU run's weights, from the device
   for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
     const float* w = session.store.param(int(i));
     out.weights.emplace_back(w, w + session.store.numel(int(i)));

@@ -1,0 +1,54 @@
+// DeviceOptimizer: the optimizer step of a GPU run, on the GPU, over model state that stays there
+// between steps: the fp32 masters, the optimizer's moments, the step's gradient sum and its fp32
+// form, beside the DeviceRunner's compute-type parameters and micro-batch gradients. It applies
+// the CPU's arithmetic in the CPU's order (optim/device_update.h: the micro-batch sum rounded in the
+// gradient type, the norm's partial sums per kShardBlock block, clipping's scale, AdamW and SGD's
+// FMA sequences, the rounding of the 16-bit copies), so a GPU run's update is the CPU's update of
+// the same gradients.
+//
+// The host ParameterStore and Optimizer stay the model's record: upload() copies them to the device
+// (before the first step, and after anything on the host changed them: initialisation, loaded
+// weights, a restored checkpoint); download() copies the device's state back (before a checkpoint,
+// an export, a golden digest or any host reader). One process, ZeRO stage 0-1, no offload.
+//
+//   auto device = make_device_optimizer(recipe.optimizer, store, *optimizer, runner, accumulation);
+//   device->upload();
+//   for (micro ...) { executor.run("train", ...); device->add_micro_batch(micro); }
+//   double norm = sum_norm_partials(device->finish_gradients());
+//   device->scale_gradients(clip);  device->step(lr);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "optim/optimizer.h"
+#include "runtime/device_runner.h"
+#include "runtime/parameters.h"
+
+namespace engine {
+
+class DeviceOptimizer {
+ public:
+  virtual ~DeviceOptimizer() = default;
+  virtual void upload() = 0;    // host masters, compute copies and optimizer state -> device
+  virtual void download() = 0;  // device -> host (the masters, copies and state a reader sees)
+  // After micro-batch `micro` of a step ran its backward: adds its gradients to the step's sum.
+  virtual void add_micro_batch(int64_t micro) = 0;
+  // Widens the step's sum into fp32 gradients; returns their norm's partial sums, in unit and
+  // block order (optimizer.h gradient_norm_partials).
+  virtual std::vector<double> finish_gradients() = 0;
+  // The fp32 gradients to the host store's opt_grad and back (hooks that read or change them).
+  virtual void download_gradients() = 0;
+  virtual void upload_gradients() = 0;
+  virtual void scale_gradients(double factor) = 0;  // as optimizer.h scale_gradients
+  // One update at learning rate `lr` (the host optimizer counts it), then the 16-bit copies.
+  virtual void step(double lr) = 0;
+};
+
+// Needs a CUDA build (a UserError otherwise).
+std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config,
+                                                       ParameterStore& store, Optimizer& host,
+                                                       DeviceRunner& runner, int64_t accumulation);
+
+}  // namespace engine
