@@ -42,6 +42,13 @@ struct DeviceMemory {
   std::string name;  // the device's name
 };
 
+// Where the host's time went in the runner's replays: enqueuing the kernels, and waiting for the
+// device to finish them (the device's own time, less what the enqueuing overlapped).
+struct DeviceTimes {
+  int64_t runs = 0;
+  double enqueue_seconds = 0, wait_seconds = 0;
+};
+
 class DeviceRunner {
  public:
   virtual ~DeviceRunner() = default;
@@ -58,6 +65,7 @@ class DeviceRunner {
   // An activation of the last run of `name`, copied to the host and widened to f32.
   virtual const float* value_f32(const std::string& name, const Plan& plan, ValueId id) = 0;
   virtual DeviceMemory memory() const = 0;
+  virtual DeviceTimes times() const = 0;
 
   // Resident model state (optim/device_optimizer.h): run() then neither uploads the parameters nor
   // downloads the gradients nor runs the plan's host reductions; the device optimizer reads the

@@ -157,6 +157,7 @@ class CudaRunner final : public DeviceRunner {
 
   void run(const std::string& name, const Plan& plan, KernelContext ctx, const std::map<ValueId, Buffer>& inputs,
            std::map<std::string, OpTotals>* op_totals, StepCommunication* communication) override {
+    const auto start = std::chrono::steady_clock::now();
     check(cudaSetDevice(index_), "set device");
     if (!resident_) upload_parameters();
     if (plan.training)
@@ -181,7 +182,11 @@ class CudaRunner final : public DeviceRunner {
       }
     }
     if (plan.training && !resident_) download_gradients();
+    const auto enqueued = std::chrono::steady_clock::now();
     check(cudaStreamSynchronize(stream_), "step of plan " + name);
+    times_.runs += 1;
+    times_.enqueue_seconds += std::chrono::duration<double>(enqueued - start).count();
+    times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued).count();
     last_run_[name] = ctx.pointers;
     if (op_totals) total_events(plan, events, *op_totals);
     if (resident_) return;  // the device optimizer sums the micro-batches
@@ -206,6 +211,7 @@ class CudaRunner final : public DeviceRunner {
     return out.data();
   }
 
+  DeviceTimes times() const override { return times_; }
   void set_resident(bool resident) override { resident_ = resident; }
   std::byte* parameters(size_t unit) override { return compute_.at(unit).data(); }
   std::byte* gradients(size_t unit) override { return grads_.at(unit).data(); }
@@ -373,6 +379,7 @@ class CudaRunner final : public DeviceRunner {
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
+  DeviceTimes times_;
 };
 
 }  // namespace

@@ -63,6 +63,7 @@ class Executor {
   DeviceRunner* runner() { return runner_.get(); }  // null on the CPU
   // The device runner's memory (zeros on the CPU).
   DeviceMemory device_memory() const { return runner_ ? runner_->memory() : DeviceMemory{}; }
+  DeviceTimes device_times() const { return runner_ ? runner_->times() : DeviceTimes{}; }
 
   // Plans share one arena, sized for the largest.
   void add_plan(const std::string& name, Plan plan);

@@ -1,5 +1,7 @@
 #include "trainer/session.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -351,6 +353,14 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
+  if (!device_optimizer) return finish_step_on_host(loss, scale, hooks);
+  const auto start = std::chrono::steady_clock::now();
+  StepResult result = finish_step_on_host(loss, scale, hooks);
+  device_update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+Session::StepResult Session::finish_step_on_host(double loss, double scale, const StepHooks& hooks) {
   if (offloaded) offloaded->check_present();  // a deleted swap file stops the run before its reads go wrong
   std::vector<double> device_partials;
   {

@@ -171,9 +171,11 @@ class Session {
   void sync_host();
   void host_changed() { device_current_ = false; }
   std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU
+  double device_update_seconds = 0;  // host time of the device optimizer's steps (norm, clipping, update)
 
  private:
   StepResult finish_step(double loss, double scale, const StepHooks& hooks);
+  StepResult finish_step_on_host(double loss, double scale, const StepHooks& hooks);  // the update's logic
   void ensure_device_current();
   bool device_current_ = false;  // the device holds the host's latest model state
   bool host_current_ = true;     // the host holds the device's latest model state

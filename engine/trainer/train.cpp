@@ -426,15 +426,23 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   progress_line = nullptr;
 
   const int64_t peak_rss = peak_resident_bytes();
+  const int64_t trained = summary.steps - first_step;
+  const double train_seconds = elapsed() - elapsed_before;
   const DeviceMemory device_memory = session.executor.device_memory();
   if (session.device.kind == Device::Kind::cuda && lead)
     out << "device memory peak " << format_bytes(device_memory.device_peak) << " (the allocator's high-water mark; "
         << "planned " << format_bytes(session.memory().activations + session.memory().scratch) << " of activations "
         << "and casts + the parameters and gradients; cudaMemGetInfo: " << format_bytes(device_memory.device_used)
         << " of " << format_bytes(device_memory.device_total) << " in use)\n";
+  if (const DeviceTimes times = session.executor.device_times(); times.runs > 0 && lead && trained > 0)
+    out << "host time per step on " << describe_device(session.device) << ": "
+        << format_fixed(1e3 * times.enqueue_seconds / double(trained), 1) << " ms enqueuing kernels, "
+        << format_fixed(1e3 * times.wait_seconds / double(trained), 1) << " ms waiting for them, "
+        << format_fixed(1e3 * session.device_update_seconds / double(trained), 1)
+        << " ms in the update (norm, clipping, optimizer), of " << format_fixed(1e3 * train_seconds / double(trained), 1)
+        << " ms\n";
   std::vector<int64_t> peak_per_rank;
   for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
-  const int64_t trained = summary.steps - first_step;
   nlohmann::json summary_json{{"steps", summary.steps},
                               {"parameters", session.model.graph.param_count()},
                               {"world_size", comm.size()},
