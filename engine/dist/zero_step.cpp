@@ -193,7 +193,11 @@ std::vector<double> ZeroStep::unit_parameter_norms() {
   const ShardLayout& layout = store_.layout();
   for (size_t u = 0; u < layout.units(); ++u)
     if (!store_.master(u)) return {};
-  std::vector<double> partials = master_norm_partials(store_);
+  return unit_parameter_norms(master_norm_partials(store_));
+}
+
+std::vector<double> ZeroStep::unit_parameter_norms(std::vector<double> partials) {
+  const ShardLayout& layout = store_.layout();
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the parameter norms' partial sums"), partials.size());
   return unit_norms(layout, partials);

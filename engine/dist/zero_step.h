@@ -63,6 +63,8 @@ class ZeroStep : public StepCommunication {
   // Each wrap unit's fp32 master norm; a collective (every rank calls it at the same step). Empty
   // when the masters are offloaded (reading them back is not cheap).
   std::vector<double> unit_parameter_norms();
+  // The same from this rank's partial sums of the masters (computed elsewhere: the device's).
+  std::vector<double> unit_parameter_norms(std::vector<double> partials);
   // refresh_copies() (unless the optimizer wrote the copies) and gather_parameters()
   void finish_update(bool refresh = true);
   // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.

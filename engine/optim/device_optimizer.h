@@ -42,6 +42,8 @@ class DeviceOptimizer {
   virtual void download_gradients() = 0;
   virtual void upload_gradients() = 0;
   virtual void scale_gradients(double factor) = 0;  // as optimizer.h scale_gradients
+  // The masters' norm partial sums (optimizer.h master_norm_partials), computed where they live.
+  virtual std::vector<double> master_norm_partials() = 0;
   // One update at learning rate `lr` (the host optimizer counts it), then the 16-bit copies.
   virtual void step(double lr) = 0;
 };

@@ -70,20 +70,32 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   std::vector<double> finish_gradients() override {
+    for (size_t u = 0; u < opt_grad_.size(); ++u)
+      if (store_.grad_dtype() != DType::f32)
+        cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
+    return norm_partials(opt_grad_);
+  }
+
+  std::vector<double> master_norm_partials() override { return norm_partials(master_); }
+
+ private:
+  // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order.
+  std::vector<double> norm_partials(const std::vector<float*>& buffers) {
     int64_t at = 0;
-    for (size_t u = 0; u < opt_grad_.size(); ++u) {
-      const int64_t n = store_.range_size(u);
-      if (store_.grad_dtype() != DType::f32) cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], n, stream_);
-      cuda::norm_partials(opt_grad_[u], n / kShardBlock, partials_ + at, stream_);
-      at += n / kShardBlock;
+    for (size_t u = 0; u < buffers.size(); ++u) {
+      const int64_t blocks = store_.range_size(u) / kShardBlock;
+      cuda::norm_partials(buffers[u], blocks, partials_ + at, stream_);
+      at += blocks;
     }
     std::vector<double> partials(static_cast<size_t>(blocks_), 0.0);
     check(cudaMemcpyAsync(partials.data(), partials_, partials.size() * sizeof(double), cudaMemcpyDeviceToHost,
                           stream_),
           "norm partials");
-    synchronize("gradient norm");
+    synchronize("norm partial sums");
     return partials;
   }
+
+ public:
 
   void download_gradients() override { copy_gradients(cudaMemcpyDeviceToHost); }
   void upload_gradients() override { copy_gradients(cudaMemcpyHostToDevice); }

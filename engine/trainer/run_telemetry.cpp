@@ -181,9 +181,11 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
 void RunTelemetry::log(const nlohmann::json& line, int64_t step, double loss_scale, bool histograms_due) {
   std::vector<double> parameter_norms;
   const bool histograms = config_.tensorboard && config_.histograms && histograms_due;
-  if (histograms) {
-    setup_.session.sync_host();  // a GPU run's masters, from the device
-    parameter_norms = setup_.session.zero.unit_parameter_norms();  // every rank
+  if (histograms) {  // every rank; a GPU run's masters where they live
+    Session& session = setup_.session;
+    parameter_norms = session.device_optimizer
+                          ? session.zero.unit_parameter_norms(session.device_optimizer->master_norm_partials())
+                          : session.zero.unit_parameter_norms();
   }
   if (!tensorboard_) return;
   for (const auto& [key, value] : line.items()) {
