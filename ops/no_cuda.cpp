@@ -7,10 +7,10 @@
 
 namespace engine::cuda {
 
-#define ENGINE_NO_CUDA_KERNEL(kernel)                                                                 \
-  void kernel(const Node& node, const KernelContext&) {                                               \
-    throw UserError(std::string("op ") + node.op->name + " has no CUDA kernel in this build (" #kernel \
-                    "; the engine was built without CUDA)");                                           \
+#define ENGINE_NO_CUDA_KERNEL(kernel)                                                                      \
+  void kernel(const Node& node, const KernelContext&) {                                                    \
+    throw UserError(std::string("op ") + node.op->name +                                                   \
+                    " has no CUDA kernel in this build (" #kernel "; the engine was built without CUDA)"); \
   }
 ENGINE_CUDA_KERNELS(ENGINE_NO_CUDA_KERNEL)
 #undef ENGINE_NO_CUDA_KERNEL

@@ -26,10 +26,10 @@ class GradBuilder;
 // executor owns the stream, the cuBLASLt handle and the workspace.
 struct KernelContext {
   const Graph* graph = nullptr;
-  Device device;                  // where `pointers` live and the kernel runs
-  void* stream = nullptr;         // cudaStream_t on CUDA
-  void* blas = nullptr;           // cublasLtHandle_t on CUDA
-  void* workspace = nullptr;      // device scratch for library calls (cuBLASLt), on CUDA
+  Device device;              // where `pointers` live and the kernel runs
+  void* stream = nullptr;     // cudaStream_t on CUDA
+  void* blas = nullptr;       // cublasLtHandle_t on CUDA
+  void* workspace = nullptr;  // device scratch for library calls (cuBLASLt), on CUDA
   size_t workspace_bytes = 0;
   std::vector<void*> pointers;  // indexed by ValueId
   uint64_t seed = 0;

@@ -7,8 +7,8 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "plan/plan.h"
 #include "cuda_kernels.h"
+#include "plan/plan.h"
 
 namespace engine {
 

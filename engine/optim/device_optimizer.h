@@ -49,8 +49,7 @@ class DeviceOptimizer {
 };
 
 // Needs a CUDA build (a UserError otherwise).
-std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config,
-                                                       ParameterStore& store, Optimizer& host,
-                                                       DeviceRunner& runner, int64_t accumulation);
+std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config, ParameterStore& store,
+                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation);
 
 }  // namespace engine

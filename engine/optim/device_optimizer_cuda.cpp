@@ -34,16 +34,18 @@ class CudaOptimizer final : public DeviceOptimizer {
       const int64_t n = store.range_size(u);
       ENGINE_CHECK(n == store.layout().padded(u), "the device optimizer updates whole units");
       master_.push_back(store_.param_dtype() == DType::f32 ? reinterpret_cast<float*>(runner.parameters(u))
-                                                  : f32_block(n, "the fp32 master weights"));
+                                                           : f32_block(n, "the fp32 master weights"));
       for (size_t k = 0; k < tensors; ++k) state_[k].push_back(f32_block(n, "the optimizer state"));
-      std::byte* sum = accumulation > 1 ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
-                                        : runner.gradients(u);
+      std::byte* sum = accumulation > 1
+                           ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
+                           : runner.gradients(u);
       grad_sum_.push_back(sum);
       opt_grad_.push_back(store_.grad_dtype() == DType::f32 ? reinterpret_cast<float*>(sum)
-                                                   : f32_block(n, "the fp32 gradients"));
+                                                            : f32_block(n, "the fp32 gradients"));
       blocks_ += n / kShardBlock;
     }
-    partials_ = reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
+    partials_ =
+        reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
   }
 
   void upload() override {
@@ -88,20 +90,20 @@ class CudaOptimizer final : public DeviceOptimizer {
       at += blocks;
     }
     std::vector<double> partials(static_cast<size_t>(blocks_), 0.0);
-    check(cudaMemcpyAsync(partials.data(), partials_, partials.size() * sizeof(double), cudaMemcpyDeviceToHost,
-                          stream_),
-          "norm partials");
+    check(
+        cudaMemcpyAsync(partials.data(), partials_, partials.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
+        "norm partials");
     synchronize("norm partial sums");
     return partials;
   }
 
  public:
-
   void download_gradients() override { copy_gradients(cudaMemcpyDeviceToHost); }
   void upload_gradients() override { copy_gradients(cudaMemcpyHostToDevice); }
 
   void scale_gradients(double factor) override {
-    for (size_t u = 0; u < opt_grad_.size(); ++u) cuda::scale(opt_grad_[u], store_.range_size(u), float(factor), stream_);
+    for (size_t u = 0; u < opt_grad_.size(); ++u)
+      cuda::scale(opt_grad_[u], store_.range_size(u), float(factor), stream_);
   }
 
   void step(double lr) override {
@@ -111,8 +113,7 @@ class CudaOptimizer final : public DeviceOptimizer {
       const AdamWScalars without_decay = adamw_scalars(config_, lr, t, false);
       for (const Segment& s : segments_)
         cuda::adamw_update(master_[s.unit] + s.begin, opt_grad_[s.unit] + s.begin, state_[0][s.unit] + s.begin,
-                           state_[1][s.unit] + s.begin, s.end - s.begin, s.decay ? with_decay : without_decay,
-                           stream_);
+                           state_[1][s.unit] + s.begin, s.end - s.begin, s.decay ? with_decay : without_decay, stream_);
     } else {
       for (const Segment& s : segments_) {
         const SgdScalars scalars{.lr = float(lr),
@@ -180,9 +181,8 @@ class CudaOptimizer final : public DeviceOptimizer {
 
 }  // namespace
 
-std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config,
-                                                       ParameterStore& store, Optimizer& host,
-                                                       DeviceRunner& runner, int64_t accumulation) {
+std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config, ParameterStore& store,
+                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation) {
   return std::make_unique<CudaOptimizer>(config, store, host, runner, accumulation);
 }
 

@@ -144,13 +144,13 @@ enum class ResumeMode { never, auto_resume };
 enum class CheckpointErrorAction { stop, keep_training };
 
 struct CheckpointSection {
-  int64_t every_steps;       // 0: no step-based checkpoints
-  double every_minutes;      // 0: no time-based checkpoints
-  int64_t keep_last;         // committed checkpoints kept (0: all)
-  std::string dir;           // empty: <run dir>/checkpoints
-  bool async;                // written from a snapshot while training continues
-  bool at_end;               // one more after the last step
-  ResumeMode resume;         // auto: continue from the latest complete checkpoint, if any
+  int64_t every_steps;   // 0: no step-based checkpoints
+  double every_minutes;  // 0: no time-based checkpoints
+  int64_t keep_last;     // committed checkpoints kept (0: all)
+  std::string dir;       // empty: <run dir>/checkpoints
+  bool async;            // written from a snapshot while training continues
+  bool at_end;           // one more after the last step
+  ResumeMode resume;     // auto: continue from the latest complete checkpoint, if any
   CheckpointErrorAction on_error;
   double preemption_budget;  // seconds from a stop signal to a durable checkpoint
 };

@@ -236,9 +236,7 @@ class CudaRunner final : public DeviceRunner {
   }
 
  private:
-  int64_t unit_bytes(size_t u, DType type) const {
-    return store_.layout().padded(u) * int64_t(dtype_size(type));
-  }
+  int64_t unit_bytes(size_t u, DType type) const { return store_.layout().padded(u) * int64_t(dtype_size(type)); }
 
   // The store's buffers are registered with the driver the first time they are copied, so every
   // later copy is a DMA at full link speed rather than a staged pageable copy.
@@ -290,7 +288,8 @@ class CudaRunner final : public DeviceRunner {
         case Placement::parameter:
         case Placement::gradient: {
           const Param& p = graph_.params()[size_t(v.param)];
-          const DeviceBlock& block = v.placement == Placement::parameter ? compute_[size_t(p.unit)] : grads_[size_t(p.unit)];
+          const DeviceBlock& block =
+              v.placement == Placement::parameter ? compute_[size_t(p.unit)] : grads_[size_t(p.unit)];
           ctx.pointers[i] = block.data() + p.offset * int64_t(dtype_size(v.dtype));
           break;
         }
@@ -339,8 +338,9 @@ class CudaRunner final : public DeviceRunner {
     node.op->cuda(node, ctx);
     for (const Converted& c : converted) {
       const Value& v = graph_.value(c.id);
-      if (c.output) cuda::narrow(static_cast<const float*>(ctx.pointers[size_t(c.id)]), c.original, v.dtype,
-                                 v.shape.numel(), stream_);
+      if (c.output)
+        cuda::narrow(static_cast<const float*>(ctx.pointers[size_t(c.id)]), c.original, v.dtype, v.shape.numel(),
+                     stream_);
       ctx.pointers[size_t(c.id)] = c.original;
       ctx.dtypes[size_t(c.id)] = v.dtype;
     }

@@ -6,8 +6,9 @@
 namespace engine {
 
 std::unique_ptr<DeviceRunner> make_device_runner(const Graph&, ParameterStore&, int) {
-  throw UserError("run.device: cuda, but this engine was built without CUDA (configure with ENGINE_CUDA=ON on a "
-                  "machine with the CUDA toolkit)");
+  throw UserError(
+      "run.device: cuda, but this engine was built without CUDA (configure with ENGINE_CUDA=ON on a "
+      "machine with the CUDA toolkit)");
 }
 
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection&, ParameterStore&, Optimizer&,

@@ -1,7 +1,7 @@
 // Executor: replays a Plan on the CPU, or on a CUDA device through a DeviceRunner
-// (runtime/device_runner.h) when constructed with one. On the CPU it owns the activation arena and the input buffers and
-// points every value at its memory once; a step is then a loop over the plan's nodes calling
-// their kernels, with no allocation.
+// (runtime/device_runner.h) when constructed with one. On the CPU it owns the activation arena and the input buffers
+// and points every value at its memory once; a step is then a loop over the plan's nodes calling their kernels, with no
+// allocation.
 //
 //   Executor exec(graph, params);                 // params: the model's parameter storage
 //   exec.add_plan("train", plan_step(graph, all_nodes(graph)));

@@ -19,9 +19,10 @@ Device resolve_device(const recipe::Recipe& recipe, int world, std::string* note
       return cpu;
     case recipe::RunDevice::cuda:
       if (devices == 0)
-        throw UserError(std::string("run.device: cuda, but ") +
-                        (kHaveCuda ? "no CUDA device is present on this machine" : "this engine was built without CUDA") +
-                        "; use run.device: cpu or auto");
+        throw UserError(
+            std::string("run.device: cuda, but ") +
+            (kHaveCuda ? "no CUDA device is present on this machine" : "this engine was built without CUDA") +
+            "; use run.device: cpu or auto");
       if (!limitation.empty()) throw UserError("run.device: cuda: " + limitation + "; use run.device: cpu");
       return cuda;
     case recipe::RunDevice::auto_detect:

@@ -92,8 +92,8 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
         << (cache ? "delete " + cache->string() + " to probe again, or " : std::string())
         << "set telemetry.peak_flops\n";
   }
-  if (const DType compute = compute_dtype(session.recipe); session.device.kind == Device::Kind::cpu &&
-                                                            compute != DType::f32 && !ops::matmul_16bit_available(compute))
+  if (const DType compute = compute_dtype(session.recipe);
+      session.device.kind == Device::Kind::cpu && compute != DType::f32 && !ops::matmul_16bit_available(compute))
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
         << "widened copies: " << dtype_name(compute)
         << " saves memory here, not time (engine plan shows each op's path)\n";

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "checkpoint/sharded_state.h"
 #include "core/error.h"

@@ -1,8 +1,8 @@
 #include "elementwise/add.h"
 
+#include "cuda_kernels.h"
 #include "elementwise/add_math.h"
 #include "elementwise/chunked.h"
-#include "cuda_kernels.h"
 
 namespace engine::ops {
 

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "elementwise/chunked.h"
 #include "cuda_kernels.h"
+#include "elementwise/chunked.h"
 
 namespace engine::ops {
 

@@ -10,9 +10,9 @@
 #include "core/convert.h"
 #include "core/cpu_isa.h"
 #include "core/error.h"
+#include "cuda_kernels.h"
 #include "linalg/gemm.h"
 #include "linalg/gemm16.h"
-#include "cuda_kernels.h"
 
 namespace engine::ops {
 

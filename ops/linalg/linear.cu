@@ -52,8 +52,8 @@ struct Product {
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
-using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool,
-                           int64_t>;
+using PlanKey =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool, int64_t>;
 
 // The heuristic's first algorithm per shape, asked once: a step repeats the same few products.
 std::map<PlanKey, cublasLtMatmulAlgo_t>& algorithm_cache() {
@@ -91,7 +91,8 @@ void run_product(const KernelContext& ctx, const Product& p) {
   auto handle = static_cast<cublasLtHandle_t>(ctx.blas);
   Layouts l;
   check_blas(cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
-  const cublasOperation_t ta = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t ta = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          tb = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
   if (p.bias) {
@@ -101,15 +102,15 @@ void run_product(const KernelContext& ctx, const Product& p) {
     check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
                "bias");
     const cudaDataType_t bias_type = blas_type(p.c_type);
-    check_blas(
-        cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-        "bias type");
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+               "bias type");
   }
   l.a = layout(p.a_type, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
   l.b = layout(p.b_type, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
   l.c = layout(p.c_type, p.m, p.n, p.ldc, p.batch, p.stride_c);
-  const PlanKey key{p.transpose_a, p.transpose_b, p.m,      p.n,      p.k,           int(p.a_type), int(p.c_type),
-                    int(p.batch > 1), p.lda,       p.ldb,    p.ldc,    p.bias != nullptr, p.beta != 0, p.batch};
+  const PlanKey key{p.transpose_a, p.transpose_b,    p.m,   p.n,   p.k,   int(p.a_type),
+                    int(p.c_type), int(p.batch > 1), p.lda, p.ldb, p.ldc, p.bias != nullptr,
+                    p.beta != 0,   p.batch};
   auto& cache = algorithm_cache();
   auto found = cache.find(key);
   if (found == cache.end()) {

@@ -1,7 +1,7 @@
 #include "linalg/matmul.h"
 
-#include "linalg/gemm.h"
 #include "cuda_kernels.h"
+#include "linalg/gemm.h"
 
 namespace engine::ops {
 

@@ -2,9 +2,9 @@
 
 #include <type_traits>
 
+#include "cuda_kernels.h"
 #include "elementwise/chunked.h"
 #include "nn/gelu_onednn.h"
-#include "cuda_kernels.h"
 
 namespace engine::ops {
 

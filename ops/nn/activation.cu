@@ -122,11 +122,17 @@ void unary_backward(const Node& node, const KernelContext& ctx, const char* name
 }  // namespace
 
 void gelu(const Node& node, const KernelContext& ctx) { unary<ops::Gelu>(node, ctx, "gelu"); }
-void gelu_backward(const Node& node, const KernelContext& ctx) { unary_backward<ops::Gelu>(node, ctx, "gelu_backward"); }
+void gelu_backward(const Node& node, const KernelContext& ctx) {
+  unary_backward<ops::Gelu>(node, ctx, "gelu_backward");
+}
 void relu(const Node& node, const KernelContext& ctx) { unary<ops::Relu>(node, ctx, "relu"); }
-void relu_backward(const Node& node, const KernelContext& ctx) { unary_backward<ops::Relu>(node, ctx, "relu_backward"); }
+void relu_backward(const Node& node, const KernelContext& ctx) {
+  unary_backward<ops::Relu>(node, ctx, "relu_backward");
+}
 void silu(const Node& node, const KernelContext& ctx) { unary<ops::Silu>(node, ctx, "silu"); }
-void silu_backward(const Node& node, const KernelContext& ctx) { unary_backward<ops::Silu>(node, ctx, "silu_backward"); }
+void silu_backward(const Node& node, const KernelContext& ctx) {
+  unary_backward<ops::Silu>(node, ctx, "silu_backward");
+}
 
 void swiglu(const Node& node, const KernelContext& ctx) {
   const int64_t n = ctx.shape(node.inputs[0]).numel();

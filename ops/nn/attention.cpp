@@ -5,12 +5,12 @@
 #include <memory>
 
 #include "core/convert.h"
+#include "cuda_kernels.h"
 #include "linalg/gemm.h"
 #include "nn/attention16.h"
 #include "nn/attention_blocks.h"
-#include "nn/qkv_layout.h"
-#include "cuda_kernels.h"
 #include "nn/attention_cudnn.h"
+#include "nn/qkv_layout.h"
 
 namespace engine::ops {
 

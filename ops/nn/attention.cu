@@ -73,7 +73,7 @@ constexpr size_t dkv_smem() {  // k, v, q, dO, P, dS, lse, delta
 
 template <int kCap>
 __global__ void __launch_bounds__(at::kThreads) forward_kernel(const float* __restrict__ qkv, float* __restrict__ out,
-                                                           float* __restrict__ lse, Geometry g, float scale) {
+                                                               float* __restrict__ lse, Geometry g, float scale) {
   extern __shared__ float smem[];
   constexpr int ld = at::tile_stride(kCap), kCols = kCap / kSide;
   float* sq = smem;
@@ -257,8 +257,8 @@ __global__ void __launch_bounds__(at::kThreads)
 #pragma unroll
         for (int j = 0; j < kPer; ++j) {
           const int query = owned(tx, j), idx = owned(ty, i) * kScoreStride + query;
-          const float p = at::probability(s[i][j], scale, slse[query],
-                                          at::visible(q0 + query, k0 + owned(ty, i), g.time));
+          const float p =
+              at::probability(s[i][j], scale, slse[query], at::visible(q0 + query, k0 + owned(ty, i), g.time));
           sp[idx] = p;
           sds[idx] = at::score_gradient(p, dp[i][j], sdelta[query]);
         }
@@ -328,11 +328,12 @@ void backward(const Geometry& g, const float* dout, const float* qkv, const floa
   allow_shared(dq_kernel<kCap>, dq_smem<kCap>(), dq_done);
   allow_shared(dkv_kernel<kCap>, dkv_smem<kCap>(), dkv_done);
   const dim3 dq_grid(unsigned(g.batch * g.heads), unsigned(at::tiles(g.time)));
-  dq_kernel<kCap><<<dq_grid, at::kThreads, dq_smem<kCap>(), stream>>>(dout, qkv, lse, delta, dqkv, g, scale, accumulate);
+  dq_kernel<kCap>
+      <<<dq_grid, at::kThreads, dq_smem<kCap>(), stream>>>(dout, qkv, lse, delta, dqkv, g, scale, accumulate);
   check_launch("causal_attention backward (dq)");
   const dim3 dkv_grid(unsigned(g.batch * g.kv_heads), unsigned(at::tiles(g.time)));
-  dkv_kernel<kCap><<<dkv_grid, at::kThreads, dkv_smem<kCap>(), stream>>>(dout, qkv, lse, delta, dqkv, g, scale,
-                                                                     accumulate);
+  dkv_kernel<kCap>
+      <<<dkv_grid, at::kThreads, dkv_smem<kCap>(), stream>>>(dout, qkv, lse, delta, dqkv, g, scale, accumulate);
   check_launch("causal_attention backward (dk, dv)");
 }
 
@@ -356,10 +357,14 @@ void attention(const Node& node, const KernelContext& ctx) {
   float* out = ctx.f32(out_id);
   float* lse = ctx.f32(lse_id);
   switch (at::head_capacity(g.head_size)) {
-    case 16: return forward<16>(g, qkv, out, lse, scale, stream(ctx));
-    case 32: return forward<32>(g, qkv, out, lse, scale, stream(ctx));
-    case 64: return forward<64>(g, qkv, out, lse, scale, stream(ctx));
-    default: return forward<128>(g, qkv, out, lse, scale, stream(ctx));
+    case 16:
+      return forward<16>(g, qkv, out, lse, scale, stream(ctx));
+    case 32:
+      return forward<32>(g, qkv, out, lse, scale, stream(ctx));
+    case 64:
+      return forward<64>(g, qkv, out, lse, scale, stream(ctx));
+    default:
+      return forward<128>(g, qkv, out, lse, scale, stream(ctx));
   }
 }
 
@@ -388,10 +393,14 @@ void attention_backward(const Node& node, const KernelContext& ctx) {
   delta_kernel<<<blocks_for(rows * 32), kThreads, 0, s>>>(dout, ctx.f32(out_id), delta, g);
   check_launch("causal_attention backward (delta)");
   switch (at::head_capacity(g.head_size)) {
-    case 16: return backward<16>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
-    case 32: return backward<32>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
-    case 64: return backward<64>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
-    default: return backward<128>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
+    case 16:
+      return backward<16>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
+    case 32:
+      return backward<32>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
+    case 64:
+      return backward<64>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
+    default:
+      return backward<128>(g, dout, qkv, lse, delta, dqkv, scale, accumulate, s);
   }
 }
 

@@ -40,8 +40,8 @@ bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 std::string describe(const SdpaProblem& p) {
   return std::string(p.backward ? "backward" : "forward") + ", " + std::string(dtype_name(p.type)) + ", B " +
-         std::to_string(p.batch) + " T " + std::to_string(p.time) + " heads " + std::to_string(p.heads) +
-         " kv_heads " + std::to_string(p.kv_heads) + " head size " + std::to_string(p.head_size);
+         std::to_string(p.batch) + " T " + std::to_string(p.time) + " heads " + std::to_string(p.heads) + " kv_heads " +
+         std::to_string(p.kv_heads) + " head size " + std::to_string(p.head_size);
 }
 
 [[noreturn]] void fail(const SdpaProblem& p, const std::string& step, const std::string& message) {
@@ -129,8 +129,11 @@ std::shared_ptr<fe::graph::Graph> make_graph(const SdpaProblem& p, int sm_versio
                        .set_attn_scale(scale);
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim({B, H, T, hd}).set_stride(out_strides(p));
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-        stats_stride);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
   } else {
     auto o = tensor("O", kO, {B, H, T, hd}, out_strides(p));
     auto d_o = tensor("dO", kDO, {B, H, T, hd}, out_strides(p));
@@ -244,8 +247,9 @@ SdpaProblem checked_problem(const Node& node, const KernelContext& ctx) {
 void execute(const SdpaProblem& p, const Built& built, int device, const KernelContext& ctx,
              std::unordered_map<int64_t, void*>& pack) {
   if (built.workspace > 0 && (ctx.workspace == nullptr || int64_t(ctx.workspace_bytes) < built.workspace))
-    fail(p, "workspace", "needs " + std::to_string(built.workspace) + " bytes, the executor gave " +
-                             std::to_string(ctx.workspace_bytes) + " (size it with cudnn_attention_workspace)");
+    fail(p, "workspace",
+         "needs " + std::to_string(built.workspace) + " bytes, the executor gave " +
+             std::to_string(ctx.workspace_bytes) + " (size it with cudnn_attention_workspace)");
   DeviceHandle& h = handle_for(device);
   std::lock_guard<std::mutex> guard(h.lock);
   check_cudnn(cudnnSetStream(h.handle, stream(ctx)), "cudnnSetStream");
@@ -294,10 +298,10 @@ void cudnn_attention_backward(const Node& node, const KernelContext& ctx) {
   const bool accumulate = ctx.accumulates(node, 0);
   const int64_t need = workspace_of(*ctx.graph, node, p, built.workspace);
   if (int64_t(ctx.workspace_bytes) < need || (need > 0 && ctx.workspace == nullptr))
-    fail(p, "workspace", "needs " + std::to_string(need) + " bytes" +
-                             (accumulate ? " (cuDNN's and the accumulated dqkv's scratch)" : "") +
-                             ", the executor gave " + std::to_string(ctx.workspace_bytes) +
-                             " (size it with cudnn_attention_workspace)");
+    fail(p, "workspace",
+         "needs " + std::to_string(need) + " bytes" +
+             (accumulate ? " (cuDNN's and the accumulated dqkv's scratch)" : "") + ", the executor gave " +
+             std::to_string(ctx.workspace_bytes) + " (size it with cudnn_attention_workspace)");
   std::byte* qkv = bytes(ctx.data(node.inputs[1]));
   std::byte* dqkv = accumulate ? bytes(ctx.workspace) + aligned(built.workspace) : bytes(ctx.data(node.outputs[0]));
   const int64_t k_offset = p.heads * hd * e, v_offset = (p.heads + p.kv_heads) * hd * e;

@@ -31,11 +31,11 @@
 
 namespace engine::ops::attention_tiles {
 
-inline constexpr int kTile = 64;                    // queries (and keys) of a tile
-inline constexpr int kSide = 16;                    // threads along each side of the thread grid
-inline constexpr int kThreads = kSide * kSide;      // 256 per block
-inline constexpr int kPer = kTile / kSide;          // rows (and columns) of a score tile per thread
-inline constexpr int kScoreStride = kTile + 1;      // floats between rows of a score tile in shared memory
+inline constexpr int kTile = 64;                // queries (and keys) of a tile
+inline constexpr int kSide = 16;                // threads along each side of the thread grid
+inline constexpr int kThreads = kSide * kSide;  // 256 per block
+inline constexpr int kPer = kTile / kSide;      // rows (and columns) of a score tile per thread
+inline constexpr int kScoreStride = kTile + 1;  // floats between rows of a score tile in shared memory
 inline constexpr int kMaxHeadSize = 128;
 
 // The packed qkv layout (nn/qkv_layout.h): a row of (H + 2 KV) hd floats, query head h at h hd,
@@ -72,10 +72,9 @@ ENGINE_HOST_DEVICE constexpr bool visible(int64_t query, int64_t key, int64_t ti
 // Thread `thread`'s share of loading a tile: rows [0, valid) of `hd` floats from `src` (rows
 // `stride` floats apart) into `tile`, zero in rows past `valid` and columns past `hd`.
 template <int kCap>
-ENGINE_HOST_DEVICE inline void load_tile(float* tile, const float* src, int64_t stride, int valid, int hd,
-                                         int thread) {
+ENGINE_HOST_DEVICE inline void load_tile(float* tile, const float* src, int64_t stride, int valid, int hd, int thread) {
   constexpr int ld = tile_stride(kCap);
-ATTENTION_UNROLL_BY(4)
+  ATTENTION_UNROLL_BY(4)
   for (int e = thread; e < kTile * kCap; e += kThreads) {
     const int r = e / kCap, c = e % kCap;
     tile[r * ld + c] = r < valid && c < hd ? src[int64_t(r) * stride + c] : 0.0f;
@@ -86,22 +85,20 @@ ATTENTION_UNROLL_BY(4)
 template <int kCap>
 ENGINE_HOST_DEVICE inline void dot_tile(const float* a, const float* b, int ty, int tx, float (&acc)[kPer][kPer]) {
   constexpr int ld = tile_stride(kCap);
-ATTENTION_UNROLL
-  for (int i = 0; i < kPer; ++i)
-ATTENTION_UNROLL
-    for (int j = 0; j < kPer; ++j) acc[i][j] = 0.0f;
-ATTENTION_UNROLL_BY(8)
+  ATTENTION_UNROLL
+  for (int i = 0; i < kPer; ++i) ATTENTION_UNROLL
+  for (int j = 0; j < kPer; ++j) acc[i][j] = 0.0f;
+  ATTENTION_UNROLL_BY(8)
   for (int d = 0; d < kCap; ++d) {
     float av[kPer], bv[kPer];
-ATTENTION_UNROLL
+    ATTENTION_UNROLL
     for (int i = 0; i < kPer; ++i) {
       av[i] = a[owned(ty, i) * ld + d];
       bv[i] = b[owned(tx, i) * ld + d];
     }
-ATTENTION_UNROLL
-    for (int i = 0; i < kPer; ++i)
-ATTENTION_UNROLL
-      for (int j = 0; j < kPer; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    ATTENTION_UNROLL
+    for (int i = 0; i < kPer; ++i) ATTENTION_UNROLL
+    for (int j = 0; j < kPer; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
   }
 }
 
@@ -111,28 +108,26 @@ template <int kCap>
 ENGINE_HOST_DEVICE inline void product_tile(const float* p, const float* v, int ty, int tx,
                                             float (&acc)[kPer][kCap / kSide]) {
   constexpr int ld = tile_stride(kCap), cols = kCap / kSide;
-ATTENTION_UNROLL_BY(4)
+  ATTENTION_UNROLL_BY(4)
   for (int j = 0; j < kTile; ++j) {
     float pv[kPer], vv[cols];
-ATTENTION_UNROLL
+    ATTENTION_UNROLL
     for (int i = 0; i < kPer; ++i) pv[i] = p[owned(ty, i) * kScoreStride + j];
-ATTENTION_UNROLL
+    ATTENTION_UNROLL
     for (int k = 0; k < cols; ++k) vv[k] = v[j * ld + owned(tx, k)];
-ATTENTION_UNROLL
-    for (int i = 0; i < kPer; ++i)
-ATTENTION_UNROLL
-      for (int k = 0; k < cols; ++k) acc[i][k] = fmaf(pv[i], vv[k], acc[i][k]);
+    ATTENTION_UNROLL
+    for (int i = 0; i < kPer; ++i) ATTENTION_UNROLL
+    for (int k = 0; k < cols; ++k) acc[i][k] = fmaf(pv[i], vv[k], acc[i][k]);
   }
 }
 
 // Forward: a thread's dot products to scaled scores, -infinity where the query does not see the key.
-ENGINE_HOST_DEVICE inline void forward_scores(float (&s)[kPer][kPer], float scale, int64_t q0, int64_t k0,
-                                              int64_t time, int ty, int tx) {
-ATTENTION_UNROLL
-  for (int i = 0; i < kPer; ++i)
-ATTENTION_UNROLL
-    for (int j = 0; j < kPer; ++j)
-      s[i][j] = visible(q0 + owned(ty, i), k0 + owned(tx, j), time) ? s[i][j] * scale : -INFINITY;
+ENGINE_HOST_DEVICE inline void forward_scores(float (&s)[kPer][kPer], float scale, int64_t q0, int64_t k0, int64_t time,
+                                              int ty, int tx) {
+  ATTENTION_UNROLL
+  for (int i = 0; i < kPer; ++i) ATTENTION_UNROLL
+  for (int j = 0; j < kPer; ++j)
+    s[i][j] = visible(q0 + owned(ty, i), k0 + owned(tx, j), time) ? s[i][j] * scale : -INFINITY;
 }
 
 ENGINE_HOST_DEVICE inline float combine_max(float a, float b) { return a > b ? a : b; }
@@ -141,7 +136,7 @@ ENGINE_HOST_DEVICE inline float combine_sum(float a, float b) { return a + b; }
 // The largest of a thread's scores in row i.
 ENGINE_HOST_DEVICE inline float partial_max(const float (&s)[kPer][kPer], int i) {
   float m = s[i][0];
-ATTENTION_UNROLL
+  ATTENTION_UNROLL
   for (int j = 1; j < kPer; ++j) m = combine_max(m, s[i][j]);
   return m;
 }
@@ -155,7 +150,7 @@ ENGINE_HOST_DEVICE inline float softmax_step(float (&s)[kPer][kPer], int i, floa
   // A row that has seen no key yet (only padding rows past T stay so) keeps max -infinity.
   const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - top);
   partial = 0.0f;
-ATTENTION_UNROLL
+  ATTENTION_UNROLL
   for (int j = 0; j < kPer; ++j) {
     s[i][j] = s[i][j] == -INFINITY ? 0.0f : expf(s[i][j] - top);
     partial = combine_sum(partial, s[i][j]);
@@ -167,10 +162,9 @@ ATTENTION_UNROLL
 // acc[i][*] *= rescale[i]: the running output of a row when its max grows.
 template <int kCols>
 ENGINE_HOST_DEVICE inline void rescale_rows(float (&acc)[kPer][kCols], const float (&rescale)[kPer]) {
-ATTENTION_UNROLL
-  for (int i = 0; i < kPer; ++i)
-ATTENTION_UNROLL
-    for (int k = 0; k < kCols; ++k) acc[i][k] *= rescale[i];
+  ATTENTION_UNROLL
+  for (int i = 0; i < kPer; ++i) ATTENTION_UNROLL
+  for (int k = 0; k < kCols; ++k) acc[i][k] *= rescale[i];
 }
 
 // The forward's results of a row from its running max and sum: the log-sum-exp (natural log), and

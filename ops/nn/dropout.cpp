@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "nn/dropout_math.h"
 #include "cuda_kernels.h"
+#include "nn/dropout_math.h"
 
 namespace engine::ops {
 

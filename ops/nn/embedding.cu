@@ -125,7 +125,8 @@ void embedding_backward(const Node& node, const KernelContext& ctx) {
   const size_t array_bytes = aligned(size_t(n) * sizeof(int32_t));
   if (3 * array_bytes + sort_bytes > ctx.workspace_bytes || ctx.workspace == nullptr)
     throw InternalError("embedding_backward: the workspace (" + std::to_string(ctx.workspace_bytes) +
-                        " bytes) is smaller than the sort needs (" + std::to_string(3 * array_bytes + sort_bytes) + ")");
+                        " bytes) is smaller than the sort needs (" + std::to_string(3 * array_bytes + sort_bytes) +
+                        ")");
   auto* base = static_cast<char*>(ctx.workspace);
   auto* sorted_ids = reinterpret_cast<uint32_t*>(base);
   auto* rows_in = reinterpret_cast<int32_t*>(base + array_bytes);

@@ -7,8 +7,8 @@
 
 #include "core/convert.h"
 #include "core/cpu_isa.h"
-#include "nn/softmax_rows.h"
 #include "cuda_kernels.h"
+#include "nn/softmax_rows.h"
 
 namespace engine::ops {
 

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kLanes = 256;
 constexpr int64_t kGroupRows = 32;  // rows per partial gradient sum (at least; more if the workspace is short)
-constexpr int kSumWarps = 8;         // warps adding the groups' partial sums of 32 columns
+constexpr int kSumWarps = 8;        // warps adding the groups' partial sums of 32 columns
 
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }

@@ -1,7 +1,7 @@
 #include "nn/rotary.h"
 
-#include "nn/qkv_layout.h"
 #include "cuda_kernels.h"
+#include "nn/qkv_layout.h"
 
 #include <cmath>
 #include <vector>

@@ -63,10 +63,8 @@ const OpDef kReduceSum{.name = "reduce_sum",
                        .grad = reduce_grad,
                        .flops = elementwise_flops,
                        .fp32_outputs = 0b1};  // output 0: the sum
-const OpDef kReduceBackward{.name = "reduce_backward",
-                            .cpu = reduce_backward_cpu,
-                            .cuda = cuda::reduce_backward,
-                            .flops = elementwise_flops};
+const OpDef kReduceBackward{
+    .name = "reduce_backward", .cpu = reduce_backward_cpu, .cuda = cuda::reduce_backward, .flops = elementwise_flops};
 
 ValueId reduce_sum(Graph& g, ValueId x, const std::string& name) { return reduce(g, x, false, name); }
 ValueId reduce_mean(Graph& g, ValueId x, const std::string& name) { return reduce(g, x, true, name); }

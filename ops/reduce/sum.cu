@@ -10,7 +10,8 @@ namespace engine::cuda {
 
 namespace {
 
-__global__ void reduce_kernel(const float* x, float* y, int64_t rows, int64_t n, double factor) {  // x (rows, n), y (rows,)
+__global__ void reduce_kernel(const float* x, float* y, int64_t rows, int64_t n,
+                              double factor) {  // x (rows, n), y (rows,)
   for (int64_t r = thread_index(); r < rows; r += thread_stride()) {
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) sum += x[r * n + i];
@@ -34,8 +35,8 @@ void reduce_sum(const Node& node, const KernelContext& ctx) {
   const Shape& s = ctx.shape(node.inputs[0]);
   const int64_t rows = s.rows(), n = s.last();
   if (rows == 0) return;
-  reduce_kernel<<<blocks_for(rows), kThreads, 0, stream(ctx)>>>(ctx.f32(node.inputs[0]), ctx.f32(node.outputs[0]),
-                                                                rows, n, node.attrs.floats[0]);
+  reduce_kernel<<<blocks_for(rows), kThreads, 0, stream(ctx)>>>(ctx.f32(node.inputs[0]), ctx.f32(node.outputs[0]), rows,
+                                                                n, node.attrs.floats[0]);
   check_launch("reduce_sum");
 }
 

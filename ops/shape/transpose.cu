@@ -45,7 +45,7 @@ void transpose(const Node& node, const KernelContext& ctx) {
   const int64_t tiles = batch * ((m + kTile - 1) / kTile) * ((n + kTile - 1) / kTile);
   const unsigned blocks = unsigned(tiles < 65535 * 8 ? tiles : 65535 * 8);
   transpose_kernel<<<blocks, dim3(kTile, kRows), 0, stream(ctx)>>>(ctx.f32(node.inputs[0]), ctx.f32(node.outputs[0]),
-                                                                    batch, m, n, ctx.accumulates(node, 0));
+                                                                   batch, m, n, ctx.accumulates(node, 0));
   check_launch("transpose");
 }
 

@@ -18,9 +18,8 @@ namespace engine::testing {
 namespace {
 
 // A macro: GTEST_SKIP returns from the function it is written in, which must be the test body.
-#define REQUIRE_CUDA_DEVICE()                                                                        \
-  if (cuda_device_count() == 0)                                                                      \
-  GTEST_SKIP() << "no CUDA device here: the GPU training tests run on a GPU machine"
+#define REQUIRE_CUDA_DEVICE() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: the GPU training tests run on a GPU machine"
 
 struct Compared {
   double worst_loss = 0;    // largest per-step relative loss difference
@@ -125,8 +124,8 @@ TEST(CudaTraining, SgdWithMomentumTracksTheCpuRun) {
 double train_final_loss(const std::filesystem::path& dir, const std::string& arguments) {
   const std::string command = "OMP_NUM_THREADS=4 '" ENGINE_BINARY "' train '" ENGINE_SOURCE_DIR
                               "/recipes/quickstart.yaml' train.steps=8 train.eval_every=0 checkpoint.every_steps=4 "
-                              "run.output_dir='" + dir.string() + "' " + arguments + " > '" + dir.string() +
-                              "/log.txt' 2>&1";
+                              "run.output_dir='" +
+                              dir.string() + "' " + arguments + " > '" + dir.string() + "/log.txt' 2>&1";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream summary(dir / "quickstart" / "summary.json");
   return nlohmann::json::parse(summary).at("final_loss").get<double>();
@@ -142,8 +141,8 @@ TEST(CudaTraining, CheckpointsResumeAcrossDevices) {
     const double expected = train_final_loss(straight.path(), std::string("run.device=") + first);
     train_final_loss(cut.path(), std::string("run.device=") + first + " --stop-after 4");
     const double resumed = train_final_loss(cut.path(), std::string("run.device=") + second + " --resume");
-    EXPECT_LT(std::abs(resumed - expected) / expected, 1e-4) << first << " then " << second << ": " << resumed
-                                                              << " vs " << expected;
+    EXPECT_LT(std::abs(resumed - expected) / expected, 1e-4)
+        << first << " then " << second << ": " << resumed << " vs " << expected;
   }
 }
 

@@ -73,7 +73,8 @@ void emulate_forward(const Geometry& g, const float* qkv, float* out, float* lse
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t k0 = kb * kTile;
         const int valid = at::tile_rows(g.time, k0);
-        for (const Thread& t : threads()) at::load_tile<kCap>(skv.data(), base + k0 * g.row + g.k(kvh), g.row, valid, hd, t.tid);
+        for (const Thread& t : threads())
+          at::load_tile<kCap>(skv.data(), base + k0 * g.row + g.k(kvh), g.row, valid, hd, t.tid);
         for (const Thread& t : threads()) {
           State& st = state[size_t(t.tid)];
           at::dot_tile<kCap>(sq.data(), skv.data(), t.ty, t.tx, st.s);
@@ -94,7 +95,8 @@ void emulate_forward(const Geometry& g, const float* qkv, float* out, float* lse
             for (int j = 0; j < kPer; ++j) sp[size_t(owned(t.ty, i) * kScoreStride + owned(t.tx, j))] = st.s[i][j];
           }
         }
-        for (const Thread& t : threads()) at::load_tile<kCap>(skv.data(), base + k0 * g.row + g.v(kvh), g.row, valid, hd, t.tid);
+        for (const Thread& t : threads())
+          at::load_tile<kCap>(skv.data(), base + k0 * g.row + g.v(kvh), g.row, valid, hd, t.tid);
         for (const Thread& t : threads()) {
           State& st = state[size_t(t.tid)];
           at::rescale_rows(st.acc, st.rescale);
@@ -108,7 +110,8 @@ void emulate_forward(const Geometry& g, const float* qkv, float* out, float* lse
           if (row >= g.time) continue;
           const float inv = at::row_inverse(st.run_sum[i]);
           for (int k = 0; k < kCols; ++k)
-            if (owned(t.tx, k) < hd) out[(b * g.time + row) * g.channels + g.q(h) + owned(t.tx, k)] = st.acc[i][k] * inv;
+            if (owned(t.tx, k) < hd)
+              out[(b * g.time + row) * g.channels + g.q(h) + owned(t.tx, k)] = st.acc[i][k] * inv;
           if (t.tx == 0) lse[(b * g.heads + h) * g.time + row] = at::row_lse(st.run_max[i], st.run_sum[i]);
         }
       }
@@ -172,10 +175,12 @@ void emulate_dq(const Geometry& g, const float* dout, const float* qkv, const fl
             for (int j = 0; j < kPer; ++j) {
               const bool seen = at::visible(q0 + owned(t.ty, i), k0 + owned(t.tx, j), g.time);
               const float p = at::probability(s[i][j], scale, st.lse[i], seen);
-              sds[size_t(owned(t.ty, i) * kScoreStride + owned(t.tx, j))] = at::score_gradient(p, dp[i][j], st.delta[i]);
+              sds[size_t(owned(t.ty, i) * kScoreStride + owned(t.tx, j))] =
+                  at::score_gradient(p, dp[i][j], st.delta[i]);
             }
         }
-        for (const Thread& t : threads()) at::product_tile<kCap>(sds.data(), sk.data(), t.ty, t.tx, state[size_t(t.tid)].acc);
+        for (const Thread& t : threads())
+          at::product_tile<kCap>(sds.data(), sk.data(), t.ty, t.tx, state[size_t(t.tid)].acc);
       }
       for (const Thread& t : threads()) {
         const State& st = state[size_t(t.tid)];
@@ -225,7 +230,8 @@ void emulate_dkv(const Geometry& g, const float* dout, const float* qkv, const f
           const int valid = at::tile_rows(g.time, q0);
           for (const Thread& t : threads()) {
             at::load_tile<kCap>(sq.data(), base + q0 * g.row + g.q(h), g.row, valid, hd, t.tid);
-            at::load_tile<kCap>(sdo.data(), dout + (b * g.time + q0) * g.channels + g.q(h), g.channels, valid, hd, t.tid);
+            at::load_tile<kCap>(sdo.data(), dout + (b * g.time + q0) * g.channels + g.q(h), g.channels, valid, hd,
+                                t.tid);
             if (t.tid < kTile) {
               const int64_t at_row = (b * g.heads + h) * g.time + q0 + t.tid;
               slse[size_t(t.tid)] = t.tid < valid ? lse[at_row] : 0.0f;
@@ -300,8 +306,8 @@ void check(const Case& c) {
   const ValueId dout = graph.add_activation("dout", Shape{B, T, H * hd});
   const ValueId dqkv = graph.add_activation("dqkv", Shape{B, T, (H + 2 * KV) * hd});
   const Node forward{&ops::kCausalAttention, {qkv}, {out, lse}, Attrs{{H, KV}, {}}, false, false, "a"};
-  const Node backward{&ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, KV}, {}},
-                      c.accumulate, false, "a"};
+  const Node backward{
+      &ops::kCausalAttentionBackward, {dout, qkv, out, lse}, {dqkv}, Attrs{{H, KV}, {}}, c.accumulate, false, "a"};
   test_util::RandomValues values(graph, 11);
   const KernelContext& ctx = values.ctx;
   const size_t n_qkv = size_t(B * T * (H + 2 * KV) * hd), n_out = size_t(B * T * H * hd), n_lse = size_t(B * H * T);
@@ -314,10 +320,17 @@ void check(const Case& c) {
   // The emulated forward into its own out and lse; the emulated backward reads the CPU's.
   const float *q = ctx.f32(qkv), *d = ctx.f32(dout);
   switch (at::head_capacity(hd)) {
-    case 16: emulate_forward<16>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd))); break;
-    case 32: emulate_forward<32>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd))); break;
-    case 64: emulate_forward<64>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd))); break;
-    default: emulate_forward<128>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd)));
+    case 16:
+      emulate_forward<16>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd)));
+      break;
+    case 32:
+      emulate_forward<32>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd)));
+      break;
+    case 64:
+      emulate_forward<64>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd)));
+      break;
+    default:
+      emulate_forward<128>(g, q, out_emulated.data(), lse_emulated.data(), 1.0f / std::sqrt(float(hd)));
   }
   EXPECT_LE(worst(out_emulated.data(), ctx.f32(out), n_out, 1e-6, 1e-5), 1.0) << what << ": out";
   EXPECT_LE(worst(lse_emulated.data(), ctx.f32(lse), n_lse, 1e-6, 1e-6), 1.0) << what << ": lse";

@@ -130,8 +130,8 @@ std::vector<std::string> name_words(const std::string& name) {
 // Whether a kernel is one of those meant to match the CPU bit for bit.
 bool meant_bit_exact(const std::string& name) {
   // The element-wise ops, the casts, and the optimizer step's kernels (optim/update_kernels.cu).
-  static const std::vector<std::string> kWords{"gelu", "relu",   "silu", "swiglu", "dropout", "add",
-                                               "widen", "narrow", "cast", "copy",  "adamw",   "sgd"};
+  static const std::vector<std::string> kWords{"gelu",  "relu",   "silu", "swiglu", "dropout", "add",
+                                               "widen", "narrow", "cast", "copy",   "adamw",   "sgd"};
   for (const std::string& word : name_words(name))
     if (std::find(kWords.begin(), kWords.end(), word) != kWords.end()) return true;
   return false;

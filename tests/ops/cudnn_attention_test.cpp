@@ -54,7 +54,8 @@ AttentionGraph attention_graph(const SdpaProblem& p, DType type) {
   a.dqkv = g.add_activation("dqkv", Shape{p.batch, p.time, row}, type);
   const Attrs attrs{{p.heads, p.kv_heads}, {}};
   a.forward = Node{&ops::kCausalAttention, {a.qkv}, {a.out, a.lse}, attrs, false, false, "attn"};
-  a.backward = Node{&ops::kCausalAttentionBackward, {a.dout, a.qkv, a.out, a.lse}, {a.dqkv}, attrs, false, true, "attn"};
+  a.backward =
+      Node{&ops::kCausalAttentionBackward, {a.dout, a.qkv, a.out, a.lse}, {a.dqkv}, attrs, false, true, "attn"};
   g.add_node(a.forward);
   g.add_node(a.backward);
   return a;
@@ -71,8 +72,13 @@ TEST(CudnnAttention, OurLayoutsValidateForHopper) {
   for (int64_t kv_heads : {12, 4})  // GPT-2 (12 heads), Llama-style GQA (12 query, 4 key/value heads)
     for (DType type : {DType::bf16, DType::f16})
       for (bool backward : {false, true}) {
-        const SdpaProblem p{.batch = 4, .time = 1024, .heads = 12, .kv_heads = kv_heads, .head_size = 64,
-                            .type = type, .backward = backward};
+        const SdpaProblem p{.batch = 4,
+                            .time = 1024,
+                            .heads = 12,
+                            .kv_heads = kv_heads,
+                            .head_size = 64,
+                            .type = type,
+                            .backward = backward};
         EXPECT_EQ(cuda::cudnn_attention_validate(p, 90), "") << name(p);
         const AttentionGraph a = attention_graph(p, type);
         EXPECT_TRUE(cuda::cudnn_attention_supports(a.graph, backward ? a.backward : a.forward)) << name(p);
@@ -82,8 +88,13 @@ TEST(CudnnAttention, OurLayoutsValidateForHopper) {
 TEST(CudnnAttention, HeadSize20IsRefused) {
   if (!cuda::kHaveCudnnAttention) GTEST_SKIP() << kNoCudnn;
   for (bool backward : {false, true}) {
-    const SdpaProblem p{.batch = 4, .time = 1024, .heads = 12, .kv_heads = 4, .head_size = 20,
-                        .type = DType::bf16, .backward = backward};
+    const SdpaProblem p{.batch = 4,
+                        .time = 1024,
+                        .heads = 12,
+                        .kv_heads = 4,
+                        .head_size = 20,
+                        .type = DType::bf16,
+                        .backward = backward};
     const std::string why = cuda::cudnn_attention_validate(p, 90);
     EXPECT_NE(why, "") << name(p) << ": cuDNN's validate() took head size 20";
     std::cout << name(p) << ": " << why << "\n";
@@ -189,7 +200,7 @@ struct Outputs {
 // graph in 16 bits, the engine's fp32 kernels for the f32 graph. `dqkv_before`: when not empty,
 // the backward accumulates into it.
 Outputs run(const SdpaProblem& p, DType type, const std::vector<float>& qkv, const std::vector<float>& dout,
-        const std::vector<float>& dqkv_before, int repeats = 1, std::vector<float>* second = nullptr) {
+            const std::vector<float>& dqkv_before, int repeats = 1, std::vector<float>* second = nullptr) {
   AttentionGraph a = attention_graph(p, type);
   const bool accumulate = !dqkv_before.empty();
   a.backward.accumulate = accumulate;

@@ -273,8 +273,8 @@ void compare_to_cpu(const std::vector<float>& cpu, const std::vector<float>& got
     const double error = std::abs(double(got[i]) - double(cpu[i])) / scale;
     worst = std::max(worst, std::isnan(error) ? INFINITY : error);
     if (!(error <= tolerance) && !reported) {
-      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " against the CPU's " << cpu[i] << ", error "
-                    << error << " of max |cpu| " << scale << " > " << tolerance;
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " against the CPU's " << cpu[i] << ", error " << error
+                    << " of max |cpu| " << scale << " > " << tolerance;
       reported = true;
     }
   }
@@ -326,13 +326,15 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
   };
   const bool sixteen = storage != DType::f32;
   const double ulp = 2 * unit_roundoff(storage);
-  const double forward_tolerance =
-      c.forward_tolerance == 0 ? 0 : sixteen ? 2 * ulp : f32_tolerance(c.forward_tolerance, cpu.out);
+  const double forward_tolerance = c.forward_tolerance == 0 ? 0
+                                   : sixteen                ? 2 * ulp
+                                                            : f32_tolerance(c.forward_tolerance, cpu.out);
   compare_to_cpu(cpu.out, other.out, forward_tolerance, "output", comparison.worst_forward, comparison);
   if (c.differentiable)
     for (size_t p = 0; p < cpu.grads.size(); ++p) {
-      const double backward_tolerance =
-          c.straight_through ? 0 : sixteen ? 4 * ulp : f32_tolerance(c.backward_tolerance, cpu.grads[p]);
+      const double backward_tolerance = c.straight_through ? 0
+                                        : sixteen          ? 4 * ulp
+                                                           : f32_tolerance(c.backward_tolerance, cpu.grads[p]);
       compare_to_cpu(cpu.grads[p], other.grads[p], backward_tolerance, "d input " + std::to_string(p),
                      comparison.worst_backward, comparison);
     }

@@ -41,8 +41,9 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
   size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::isnan(want[i]) && std::isnan(got[i])) continue;
-    const double error = std::isnan(got[i]) || std::isnan(want[i]) ? INFINITY
-                                                                   : std::abs(double(got[i]) - want[i]) / (floor + std::abs(want[i]));
+    const double error = std::isnan(got[i]) || std::isnan(want[i])
+                             ? INFINITY
+                             : std::abs(double(got[i]) - want[i]) / (floor + std::abs(want[i]));
     if (!(error <= worst)) worst = error, at = i;
   }
   if (std::getenv("ROW_PROGRAM_PRINT")) std::printf("%-70s worst %.3g\n", what.c_str(), worst);
@@ -118,7 +119,8 @@ void check_norm(const NormCase& nc) {
 
   // The programs, as the CUDA kernels run them: a row per block forward, groups of 32 rows backward.
   SerialLanes<256> lanes;
-  std::vector<float> py(static_cast<size_t>(rows * c)), pmean(static_cast<size_t>(rows)), prstd(static_cast<size_t>(rows));
+  std::vector<float> py(static_cast<size_t>(rows * c)), pmean(static_cast<size_t>(rows)),
+      prstd(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)
     ops::norm_forward_row(lanes, xs.data() + r * c, c, nc.rms, 1e-5, ws.data(), nc.shift ? bs.data() : nullptr,
                           py.data() + r * c, &pmean[size_t(r)], &prstd[size_t(r)]);
@@ -137,8 +139,9 @@ void check_norm(const NormCase& nc) {
   }
 
   // The double reference.
-  std::vector<double> ry(static_cast<size_t>(rows * c)), rmean(static_cast<size_t>(rows)), rrstd(static_cast<size_t>(rows)), rdx(static_cast<size_t>(rows * c)),
-      rdw(dw0.begin(), dw0.end()), rdb(db0.begin(), db0.end());
+  std::vector<double> ry(static_cast<size_t>(rows * c)), rmean(static_cast<size_t>(rows)),
+      rrstd(static_cast<size_t>(rows)), rdx(static_cast<size_t>(rows * c)), rdw(dw0.begin(), dw0.end()),
+      rdb(db0.begin(), db0.end());
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = xs.data() + r * c;
     double m = 0, sq = 0;
@@ -191,10 +194,10 @@ void check_norm(const NormCase& nc) {
 }
 
 TEST(RowProgram, NormsMatchTheReferenceAndTheCpuKernel) {
-  for (const NormCase& nc : {NormCase{40, 150, false, true}, NormCase{40, 150, false, false},
-                             NormCase{40, 150, true, false}, NormCase{70, 768, false, true},
-                             NormCase{33, 7, false, true}, NormCase{5, 1000, true, false},
-                             NormCase{3, 2304, false, true}, NormCase{1, 256, false, true}})
+  for (const NormCase& nc :
+       {NormCase{40, 150, false, true}, NormCase{40, 150, false, false}, NormCase{40, 150, true, false},
+        NormCase{70, 768, false, true}, NormCase{33, 7, false, true}, NormCase{5, 1000, true, false},
+        NormCase{3, 2304, false, true}, NormCase{1, 256, false, true}})
     check_norm(nc);
 }
 
@@ -297,8 +300,8 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
     for (int64_t i = 0; i < vocab; ++i)
       rgrad[size_t(r * vocab + i)] = full_scale * (std::exp(zr[i] - mx) / sum - (i == tokens[size_t(r)] ? 1 : 0));
   }
-  const std::string what = "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " +
-                           std::to_string(N) + " lanes";
+  const std::string what =
+      "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " + std::to_string(N) + " lanes";
   expect_close(ploss, rloss, 1e-6, what + " loss");
   // Relative, to the rounding of z - max in float (as the CPU's): 2^-24 |z - max| ~ 4e-6 at z - max = -60.
   expect_close(pz, rgrad, 5e-6, what + " gradient", 1e-30);

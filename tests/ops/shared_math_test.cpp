@@ -18,8 +18,8 @@
 #include "nn/dropout.h"
 #include "nn/dropout_math.h"
 #include "nn/gelu_onednn.h"
-#include "reduce/sum.h"
 #include "random_values.h"
+#include "reduce/sum.h"
 
 // The references below add and multiply as written: no contraction of this file's own arithmetic.
 #if defined(__clang__)
@@ -38,9 +38,23 @@ bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit
 // A ragged length, so vector loops run their tails.
 std::vector<float> test_inputs() {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> v = {0.0f,   -0.0f,  inf,    -inf,    std::numeric_limits<float>::quiet_NaN(),
-                          1e-45f, -1e-45f, 1e-38f, -1e-38f, std::numeric_limits<float>::max(),
-                          -std::numeric_limits<float>::max(), 89.0f, -104.0f, 88.7f, -103.9f, 1.0f, -1.0f};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          inf,
+                          -inf,
+                          std::numeric_limits<float>::quiet_NaN(),
+                          1e-45f,
+                          -1e-45f,
+                          1e-38f,
+                          -1e-38f,
+                          std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(),
+                          89.0f,
+                          -104.0f,
+                          88.7f,
+                          -103.9f,
+                          1.0f,
+                          -1.0f};
   for (uint64_t bits = 0; bits < (uint64_t(1) << 32); bits += 65537) v.push_back(std::bit_cast<float>(uint32_t(bits)));
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 4.0f);
@@ -85,7 +99,8 @@ void check_unary(const OpDef& forward_op, const OpDef& backward_op, const char* 
   const KernelContext& ctx = values.ctx;
   fill(ctx, x, inputs, 0);
   forward_op.cpu(Node{&forward_op, {x}, {y}, {}, false, false, name}, ctx);
-  expect_bits(ctx, y, [&](int64_t i) { return F::forward(ctx.f32(x)[i]); }, name);
+  expect_bits(
+      ctx, y, [&](int64_t i) { return F::forward(ctx.f32(x)[i]); }, name);
   for (bool accumulate : {false, true}) {
     fill(ctx, dy, inputs, 7);
     std::vector<float> before(ctx.f32(dx), ctx.f32(dx) + n);
@@ -100,9 +115,15 @@ void check_unary(const OpDef& forward_op, const OpDef& backward_op, const char* 
   }
 }
 
-TEST_F(SharedMath, GeluKernelsGiveTheSharedFunctionsBits) { check_unary<ops::Gelu>(ops::kGelu, ops::kGeluBackward, "gelu"); }
-TEST_F(SharedMath, SiluKernelsGiveTheSharedFunctionsBits) { check_unary<ops::Silu>(ops::kSilu, ops::kSiluBackward, "silu"); }
-TEST_F(SharedMath, ReluKernelsGiveTheSharedFunctionsBits) { check_unary<ops::Relu>(ops::kRelu, ops::kReluBackward, "relu"); }
+TEST_F(SharedMath, GeluKernelsGiveTheSharedFunctionsBits) {
+  check_unary<ops::Gelu>(ops::kGelu, ops::kGeluBackward, "gelu");
+}
+TEST_F(SharedMath, SiluKernelsGiveTheSharedFunctionsBits) {
+  check_unary<ops::Silu>(ops::kSilu, ops::kSiluBackward, "silu");
+}
+TEST_F(SharedMath, ReluKernelsGiveTheSharedFunctionsBits) {
+  check_unary<ops::Relu>(ops::kRelu, ops::kReluBackward, "relu");
+}
 
 TEST_F(SharedMath, SwigluKernelsGiveTheSharedFunctionsBits) {
   const std::vector<float> inputs = test_inputs();
@@ -117,7 +138,8 @@ TEST_F(SharedMath, SwigluKernelsGiveTheSharedFunctionsBits) {
   fill(ctx, b, inputs, 3);
   fill(ctx, dy, inputs, 5);
   ops::kSwiglu.cpu(Node{&ops::kSwiglu, {a, b}, {y}, {}, false, false, "swiglu"}, ctx);
-  expect_bits(ctx, y, [&](int64_t i) { return ops::swiglu_forward(ctx.f32(a)[i], ctx.f32(b)[i]); }, "swiglu");
+  expect_bits(
+      ctx, y, [&](int64_t i) { return ops::swiglu_forward(ctx.f32(a)[i], ctx.f32(b)[i]); }, "swiglu");
   for (int mode = 0; mode < 4; ++mode) {
     const bool acc_a = (mode & 1) != 0, acc_b = (mode & 2) != 0;
     const std::vector<float> da0(ctx.f32(da), ctx.f32(da) + n), db0(ctx.f32(db), ctx.f32(db) + n);
@@ -153,7 +175,8 @@ TEST(SharedMathAdd, AddKernelGivesTheSharedFunctionsBits) {
   fill(ctx, a, inputs, 0);
   fill(ctx, b, inputs, 1);
   ops::kAdd.cpu(Node{&ops::kAdd, {a, b}, {y}, {}, false, false, "add"}, ctx);
-  expect_bits(ctx, y, [&](int64_t i) { return ops::add_values(ctx.f32(a)[i], ctx.f32(b)[i]); }, "add");
+  expect_bits(
+      ctx, y, [&](int64_t i) { return ops::add_values(ctx.f32(a)[i], ctx.f32(b)[i]); }, "add");
 }
 
 // Random123's known-answer vectors for Philox4x32-10, and rng.h's philox4x32 equal to the shared one.

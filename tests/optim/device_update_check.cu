@@ -18,13 +18,13 @@
 using namespace engine;
 
 static int failures = 0;
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
       std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                   \
-    }                                                                                 \
+      std::exit(2);                                                                        \
+    }                                                                                      \
   } while (0)
 
 template <class T>
@@ -42,7 +42,10 @@ static std::vector<float> randoms(size_t n, std::mt19937& rng, float scale, bool
   std::vector<float> v(n);
   for (float& x : v) {
     const unsigned r = rng() % 64;
-    x = r == 0 ? 0.0f : r == 1 ? -0.0f : r == 2 ? 1e-41f * float(1 + rng() % 100) : normal(rng) * scale * std::exp2(float(int(rng() % 17) - 8));
+    x = r == 0   ? 0.0f
+        : r == 1 ? -0.0f
+        : r == 2 ? 1e-41f * float(1 + rng() % 100)
+                 : normal(rng) * scale * std::exp2(float(int(rng() % 17) - 8));
     if (pos) x = std::abs(x);
   }
   return v;
@@ -79,8 +82,11 @@ int main() {
   // adamw_scalars(betas 0.9/0.95, eps 1e-8, wd 0.1, lr 3e-4, t 7), without linking update_kernels.cpp
   auto adamw_scalars_for = [](bool decay) {
     const double lr = 3e-4, b1 = 0.9, b2 = 0.95;
-    return AdamWScalars{.beta1 = float(b1), .beta2 = float(b2), .one_minus_beta1 = 1.0f - float(b1),
-                        .one_minus_beta2 = 1.0f - float(b2), .eps = 1e-8f,
+    return AdamWScalars{.beta1 = float(b1),
+                        .beta2 = float(b2),
+                        .one_minus_beta1 = 1.0f - float(b1),
+                        .one_minus_beta2 = 1.0f - float(b2),
+                        .eps = 1e-8f,
                         .step_size = float(lr / (1.0 - std::pow(b1, 7.0))),
                         .denom_scale = float(1.0 / std::sqrt(1.0 - std::pow(b2, 7.0))),
                         .decay = decay ? float(lr * 0.1) : 0.0f};
@@ -90,7 +96,8 @@ int main() {
     for (int off : {0, 1, 2, 3}) {
       for (int mis : {0, 1}) {  // mis: g at a different offset from w (no packs)
         const AdamWScalars s = adamw_scalars_for((n + off) % 2 == 0);
-        auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f), v = randoms(n, rng, 1e-4f, true);
+        auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f),
+             v = randoms(n, rng, 1e-4f, true);
         Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
         for (long k = 0; k < n; ++k) adamw_element(w[k], g[k], m[k], v[k], s);
         cuda::adamw_update(dw.p, dg.p, dm.p, dv.p, n, s, stream);
@@ -100,7 +107,8 @@ int main() {
         compare(v, dv.get(), "adamw v", n, off);
         for (int variant = 0; variant < 5; ++variant) {
           const bool momentum = variant > 0;
-          const SgdScalars ss{.lr = 0.05f, .decay = 0.01f, .momentum = 0.9f, .nesterov = variant >= 3, .first = variant % 2 == 0};
+          const SgdScalars ss{
+              .lr = 0.05f, .decay = 0.01f, .momentum = 0.9f, .nesterov = variant >= 3, .first = variant % 2 == 0};
           auto w2 = randoms(n, rng, 1), g2 = randoms(n, rng, 1e-2f), b2 = randoms(n, rng, 1e-2f);
           Dev<float> dw2(w2, off), dg2(g2, off + mis), db2(b2, off);
           for (long k = 0; k < n; ++k) sgd_element(w2[k], g2[k], momentum ? &b2[k] : nullptr, ss);
