@@ -14,6 +14,7 @@
 #include "cuda_convert.h"
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
+#include "runtime/planned_casts.h"
 
 namespace engine {
 namespace {
@@ -157,7 +158,7 @@ class CudaRunner final : public DeviceRunner {
 
   void run(const std::string& name, const Plan& plan, KernelContext ctx, const std::map<ValueId, Buffer>& inputs,
            std::map<std::string, OpTotals>* op_totals, StepCommunication* communication) override {
-    const auto start = std::chrono::steady_clock::now();
+    const auto began = std::chrono::steady_clock::now();
     check(cudaSetDevice(index_), "set device");
     if (!resident_) upload_parameters();
     if (plan.training)
@@ -185,7 +186,7 @@ class CudaRunner final : public DeviceRunner {
     const auto enqueued = std::chrono::steady_clock::now();
     check(cudaStreamSynchronize(stream_), "step of plan " + name);
     times_.runs += 1;
-    times_.enqueue_seconds += std::chrono::duration<double>(enqueued - start).count();
+    times_.enqueue_seconds += std::chrono::duration<double>(enqueued - began).count();
     times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued).count();
     last_run_[name] = ctx.pointers;
     if (op_totals) total_events(plan, events, *op_totals);
@@ -303,47 +304,14 @@ class CudaRunner final : public DeviceRunner {
     }
   }
 
-  // The node's kernel, with its 16-bit values widened into the scratch and rounded back when its
-  // CUDA kernel computes in f32 only: the planned casts of the device.
+  // The node's kernel; where it computes in f32 only, on f32 copies of its 16-bit values
+  // (runtime/planned_casts.h), converted on the device.
   void run_node(const Node& node, KernelContext& ctx) {
     if (!needs_conversion(graph_, node, Device::Kind::cuda)) return node.op->cuda(node, ctx);
-    struct Converted {
-      ValueId id;
-      void* original;
-      bool output;
-    };
-    std::vector<Converted> converted;
-    std::byte* next = scratch_.data();
-    auto convert = [&](ValueId id, bool output, bool load) {
-      const DType type = graph_.value(id).dtype;
-      if (type != DType::bf16 && type != DType::f16) return;
-      for (Converted& c : converted)
-        if (c.id == id) {
-          c.output = c.output || output;
-          return;
-        }
-      const int64_t n = graph_.value(id).shape.numel();
-      auto* f32 = reinterpret_cast<float*>(next);
-      next += (n * 4 + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-      if (load) cuda::widen(ctx.pointers[size_t(id)], type, f32, n, stream_);
-      converted.push_back({id, ctx.pointers[size_t(id)], output});
-      ctx.pointers[size_t(id)] = f32;
-      ctx.dtypes[size_t(id)] = DType::f32;
-    };
-    // An input the kernel overwrites (cross-entropy writes the logits' gradient over them) is
-    // rounded back like an output.
-    for (size_t i = 0; i < node.inputs.size(); ++i)
-      convert(node.inputs[i], i < 32 && (node.op->overwritten_inputs >> i & 1u), true);
-    for (size_t i = 0; i < node.outputs.size(); ++i) convert(node.outputs[i], true, ctx.accumulates(node, i));
-    node.op->cuda(node, ctx);
-    for (const Converted& c : converted) {
-      const Value& v = graph_.value(c.id);
-      if (c.output)
-        cuda::narrow(static_cast<const float*>(ctx.pointers[size_t(c.id)]), c.original, v.dtype, v.shape.numel(),
-                     stream_);
-      ctx.pointers[size_t(c.id)] = c.original;
-      ctx.dtypes[size_t(c.id)] = v.dtype;
-    }
+    copies_.run(
+        graph_, node, ctx, scratch_.data(), node.op->cuda,
+        [&](const void* src, DType type, float* dst, int64_t n) { cuda::widen(src, type, dst, n, stream_); },
+        [&](const float* src, void* dst, DType type, int64_t n) { cuda::narrow(src, dst, type, n, stream_); });
   }
 
   void total_events(const Plan& plan, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& events,
@@ -380,6 +348,7 @@ class CudaRunner final : public DeviceRunner {
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
   DeviceTimes times_;
+  F32Copies copies_;
 };
 
 }  // namespace

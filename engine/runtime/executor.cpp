@@ -58,37 +58,6 @@ float* Executor::value_f32(const std::string& plan, ValueId id) {
   return reinterpret_cast<float*>(arena_.data() + offset);
 }
 
-void Executor::run_converted(const Node& node, KernelContext& ctx) {
-  std::vector<Converted>& converted = converted_;  // reused: a step allocates nothing
-  converted.clear();
-  std::byte* next = scratch_.data();
-  auto convert = [&](ValueId id, bool output, bool load) {
-    DType type = graph_.value(id).dtype;
-    if (type != DType::bf16 && type != DType::f16) return;
-    for (Converted& c : converted)
-      if (c.id == id) {
-        c.output = c.output || output;
-        return;
-      }
-    const int64_t n = graph_.value(id).shape.numel();
-    auto* f32 = reinterpret_cast<float*>(next);
-    next += (n * 4 + 63) / 64 * 64;
-    if (load) widen(ctx.pointers[size_t(id)], type, f32, n);
-    converted.push_back({id, ctx.pointers[size_t(id)], output});
-    ctx.pointers[size_t(id)] = f32;
-    ctx.dtypes[size_t(id)] = DType::f32;
-  };
-  for (ValueId id : node.inputs) convert(id, false, true);
-  for (size_t i = 0; i < node.outputs.size(); ++i) convert(node.outputs[i], true, ctx.accumulates(node, i));
-  node.op->cpu(node, ctx);
-  for (const Converted& c : converted) {
-    const Value& v = graph_.value(c.id);
-    if (c.output) narrow(ctx.f32(c.id), c.original, v.dtype, v.shape.numel());
-    ctx.pointers[size_t(c.id)] = c.original;
-    ctx.dtypes[size_t(c.id)] = v.dtype;
-  }
-}
-
 void Executor::run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,
                            const StepAction* only) {
   for (const StepAction& action : plan.actions[position]) {
@@ -117,10 +86,11 @@ void Executor::run_actions(const Plan& plan, size_t position, KernelContext& ctx
 }
 
 void Executor::run_node(const Node& node, KernelContext& ctx) {
-  if (needs_conversion(graph_, node))
-    run_converted(node, ctx);
-  else
-    node.op->cpu(node, ctx);
+  if (!needs_conversion(graph_, node)) return node.op->cpu(node, ctx);
+  copies_.run(
+      graph_, node, ctx, scratch_.data(), node.op->cpu,
+      [](const void* src, DType type, float* dst, int64_t n) { widen(src, type, dst, n); },
+      [](const float* src, void* dst, DType type, int64_t n) { narrow(src, dst, type, n); });
 }
 
 NodeWork node_work(const Graph& graph, const Node& node) {

@@ -25,6 +25,7 @@
 #include "plan/plan.h"
 #include "runtime/buffer.h"
 #include "runtime/device_runner.h"
+#include "runtime/planned_casts.h"
 #include "runtime/parameters.h"
 
 namespace engine {
@@ -89,13 +90,7 @@ class Executor {
   std::map<ValueId, Buffer> inputs_;  // and host values (cpu_checkpointing)
   Buffer arena_;
   Buffer scratch_;  // f32 copies of 16-bit values for kernels without a 16-bit path
-  struct Converted {
-    ValueId id;
-    void* original;
-    bool output;
-  };
-  std::vector<Converted> converted_;  // run_converted's list of the node being run
-  void run_converted(const Node& node, KernelContext& ctx);
+  F32Copies copies_;  // planned casts around kernels without a 16-bit path
   // Every action at `position`, or only `only` (one of them).
   void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,
                    const StepAction* only = nullptr);
