@@ -14,8 +14,11 @@
 #include "dist/communicator.h"
 
 #include <spdlog/spdlog.h>
+#include "core/device_info.h"
 #include "graph/precision.h"
+#include "recipe/rules.h"
 #include "telemetry/roofline.h"
+#include "trainer/device.h"
 #include "trainer/session.h"
 #include "trainer/telemetry.h"
 #include "trainer/train.h"
@@ -234,6 +237,22 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
         "them\n",
         format_bytes(m.swap).c_str(), r.offload.nvme_path.c_str(), format_bytes(session.traffic.swap_read).c_str(),
         format_bytes(session.traffic.swap_written).c_str());
+  }
+  if (r.run.device == recipe::RunDevice::cuda || (r.run.device == recipe::RunDevice::auto_detect && world == 1 &&
+                                                  cuda_device_count() > 0 && recipe::cuda_limitation(r).empty())) {
+    const DeviceMemoryPlan d = plan_device_memory(session, r);
+    std::cout << "\ndevice memory (run.device cuda: the step and the update on the GPU; exact but for cuDNN's "
+                 "attention workspace, which the device sizes):\n";
+    row("activation peak", d.activations);
+    if (d.casts) row("fp32 cast copies", d.casts);
+    row("inputs", d.inputs);
+    row("parameters", d.parameters);
+    row("gradients", d.gradients);
+    if (d.masters) row("fp32 masters", d.masters);
+    row("optimizer state", d.optimizer_state);
+    row("gradient sum", d.gradient_sum);
+    row("workspace", d.workspace);
+    row("total", d.total());
   }
   print_stage_table(r, world, g.param_count());
   if (fit.any()) print_fit(args, fit, loaded);

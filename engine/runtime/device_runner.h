@@ -30,6 +30,10 @@
 namespace engine {
 
 struct OpTotals;
+
+// The library workspace a runner allocates at least (cuBLASLt asks for up to 32 MiB on Hopper; the
+// engine's kernels keep per-block partial sums in it); a node may ask for more (OpDef::cuda_workspace).
+inline constexpr int64_t kDeviceWorkspaceBytes = int64_t(64) << 20;
 class StepCommunication;
 
 // What the runner holds, by memory kind, and the device's own view.

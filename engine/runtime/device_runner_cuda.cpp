@@ -95,10 +95,6 @@ class PinnedBlock {
   Tally* tally_;
 };
 
-// cuBLASLt asks for up to 32 MiB on Hopper; the other kernels use the workspace for per-block
-// partial sums (deterministic reductions), well within it.
-constexpr int64_t kWorkspaceBytes = int64_t(64) << 20;
-
 class CudaRunner final : public DeviceRunner {
  public:
   CudaRunner(const Graph& graph, ParameterStore& store, int index) : graph_(graph), store_(store), index_(index) {
@@ -114,7 +110,7 @@ class CudaRunner final : public DeviceRunner {
     name_ = prop.name;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
-    workspace_ = DeviceBlock(kWorkspaceBytes, tally_, "the library workspace");
+    workspace_ = DeviceBlock(kDeviceWorkspaceBytes, tally_, "the library workspace");
     const size_t units = graph.units().size();
     for (size_t u = 0; u < units; ++u) {
       compute_.emplace_back(unit_bytes(u, store.param_dtype()), tally_, "the parameters");
@@ -146,7 +142,7 @@ class CudaRunner final : public DeviceRunner {
           throw UserError("run.device: cuda runs one process at ZeRO stage 0-1 for now (plan '" + name +
                           "' gathers parameters or partitions gradients); train on CPU for ZeRO-2/3 runs");
     if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
-    int64_t workspace = kWorkspaceBytes;
+    int64_t workspace = kDeviceWorkspaceBytes;
     for (size_t index : plan.nodes) {
       const Node& node = graph_.nodes()[index];
       if (node.op->cuda_workspace) workspace = std::max(workspace, node.op->cuda_workspace(graph_, node));

@@ -4,6 +4,8 @@
 #include "core/device_info.h"
 #include "core/error.h"
 #include "recipe/rules.h"
+#include "runtime/device_runner.h"
+#include "trainer/session.h"
 
 namespace engine {
 
@@ -39,6 +41,26 @@ Device resolve_device(const recipe::Recipe& recipe, int world, std::string* note
 std::string describe_device(Device device) {
   if (device.kind == Device::Kind::cpu) return "cpu";
   return "cuda:" + std::to_string(device.index) + " (" + cuda_device_name(device.index) + ")";
+}
+
+DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe) {
+  const Graph& g = step.model.graph;
+  const ShardLayout layout(g.units(), 1, 0);
+  int64_t elements = 0;
+  for (size_t u = 0; u < layout.units(); ++u) elements += layout.padded(u);
+  const auto param = int64_t(dtype_size(g.param_dtype())), grad = int64_t(dtype_size(g.grad_dtype()));
+  DeviceMemoryPlan m;
+  m.activations = std::max(step.train.arena_bytes, step.eval.arena_bytes);
+  m.casts = std::max(cuda_scratch_bytes(g, step.train), cuda_scratch_bytes(g, step.eval));
+  m.inputs = step.memory.inputs;
+  m.parameters = elements * param;
+  m.gradients = elements * grad;
+  m.masters = param == 4 ? 0 : elements * 4;
+  m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * elements * 4;
+  m.gradient_sum = (step.sharding.accumulation > 1 ? elements * grad : 0) + (grad == 4 ? 0 : elements * 4) +
+                   elements / kShardBlock * 8;  // and the norm's partial sums
+  m.workspace = kDeviceWorkspaceBytes;
+  return m;
 }
 
 }  // namespace engine

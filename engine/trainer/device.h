@@ -18,9 +18,26 @@
 
 namespace engine {
 
+struct CompiledStep;
+
 Device resolve_device(const recipe::Recipe& recipe, int world, std::string* note = nullptr);
 
 // "cpu" or "cuda:0 (NVIDIA H200)".
 std::string describe_device(Device device);
+
+// What a GPU run of `step` allocates on the device, by what it holds (runtime/device_runner.h,
+// optim/device_optimizer.h): `engine plan` prints it. The library workspace is the runner's
+// default; cuDNN's attention may ask for more, which only the device can say.
+struct DeviceMemoryPlan {
+  int64_t activations = 0, casts = 0, inputs = 0;  // the arena, the f32 copies of planned casts
+  int64_t parameters = 0, gradients = 0;           // compute type, micro-batch gradient type
+  int64_t masters = 0, optimizer_state = 0;        // fp32 (masters: 16-bit runs only)
+  int64_t gradient_sum = 0;                        // accumulation > 1, and the fp32 gradients of 16-bit ones
+  int64_t workspace = 0;
+  int64_t total() const {
+    return activations + casts + inputs + parameters + gradients + masters + optimizer_state + gradient_sum + workspace;
+  }
+};
+DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe);
 
 }  // namespace engine

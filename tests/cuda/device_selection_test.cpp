@@ -54,5 +54,26 @@ TEST(DeviceSelection, NamesTheDevice) {
   EXPECT_EQ(describe_device(Device{Device::Kind::cuda, 0}).rfind("cuda:0 (", 0), 0u);
 }
 
+// engine plan's device memory: what the runner and the device optimizer allocate, by the store's
+// padded layout (1024-element blocks per unit), in each precision.
+TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
+  for (const char* mode : {"fp32", "bf16"}) {
+    const recipe::Recipe r =
+        quickstart({std::string("precision.mode=") + mode, "train.gradient_accumulation_steps=2"}).recipe;
+    const CompiledStep step = compile_step(r);
+    const DeviceMemoryPlan d = plan_device_memory(step, r);
+    int64_t padded = 0;
+    for (const Unit& unit : step.model.graph.units()) padded += (unit.numel + 1023) / 1024 * 1024;
+    const bool sixteen = std::string(mode) == "bf16";
+    EXPECT_EQ(d.parameters, padded * (sixteen ? 2 : 4)) << mode;
+    EXPECT_EQ(d.masters, sixteen ? padded * 4 : 0) << mode;
+    EXPECT_EQ(d.optimizer_state, 2 * padded * 4) << mode;  // AdamW's two moments
+    EXPECT_EQ(d.activations, std::max(step.train.arena_bytes, step.eval.arena_bytes)) << mode;
+    EXPECT_GT(d.gradient_sum, 0) << mode;  // accumulation 2: the step's sum
+    EXPECT_EQ(d.total(), d.activations + d.casts + d.inputs + d.parameters + d.gradients + d.masters +
+                             d.optimizer_state + d.gradient_sum + d.workspace);
+  }
+}
+
 }  // namespace
 }  // namespace engine::testing
