@@ -15,6 +15,7 @@
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
 #include "runtime/planned_casts.h"
+#include "runtime/value_binding.h"
 
 namespace engine {
 namespace {
@@ -273,31 +274,21 @@ class CudaRunner final : public DeviceRunner {
     ctx.blas = blas_;
     ctx.workspace = workspace_.data();
     ctx.workspace_bytes = size_t(workspace_.bytes());
-    ctx.pointers.assign(graph_.values().size(), nullptr);
-    ctx.dtypes.resize(graph_.values().size());
-    for (size_t i = 0; i < graph_.values().size(); ++i) {
-      const Value& v = graph_.values()[i];
-      ctx.dtypes[i] = v.dtype;
+    bind_values(graph_, plan, arena_.data(), ctx, [&](const Value& v, ValueId id) -> void* {
       switch (v.placement) {
-        case Placement::activation:
-          if (plan.offsets[i] >= 0) ctx.pointers[i] = arena_.data() + plan.offsets[i];
-          break;
         case Placement::parameter:
         case Placement::gradient: {
           const Param& p = graph_.params()[size_t(v.param)];
           const DeviceBlock& block =
               v.placement == Placement::parameter ? compute_[size_t(p.unit)] : grads_[size_t(p.unit)];
-          ctx.pointers[i] = block.data() + p.offset * int64_t(dtype_size(v.dtype));
-          break;
+          return block.data() + p.offset * int64_t(dtype_size(v.dtype));
         }
         case Placement::input:
-          ctx.pointers[i] = inputs_.at(ValueId(i)).data();
-          break;
-        case Placement::host:
-          ctx.pointers[i] = host_values_.at(ValueId(i))->data();
-          break;
+          return inputs_.at(id).data();
+        default:  // host
+          return host_values_.at(id)->data();
       }
-    }
+    });
   }
 
   // The node's kernel; where it computes in f32 only, on f32 copies of its 16-bit values

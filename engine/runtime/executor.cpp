@@ -8,6 +8,7 @@
 
 #include "core/convert.h"
 #include "core/error.h"
+#include "runtime/value_binding.h"
 #include "telemetry/trace.h"
 
 namespace engine {
@@ -152,41 +153,24 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
   ENGINE_CHECK(plan.actions.empty() || communication, "plan " + name + " communicates but has no communicator");
   ENGINE_CHECK(plan.offsets.size() == graph_.values().size(), "plan " + name + " was made for another graph");
   KernelContext ctx;
-  if (runner_) {
-    ctx.seed = seed_;
-    ctx.step = step;
-    ctx.micro_step = micro_step;
-    ctx.training = plan.training;
-    ctx.loss_scale = loss_scale;
-    return runner_->run(name, plan, std::move(ctx), inputs_, op_table_ ? &op_totals_ : nullptr, communication);
-  }
-  ctx.graph = &graph_;
   ctx.seed = seed_;
   ctx.step = step;
   ctx.micro_step = micro_step;
   ctx.training = plan.training;
   ctx.loss_scale = loss_scale;
-  ctx.pointers.assign(graph_.values().size(), nullptr);
-  ctx.dtypes.resize(graph_.values().size());
-  for (size_t i = 0; i < graph_.values().size(); ++i) {
-    const Value& v = graph_.values()[i];
-    ctx.dtypes[i] = v.dtype;
+  if (runner_)
+    return runner_->run(name, plan, std::move(ctx), inputs_, op_table_ ? &op_totals_ : nullptr, communication);
+  ctx.graph = &graph_;
+  bind_values(graph_, plan, arena_.data(), ctx, [&](const Value& v, ValueId id) -> void* {
     switch (v.placement) {
-      case Placement::activation:
-        if (plan.offsets[i] >= 0) ctx.pointers[i] = arena_.data() + plan.offsets[i];
-        break;
       case Placement::parameter:
-        ctx.pointers[i] = parameters_.param_storage(v.param);
-        break;
+        return parameters_.param_storage(v.param);
       case Placement::gradient:
-        ctx.pointers[i] = parameters_.grad_storage(v.param);
-        break;
-      case Placement::input:
-      case Placement::host:
-        ctx.pointers[i] = inputs_.at(ValueId(i)).data();
-        break;
+        return parameters_.grad_storage(v.param);
+      default:  // input, host
+        return inputs_.at(id).data();
     }
-  }
+  });
   const bool acts = !plan.actions.empty();
   const bool timed = op_table_ || trace::recording();
   auto act = [&](size_t position) {
