@@ -50,7 +50,7 @@ enum class Change { silent, noted, refused };
 
 Change classify(const std::string& key) {
   for (const char* k : {"checkpoint.", "train.log_every", "train.eval_every", "train.eval_batches", "run.name",
-                        "run.output_dir", "data.prefetch"})
+                        "run.output_dir", "data.prefetch", "run.cuda_graphs"})
     if (starts_with(key, k)) return Change::silent;
   // Handled by keep_global_batch: the global batch is what must stay.
   for (const char* k : {"train.gradient_accumulation_steps", "train.global_batch_size"})

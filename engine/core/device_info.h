@@ -15,5 +15,7 @@ std::string accelerator_summary();
 int cuda_device_count();
 // The name of CUDA device `index` ("NVIDIA H200"), or "" when there is none.
 std::string cuda_device_name(int index);
+// Its PCI bus id ("0000:19:00.0"), which names it to NVML (telemetry/gpu_sensors.h); "" when none.
+std::string cuda_device_pci_bus_id(int index);
 
 }  // namespace engine

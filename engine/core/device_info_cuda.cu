@@ -57,4 +57,10 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+std::string cuda_device_pci_bus_id(int index) {
+  char id[32] = {};
+  if (index >= cuda_device_count() || cudaDeviceGetPCIBusId(id, int(sizeof(id)), index) != cudaSuccess) return "";
+  return id;
+}
+
 }  // namespace engine

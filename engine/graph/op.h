@@ -21,6 +21,14 @@ namespace engine {
 
 class GradBuilder;
 
+// The step's identity as a CUDA kernel reads it from device memory at run time (KernelContext::
+// step_scalars), so that a captured CUDA graph replays with each step's values; the runner writes it
+// before each replay. The same fields as the context's own.
+struct StepScalars {
+  uint64_t seed = 0, step = 0, micro_step = 0;
+  float loss_scale = 1.0f;
+};
+
 // Where a kernel finds its values during a step, plus the step's identity for random streams.
 // On CUDA, `pointers` are device addresses and the kernel enqueues its work on `stream`; the
 // executor owns the stream, the cuBLASLt handle and the workspace.
@@ -38,6 +46,9 @@ struct KernelContext {
   bool training = true;     // false for evaluation and generation: dropout passes values through
 
   float loss_scale = 1.0f;  // multiplies the loss gradient (fp16 loss scaling)
+  // On CUDA, seed, step, micro_step and loss_scale in device memory: kernels that use them read
+  // them there (never the fields above), so a CUDA graph of the step needs no re-capture.
+  const StepScalars* step_scalars = nullptr;
   // Per ValueId, the type of the memory `pointers` holds: the graph's, or f32 while the executor
   // runs a kernel on widened copies.
   std::vector<DType> dtypes;

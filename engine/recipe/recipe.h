@@ -24,6 +24,7 @@ struct RunSection {
   std::string output_dir;  // runs are written to <output_dir>/<name>
   int64_t seed;
   RunDevice device;  // auto: cuda when the build has CUDA and a device is present, else cpu
+  bool cuda_graphs;  // replay each plan as a CUDA graph after one eager run (cuda only)
 };
 
 enum class Arch { gpt, llama, mlp };

@@ -78,6 +78,14 @@ class DeviceRunner {
   virtual std::byte* parameters(size_t unit) = 0;  // the unit's compute-type parameters (padded)
   virtual std::byte* gradients(size_t unit) = 0;   // the unit's micro-batch gradients (padded)
   virtual void* stream() = 0;                      // the cudaStream_t the steps run on
+
+  // CUDA graphs (resident runs without op_totals): a plan's first run is eager, its second is
+  // captured as a graph and every later one replays it. The step's identity reaches the kernels
+  // through KernelContext::step_scalars, in device memory, so replays need no re-capture.
+  // reset_graphs() drops them: anything a kernel chose at enqueue time (a value's type) changed.
+  virtual void use_graphs(bool on) = 0;
+  virtual void reset_graphs() = 0;
+  virtual int64_t graph_replays() const = 0;  // runs served by a captured graph so far
   // Device memory counted in memory(), for state that lives beside the runner's.
   virtual std::byte* allocate(int64_t bytes, const std::string& what) = 0;
 };

@@ -16,6 +16,7 @@
 #include "runtime/executor.h"
 #include "runtime/planned_casts.h"
 #include "runtime/value_binding.h"
+#include "telemetry/trace.h"
 
 namespace engine {
 namespace {
@@ -110,6 +111,8 @@ class CudaRunner final : public DeviceRunner {
     check(cudaGetDeviceProperties(&prop, index), "device properties");
     name_ = prop.name;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
+    step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)), tally_);
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
     workspace_ = DeviceBlock(kDeviceWorkspaceBytes, tally_, "the library workspace");
     const size_t units = graph.units().size();
@@ -128,6 +131,7 @@ class CudaRunner final : public DeviceRunner {
 
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
+    reset_graphs();
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -142,6 +146,7 @@ class CudaRunner final : public DeviceRunner {
             action.buffer != kNoValue)
           throw UserError("run.device: cuda runs one process at ZeRO stage 0-1 for now (plan '" + name +
                           "' gathers parameters or partitions gradients); train on CPU for ZeRO-2/3 runs");
+    reset_graphs();  // a captured graph holds the addresses of the blocks this may replace
     if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
     int64_t workspace = kDeviceWorkspaceBytes;
     for (size_t index : plan.nodes) {
@@ -158,26 +163,37 @@ class CudaRunner final : public DeviceRunner {
     const auto began = std::chrono::steady_clock::now();
     check(cudaSetDevice(index_), "set device");
     if (!resident_) upload_parameters();
-    if (plan.training)
-      for (DeviceBlock& g : grads_) check(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
-    for (auto& [id, block] : inputs_)
-      check(cudaMemcpyAsync(block.data(), inputs.at(id).data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
+    // The step's inputs from page-locked memory (registered once), as DMA on the step's stream.
+    for (auto& [id, block] : inputs_) {
+      const Buffer& host = inputs.at(id);
+      register_once(host.data(), block.bytes());
+      check(cudaMemcpyAsync(block.data(), host.data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
             "input upload");
+    }
+    write_step_scalars(ctx);
     bind(plan, ctx);
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
-    for (size_t index : plan.nodes) {
-      const Node& node = graph_.nodes()[index];
-      cudaEvent_t start = nullptr, stop = nullptr;
-      if (op_totals) {
-        check(cudaEventCreate(&start), "event");
-        check(cudaEventCreate(&stop), "event");
-        check(cudaEventRecord(start, stream_), "event record");
+    // A traced step replays eagerly, each kernel between two events, on the trace's device lane.
+    const bool traced = trace::recording();
+    cudaEvent_t origin = nullptr;
+    int64_t origin_ns = 0;
+    if (traced) {
+      check(cudaEventCreate(&origin), "event");
+      check(cudaEventRecord(origin, stream_), "event record");
+      origin_ns = trace::now_ns();
+    }
+    if (graphs_ && resident_ && !op_totals && !traced) {
+      Captured& captured = captured_[name];
+      if (!captured.exec && captured.eager_runs > 0) capture(name, plan, ctx, captured);
+      if (captured.exec) {
+        check(cudaGraphLaunch(captured.exec, stream_), "graph launch of plan " + name);
+        ++graph_replays_;
+      } else {
+        enqueue_plan(plan, ctx, nullptr);
+        ++captured.eager_runs;
       }
-      run_node(node, ctx);
-      if (op_totals) {
-        check(cudaEventRecord(stop, stream_), "event record");
-        events.emplace_back(start, stop);
-      }
+    } else {
+      enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr);
     }
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
@@ -186,7 +202,9 @@ class CudaRunner final : public DeviceRunner {
     times_.enqueue_seconds += std::chrono::duration<double>(enqueued - began).count();
     times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued).count();
     last_run_[name] = ctx.pointers;
+    if (traced) trace_events(plan, origin, origin_ns, events);
     if (op_totals) total_events(plan, events, *op_totals);
+    destroy_events(events);
     if (resident_) return;  // the device optimizer sums the micro-batches
     for (const auto& position : plan.actions)
       for (const StepAction& action : position) {
@@ -208,6 +226,17 @@ class CudaRunner final : public DeviceRunner {
     widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
     return out.data();
   }
+
+  void use_graphs(bool on) override {
+    graphs_ = on;
+    if (!on) reset_graphs();
+  }
+  void reset_graphs() override {
+    for (auto& [name, captured] : captured_)
+      if (captured.exec) cudaGraphExecDestroy(captured.exec);
+    captured_.clear();
+  }
+  int64_t graph_replays() const override { return graph_replays_; }
 
   DeviceTimes times() const override { return times_; }
   void set_resident(bool resident) override { resident_ = resident; }
@@ -266,6 +295,62 @@ class CudaRunner final : public DeviceRunner {
     }
   }
 
+  // A plan's graph: none until its first eager run, then the graph of its second.
+  struct Captured {
+    int64_t eager_runs = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
+  // between two events where `events` is given.
+  void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events) {
+    if (plan.training)
+      for (DeviceBlock& g : grads_) check(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+    for (size_t index : plan.nodes) {
+      const Node& node = graph_.nodes()[index];
+      cudaEvent_t start = nullptr, stop = nullptr;
+      if (events) {
+        check(cudaEventCreate(&start), "event");
+        check(cudaEventCreate(&stop), "event");
+        check(cudaEventRecord(start, stream_), "event record");
+      }
+      run_node(node, ctx);
+      if (events) {
+        check(cudaEventRecord(stop, stream_), "event record");
+        events->emplace_back(start, stop);
+      }
+    }
+  }
+
+  // Captures the plan's work as a graph (nothing runs while capturing). The kernels' one-time
+  // set-up (cuBLASLt's algorithm choice, cuDNN's plans) happened in the eager run before.
+  void capture(const std::string& name, const Plan& plan, KernelContext& ctx, Captured& captured) {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capture of plan " + name);
+    cudaGraph_t graph = nullptr;
+    try {
+      enqueue_plan(plan, ctx, nullptr);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "capture of plan " + name);
+    const cudaError_t status = cudaGraphInstantiate(&captured.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(status, "graph of plan " + name);
+  }
+
+  // The step's identity into device memory, ahead of the plan's kernels on the stream (the pinned
+  // slot is not rewritten before run() returns, after the stream is done with it).
+  void write_step_scalars(KernelContext& ctx) {
+    auto* slot = reinterpret_cast<StepScalars*>(step_scalars_host_->data());
+    *slot = StepScalars{.seed = ctx.seed, .step = ctx.step, .micro_step = ctx.micro_step, .loss_scale = ctx.loss_scale};
+    check(cudaMemcpyAsync(step_scalars_.data(), slot, sizeof(StepScalars), cudaMemcpyHostToDevice, stream_),
+          "step scalars");
+    ctx.step_scalars = reinterpret_cast<const StepScalars*>(step_scalars_.data());
+  }
+
   // Points every value at its device memory: the same offsets as the host would use.
   void bind(const Plan& plan, KernelContext& ctx) {
     ctx.graph = &graph_;
@@ -313,9 +398,40 @@ class CudaRunner final : public DeviceRunner {
       t.calls += 1;
       t.flops += work.flops;
       t.bytes += work.bytes;
-      cudaEventDestroy(events[i].first);
-      cudaEventDestroy(events[i].second);
     }
+  }
+
+  // Each node's kernels as an event on the trace's device lane, at the host's clock of `origin`
+  // (recorded on the idle stream as the replay began) plus the device's time since.
+  void trace_events(const Plan& plan, cudaEvent_t origin, int64_t origin_ns,
+                    const std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& events) {
+    const auto at = [&](cudaEvent_t e) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, origin, e), "event time");
+      return origin_ns + int64_t(double(ms) * 1e6);
+    };
+    for (size_t i = 0; i < events.size(); ++i) {
+      const Node& node = graph_.nodes()[plan.nodes[i]];
+      const NodeWork work = node_work(graph_, node);
+      trace::Event event{.name = node.op->name,
+                         .category = "op",
+                         .lane = trace::Lane::device,
+                         .start_ns = at(events[i].first),
+                         .end_ns = at(events[i].second),
+                         .flops = work.flops,
+                         .bytes = work.bytes,
+                         .detail = node.name};
+      trace::record(std::move(event));
+    }
+    cudaEventDestroy(origin);
+  }
+
+  static void destroy_events(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& events) {
+    for (auto& [start, stop] : events) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+    }
+    events.clear();
   }
 
   const Graph& graph_;
@@ -325,7 +441,11 @@ class CudaRunner final : public DeviceRunner {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
   Tally tally_;
-  DeviceBlock workspace_, arena_, scratch_;
+  DeviceBlock workspace_, arena_, scratch_, step_scalars_;
+  std::unique_ptr<PinnedBlock> step_scalars_host_;
+  bool graphs_ = false;
+  std::map<std::string, Captured> captured_;
+  int64_t graph_replays_ = 0;
   std::vector<DeviceBlock> compute_, grads_;
   std::map<ValueId, DeviceBlock> inputs_;
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;

@@ -25,8 +25,8 @@
 #include "plan/plan.h"
 #include "runtime/buffer.h"
 #include "runtime/device_runner.h"
-#include "runtime/planned_casts.h"
 #include "runtime/parameters.h"
+#include "runtime/planned_casts.h"
 
 namespace engine {
 
@@ -85,12 +85,14 @@ class Executor {
   ParameterStore& parameters_;
   uint64_t seed_;
   Device device_;
-  std::unique_ptr<DeviceRunner> runner_;  // null on the CPU
   std::map<std::string, Plan> plans_;
   std::map<ValueId, Buffer> inputs_;  // and host values (cpu_checkpointing)
   Buffer arena_;
-  Buffer scratch_;  // f32 copies of 16-bit values for kernels without a 16-bit path
+  Buffer scratch_;    // f32 copies of 16-bit values for kernels without a 16-bit path
   F32Copies copies_;  // planned casts around kernels without a 16-bit path
+  // Null on the CPU. Declared after the input buffers so that it is destroyed first: it unregisters
+  // the host memory it page-locked.
+  std::unique_ptr<DeviceRunner> runner_;
   // Every action at `position`, or only `only` (one of them).
   void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,
                    const StepAction* only = nullptr);

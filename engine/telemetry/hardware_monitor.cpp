@@ -128,8 +128,8 @@ double NeighbourLoad::others_busy_percent() const {
   return std::clamp(100.0 * double(others) / double(total), 0.0, 100.0);
 }
 
-HardwareMonitor::HardwareMonitor(double interval_seconds, std::string root)
-    : interval_(interval_seconds), root_(std::move(root)), cores_(allowed_cores()) {
+HardwareMonitor::HardwareMonitor(double interval_seconds, std::string root, std::unique_ptr<GpuSensors> gpu)
+    : interval_(interval_seconds), root_(std::move(root)), gpu_(std::move(gpu)), cores_(allowed_cores()) {
   sample();  // the baseline the first interval is measured against
   thread_ = std::thread([this] { loop(); });
 }
@@ -198,6 +198,7 @@ void HardwareMonitor::sample() {
   next.rss_bytes = field_kib(status, "VmRSS");
   next.mem_available_bytes = field_kib(meminfo, "MemAvailable");
   next.temperature_c = temperature();
+  if (gpu_) next.gpu = gpu_->read();
   last_cpu_ = cpu;
   last_process_ticks_ = ticks;
   last_time_ = start;

@@ -1,8 +1,9 @@
 // HardwareMonitor: a background thread that samples the machine every `interval` seconds, so a
 // run's metrics show what the hardware did while it trained. On CPU it reads /proc and /sys:
 // utilisation of each core the process may run on, this process's CPU use and resident memory,
-// the memory available, and the hottest readable temperature sensor. The step never waits for
-// it: the trainer reads the latest sample when it logs (bench/monitor_overhead.sh measures the cost).
+// the memory available, and the hottest readable temperature sensor; on a GPU run, the GPU's own
+// sensors through NVML (telemetry/gpu_sensors.h). The step never waits for it: the trainer reads
+// the latest sample when it logs (bench/monitor_overhead.sh measures the cost).
 //
 //   HardwareMonitor monitor(5.0);                 // starts sampling
 //   HardwareSample now = monitor.latest();        // cpu_util, rss_bytes, ... (-1: not known yet)
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "telemetry/gpu_sensors.h"
+
 namespace engine {
 
 struct HardwareSample {
@@ -29,6 +32,7 @@ struct HardwareSample {
   int64_t rss_bytes = -1;            // resident memory of this process
   int64_t mem_available_bytes = -1;  // MemAvailable
   double temperature_c = -1;         // the hottest readable sensor; -1 where none is readable
+  GpuReading gpu;                    // the GPU's sensors (every field -1 without them)
 };
 
 // Busy and total jiffies of one CPU line of /proc/stat.
@@ -66,8 +70,8 @@ class NeighbourLoad {
 
 class HardwareMonitor {
  public:
-  // `root` prefixes /proc and /sys (tests); interval > 0.
-  explicit HardwareMonitor(double interval_seconds, std::string root = "");
+  // `root` prefixes /proc and /sys (tests); interval > 0; `gpu`: the sensors of the run's GPU.
+  explicit HardwareMonitor(double interval_seconds, std::string root = "", std::unique_ptr<GpuSensors> gpu = nullptr);
   ~HardwareMonitor();
   HardwareMonitor(const HardwareMonitor&) = delete;
   HardwareMonitor& operator=(const HardwareMonitor&) = delete;
@@ -84,6 +88,7 @@ class HardwareMonitor {
 
   const double interval_;
   const std::string root_;
+  const std::unique_ptr<GpuSensors> gpu_;
   std::vector<int> cores_;
   std::map<int, CpuTimes> last_cpu_;
   int64_t last_process_ticks_ = -1;

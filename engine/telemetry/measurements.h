@@ -11,9 +11,10 @@ namespace engine {
 
 inline bool is_measurement(const std::string& key) {
   static const std::set<std::string> keys = {
-      "tokens_per_second",   "elapsed_s",     "step_time_s",         "mfu",       "hfu",
-      "data_wait_s",         "cpu_util",      "process_cpu_util",    "core_util", "rss_bytes",
-      "mem_available_bytes", "temperature_c", "swap_wait_s_per_step"};
+      "tokens_per_second",   "elapsed_s",     "step_time_s",          "mfu",       "hfu",
+      "data_wait_s",         "cpu_util",      "process_cpu_util",     "core_util", "rss_bytes",
+      "mem_available_bytes", "temperature_c", "swap_wait_s_per_step", "gpu_util",  "gpu_memory_used_bytes",
+      "gpu_temperature_c",   "gpu_power_w"};
   return keys.count(key) > 0;
 }
 

@@ -27,6 +27,8 @@ const char* lane_name(Lane lane) {
       return "checkpoint writer";
     case Lane::swap:
       return "swap I/O";
+    case Lane::device:
+      return "GPU kernels";
   }
   return "?";
 }
@@ -68,7 +70,7 @@ std::string to_json(const std::vector<Event>& events, int rank, int64_t origin_n
   all.push_back(
       {{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   all.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-  for (Lane lane : {Lane::compute, Lane::checkpoint, Lane::swap})
+  for (Lane lane : {Lane::compute, Lane::checkpoint, Lane::swap, Lane::device})
     all.push_back({{"name", "thread_name"},
                    {"ph", "M"},
                    {"pid", rank},

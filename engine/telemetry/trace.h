@@ -1,7 +1,9 @@
 // Trace: what each thread of a rank did during the steps a recipe chooses (telemetry.trace_steps),
 // kept as timed events and written as Chrome trace-event JSON, which Perfetto's UI and
 // chrome://tracing open. One process track per rank; in it one thread track per lane: the step's
-// own thread (ops, collectives, data waits, the optimizer), the checkpoint writer and the swap I/O.
+// own thread (ops, collectives, data waits, the optimizer), the checkpoint writer, the swap I/O and,
+// on a GPU run, the device's kernels (timed with CUDA events, placed at the host's clock when the
+// replay began).
 //
 //   trace::start();
 //   { trace::Scope op("op", node.op->name); op.set_work(flops, bytes); run(node); }
@@ -25,7 +27,7 @@
 
 namespace engine::trace {
 
-enum class Lane : int { compute = 0, checkpoint = 1, swap = 2 };
+enum class Lane : int { compute = 0, checkpoint = 1, swap = 2, device = 3 };
 const char* lane_name(Lane lane);
 
 struct Event {

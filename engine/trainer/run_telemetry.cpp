@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/atomic_file.h"
+#include "core/device_info.h"
 #include "core/format.h"
 #include "linalg/gemm16.h"
 #include "linalg/matmul_probe.h"
@@ -98,7 +99,15 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
         << "widened copies: " << dtype_name(compute)
         << " saves memory here, not time (engine plan shows each op's path)\n";
   if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads());  // the roofline's
-  if (config_.monitor_interval > 0) monitor_ = std::make_unique<HardwareMonitor>(config_.monitor_interval);
+  if (config_.monitor_interval > 0) {
+    std::unique_ptr<GpuSensors> gpu;
+    if (session.device.kind == Device::Kind::cuda) {
+      std::string why_not;
+      gpu = GpuSensors::open(cuda_device_pci_bus_id(session.device.index), &why_not);
+      if (!gpu) out << "note: no GPU utilisation, memory, temperature or power in the metrics: " << why_not << "\n";
+    }
+    monitor_ = std::make_unique<HardwareMonitor>(config_.monitor_interval, "", std::move(gpu));
+  }
   if (config_.tensorboard) {
     tensorboard_ = std::make_unique<TensorBoardWriter>(setup_.run_dir / "tensorboard");
     tensorboard_->text("recipe", "```yaml\n" + setup_.recipe_yaml + "```", 0);
@@ -175,6 +184,10 @@ std::string RunTelemetry::add_to_log_line(nlohmann::json& line, double window_se
   if (hw.rss_bytes >= 0) line["rss_bytes"] = hw.rss_bytes;
   if (hw.mem_available_bytes >= 0) line["mem_available_bytes"] = hw.mem_available_bytes;
   if (hw.temperature_c >= 0) line["temperature_c"] = hw.temperature_c;
+  if (hw.gpu.utilization_percent >= 0) line["gpu_util"] = hw.gpu.utilization_percent;
+  if (hw.gpu.memory_used_bytes >= 0) line["gpu_memory_used_bytes"] = hw.gpu.memory_used_bytes;
+  if (hw.gpu.temperature_c >= 0) line["gpu_temperature_c"] = hw.gpu.temperature_c;
+  if (hw.gpu.power_w >= 0) line["gpu_power_w"] = hw.gpu.power_w;
   return warning;
 }
 

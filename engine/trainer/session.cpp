@@ -305,6 +305,7 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communica
     // update happens there, and the model state stays there between steps.
     device_optimizer = make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation);
     runner->set_resident(true);
+    runner->use_graphs(r.run.cuda_graphs);
   }
 }
 
@@ -432,8 +433,9 @@ void Session::fall_back_to_bf16() {
   host_changed();
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
-  store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
-  zero.gather_parameters();               // ... and the other ranks' slices arrive (every rank falls back)
+  if (DeviceRunner* runner = executor.runner()) runner->reset_graphs();  // their kernels read f16
+  store.retype(DType::f16, DType::bf16);                                 // rounds this rank's masters anew ...
+  zero.gather_parameters();  // ... and the other ranks' slices arrive (every rank falls back)
   scaler.disable();
 }
 

@@ -134,48 +134,101 @@ void run_product(const KernelContext& ctx, const Product& p) {
              "matmul");
 }
 
-// db[j] (+)= sum over rows of dy[r, j], in a fixed order whatever the launch: each row chunk's sum
-// in double in row order (one thread per column and chunk, reads coalesced across columns), then
-// the chunks' sums in chunk order, added to db once in float (as core/convert.h add_float). The
-// CPU sums all rows in one double; the two orders differ in the double's last bits only, so the
-// float results agree but at a rounding boundary.
-constexpr int64_t kBiasChunkRows = 256;
+// db[j] (+)= sum over rows of dy[r, j], in a fixed order whatever the device: rows in chunks of
+// kBiasChunkRows, each chunk's column sums in double in row order; kBiasChunksPerSpan chunks' sums
+// added in chunk order into one span's; the spans' sums added in span order and added to db once in
+// float (as core/convert.h add_float). The CPU sums all rows in one double; the two orders differ
+// in the double's last bits only, so the float results agree but at a rounding boundary.
+//
+// One thread per (pack of columns, chunk): a pack is 16 bytes of dy (8 16-bit or 4 f32 columns)
+// read in one access where every row of dy starts 16-byte aligned, else one column. A block is 32
+// packs x kBiasChunksPerSpan chunks, reads coalesced across the packs of a row.
+constexpr int64_t kBiasChunkRows = 64;
+constexpr int kBiasChunksPerSpan = 8;
 
-__global__ void bias_chunk_sums(const void* dy, DType dy_type, int64_t rows, int64_t cols, int64_t chunk_rows,
-                                double* partials) {  // partials (chunks, cols)
-  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, chunk = blockIdx.y;
-  if (j >= cols) return;
-  const int64_t first = chunk * chunk_rows, last = first + chunk_rows < rows ? first + chunk_rows : rows;
-  double sum = 0;
-  for (int64_t r = first; r < last; ++r) sum += double(load_float(dy, dy_type, r * cols + j));
-  partials[chunk * cols + j] = sum;
+template <class T, int P>  // P: the columns of a pack (kPack<T>, or 1)
+__global__ void __launch_bounds__(32 * kBiasChunksPerSpan)
+    bias_span_sums(const T* dy, int64_t rows, int64_t cols, int64_t chunk_rows, double* partials) {  // (spans, cols)
+  __shared__ double chunk_sums[kBiasChunksPerSpan][32][P];
+  const int pack = int(threadIdx.x) & 31, chunk = int(threadIdx.x) >> 5;
+  const int64_t j = (int64_t(blockIdx.x) * 32 + pack) * P, span = blockIdx.y;
+  const int64_t first = (span * kBiasChunksPerSpan + chunk) * chunk_rows;
+  const int64_t last = first + chunk_rows < rows ? first + chunk_rows : rows;
+  double sum[P] = {};
+  if (j < cols)
+    for (int64_t r = first; r < last; ++r) {
+      float v[P];
+      if constexpr (P > 1) {
+        load_pack(dy, r * cols + j, v);
+      } else {
+        v[0] = to_float(dy[r * cols + j]);
+      }
+#pragma unroll
+      for (int e = 0; e < P; ++e) sum[e] += double(v[e]);
+    }
+#pragma unroll
+  for (int e = 0; e < P; ++e) chunk_sums[chunk][pack][e] = sum[e];
+  __syncthreads();
+  if (chunk != 0 || j >= cols) return;
+  for (int e = 0; e < P; ++e) {
+    double total = 0;
+    for (int k = 0; k < kBiasChunksPerSpan; ++k) total += chunk_sums[k][pack][e];
+    partials[span * cols + j + e] = total;
+  }
 }
 
-__global__ void bias_add_chunks(const double* partials, int64_t chunks, int64_t cols, void* db, DType db_type) {
+__global__ void bias_add_spans(const double* partials, int64_t spans, int64_t cols, void* db, DType db_type) {
   for (int64_t j = thread_index(); j < cols; j += thread_stride()) {
     double sum = 0;
-    for (int64_t c = 0; c < chunks; ++c) sum += partials[c * cols + j];
+    for (int64_t s = 0; s < spans; ++s) sum += partials[s * cols + j];
     store_float(db, db_type, j, load_float(db, db_type, j) + float(sum));
   }
 }
 
+template <class T>
+void launch_bias_spans(const KernelContext& ctx, const void* dy, int64_t rows, int64_t cols, int64_t chunk_rows,
+                       int64_t spans, double* partials) {
+  constexpr int P = kPack<T>;
+  const bool packed = cols % P == 0 && pack_aligned(dy);
+  const int64_t packs = packed ? cols / P : cols;
+  const dim3 grid(unsigned((packs + 31) / 32), unsigned(spans));
+  if (packed)
+    bias_span_sums<T, P><<<grid, 32 * kBiasChunksPerSpan, 0, stream(ctx)>>>(static_cast<const T*>(dy), rows, cols,
+                                                                            chunk_rows, partials);
+  else
+    bias_span_sums<T, 1><<<grid, 32 * kBiasChunksPerSpan, 0, stream(ctx)>>>(static_cast<const T*>(dy), rows, cols,
+                                                                            chunk_rows, partials);
+  check_launch("bias_span_sums");
+}
+
 void bias_gradient(const KernelContext& ctx, const void* dy, DType dy_type, int64_t rows, int64_t cols, void* db,
                    DType db_type) {
-  // As many chunks as the workspace holds partial sums for, of at least kBiasChunkRows rows each.
+  // As many spans as the workspace holds partial sums for, of at least kBiasChunkRows rows a chunk.
   const int64_t fit = int64_t(ctx.workspace_bytes / sizeof(double)) / cols;
   if (fit < 1) throw InternalError("linear_backward_weight: the workspace cannot hold one row of bias partial sums");
   int64_t chunk_rows = kBiasChunkRows;
-  if ((rows + chunk_rows - 1) / chunk_rows > fit) chunk_rows = (rows + fit - 1) / fit;
-  const int64_t chunks = rows == 0 ? 0 : (rows + chunk_rows - 1) / chunk_rows;
-  if (chunks > 65535) throw InternalError("linear_backward_weight: too many rows for the bias gradient's grid");
+  const auto spans_of = [&](int64_t chunk) {
+    const int64_t span_rows = chunk * kBiasChunksPerSpan;
+    return (rows + span_rows - 1) / span_rows;
+  };
+  if (spans_of(chunk_rows) > fit) chunk_rows = (rows + fit * kBiasChunksPerSpan - 1) / (fit * kBiasChunksPerSpan);
+  const int64_t spans = rows == 0 ? 0 : spans_of(chunk_rows);
+  if (spans > 65535) throw InternalError("linear_backward_weight: too many rows for the bias gradient's grid");
   auto* partials = static_cast<double*>(ctx.workspace);
-  if (chunks > 0) {
-    bias_chunk_sums<<<dim3(unsigned((cols + 127) / 128), unsigned(chunks)), 128, 0, stream(ctx)>>>(
-        dy, dy_type, rows, cols, chunk_rows, partials);
-    check_launch("bias_chunk_sums");
+  if (spans > 0) {
+    switch (dy_type) {
+      case DType::bf16:
+        launch_bias_spans<__nv_bfloat16>(ctx, dy, rows, cols, chunk_rows, spans, partials);
+        break;
+      case DType::f16:
+        launch_bias_spans<__half>(ctx, dy, rows, cols, chunk_rows, spans, partials);
+        break;
+      default:
+        launch_bias_spans<float>(ctx, dy, rows, cols, chunk_rows, spans, partials);
+    }
   }
-  bias_add_chunks<<<blocks_for(cols, 128), 128, 0, stream(ctx)>>>(partials, chunks, cols, db, db_type);
-  check_launch("bias_add_chunks");
+  bias_add_spans<<<blocks_for(cols, 128), 128, 0, stream(ctx)>>>(partials, spans, cols, db, db_type);
+  check_launch("bias_add_spans");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// BlockLanes<N>: the CUDA policy of the row programs (nn/row_programs.h). The lanes are the N
-// threads of a block (launch with blockDim.x == N, one row or group of rows per block); a phase is
-// the thread's own lane; sum and max combine the lanes in the tree SerialLanes<N> runs on the CPU:
+// BlockLanes<N> and WarpLanes: the CUDA policies of the row programs (nn/row_programs.h).
+//
+// BlockLanes<N>: the lanes are the N threads of a block (launch with blockDim.x == N, one row or group of rows per
+// block); a phase is the thread's own lane; sum and max combine the lanes in the tree SerialLanes<N> runs on the CPU:
 // __shfl_down by 16, 8, 4, 2, 1 within each warp, then the same over the warps' totals in warp 0,
 // the total broadcast through shared memory. Each reduction is two __syncthreads(), which also
 // order the phases around it.
@@ -9,6 +10,11 @@
 //     BlockLanes<256> lanes;
 //     norm_forward_row(lanes, x + blockIdx.x * c, c, ...);
 //   }
+//
+// WarpLanes: the lanes are the 32 threads of one warp, so a block runs blockDim.x / 32 rows side by
+// side; sum and max are SerialLanes<32>'s tree (__shfl_down by 16, 8, 4, 2, 1), lane 0's total
+// broadcast by a shuffle. No shared memory and no __syncthreads(): a warp whose row is past the end
+// may return early.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,6 +59,37 @@ struct BlockLanes {
     }
     __syncthreads();
     return *reinterpret_cast<T*>(shared + 32);
+  }
+  template <class T>
+  __device__ T sum(Local<T>& v) const {
+    return reduce(v, RowSum{});
+  }
+  template <class T>
+  __device__ T max(Local<T>& v) const {
+    return reduce(v, RowMax{});
+  }
+};
+
+struct WarpLanes {
+  static constexpr int kCount = 32;
+
+  template <class T>
+  struct Local {
+    T value;
+    __device__ T& operator[](int) { return value; }
+  };
+
+  template <class F>
+  __device__ void each(F&& phase) const {
+    phase(int(threadIdx.x) & 31);
+  }
+  __device__ void barrier() const { __syncwarp(); }
+
+  template <class T, class Op>
+  __device__ T reduce(Local<T>& v, Op op) const {
+    T x = v.value;
+    for (int o = 16; o > 0; o /= 2) x = op(x, __shfl_down_sync(0xffffffffu, x, o));
+    return __shfl_sync(0xffffffffu, x, 0);
   }
   template <class T>
   __device__ T sum(Local<T>& v) const {

@@ -20,8 +20,9 @@ struct alignas(4 * sizeof(T)) Quad {
 // (void: mixed, each read by its own type); `packed`: both aligned to 4 elements, whole blocks read
 // and written in one access each.
 template <class T>
-__global__ void dropout_kernel(FloatArray<T> in, FloatArray<T> out, int64_t n, ops::DropoutMask mask, bool accumulate,
-                               bool packed) {
+__global__ void dropout_kernel(FloatArray<T> in, FloatArray<T> out, int64_t n, ops::DropoutMask mask,
+                               const StepScalars* step, bool accumulate, bool packed) {
+  mask.set_stream(step->seed, step->step, step->micro_step);
   const int64_t blocks = (n + 3) / 4;
   for (int64_t block = thread_index(); block < blocks; block += thread_stride()) {
     const PhiloxWords words = mask.block(block);
@@ -54,8 +55,9 @@ void dropout_mask(const Node& node, const KernelContext& ctx) {
   if (!ctx.training) return copy(node, ctx);  // evaluation: the identity, as on the CPU
   const int64_t n = ctx.shape(node.inputs[0]).numel();
   if (n == 0) return;
-  const ops::DropoutMask mask =
-      ops::DropoutMask::make(node.attrs.floats[0], node.attrs.ints[0], ctx.seed, ctx.step, ctx.micro_step);
+  // The stream's position comes from the step's scalars in device memory.
+  const ops::DropoutMask mask = ops::DropoutMask::make(node.attrs.floats[0], node.attrs.ints[0], 0, 0, 0);
+  if (!ctx.step_scalars) throw InternalError("dropout on CUDA: the context has no step scalars");
   const ValueId in = node.inputs[0], out = node.outputs[0];
   with_float_type(ctx, {in, out}, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -64,7 +66,7 @@ void dropout_mask(const Node& node, const KernelContext& ctx) {
     };
     const bool packed = !std::is_void_v<T> && quad_aligned(in) && quad_aligned(out);
     dropout_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, stream(ctx)>>>(
-        float_array<T>(ctx, in), float_array<T>(ctx, out), n, mask, ctx.accumulates(node, 0), packed);
+        float_array<T>(ctx, in), float_array<T>(ctx, out), n, mask, ctx.step_scalars, ctx.accumulates(node, 0), packed);
   });
   check_launch("dropout");
 }

@@ -24,12 +24,15 @@ struct DropoutMask {
   float scale;         // 1 / (1 - p)
 
   static DropoutMask make(double p, int64_t salt, uint64_t seed, uint64_t step, uint64_t micro_step) {
-    return DropoutMask{{{uint32_t(seed), uint32_t(seed >> 32) ^ 0x64726f70u}},
-                       uint32_t(salt),
-                       uint32_t(step),
-                       uint32_t(micro_step),
-                       uint32_t(p * 4294967296.0),
-                       float(1.0 / (1.0 - p))};
+    DropoutMask mask{{}, uint32_t(salt), 0, 0, uint32_t(p * 4294967296.0), float(1.0 / (1.0 - p))};
+    mask.set_stream(seed, step, micro_step);
+    return mask;
+  }
+  // The stream's position: which step and micro-batch (a CUDA kernel sets it from device memory).
+  ENGINE_HOST_DEVICE void set_stream(uint64_t seed, uint64_t step_index, uint64_t micro_step_index) {
+    key = PhiloxKey{{uint32_t(seed), uint32_t(seed >> 32) ^ 0x64726f70u}};
+    step = uint32_t(step_index);
+    micro_step = uint32_t(micro_step_index);
   }
   // The 4 words of elements 4 block .. 4 block + 3.
   ENGINE_HOST_DEVICE PhiloxWords block(int64_t block) const {

@@ -3,43 +3,47 @@
 // once: the bits of the executor's widening and rounding). Instantiated per type of the rows (x, y,
 // dy, dx) and of the parameters (w, b), runtime-typed where a group's types are mixed; the
 // statistics, partial sums and parameter gradients typed at run time. The per-row math is the row
-// programs' (nn/row_programs.h), run by a block of kLanes threads.
+// programs' (nn/row_programs.h), run by one warp per row (nn/row_launch.h).
 //
-// Forward: one block per row. Backward: one block per group of kGroupRows consecutive rows (32, as
-// the CPU's blocks), which writes dx and its group's float sums of the scale and shift gradients
-// into the workspace; then one thread per (column, warp) adds every 8th group's sum in double, and
-// the 8 warps' sums are added in a fixed order and added to the gradients. No atomics: the same
-// bits on every run.
+// Forward: one warp per row, kNormRowsPerBlock rows a block. Backward: one block of
+// kNormBackwardLanes threads per group of kNormGroupRows consecutive rows, which writes dx and its
+// group's float sums of the scale and shift gradients into the workspace; then one thread per (column, warp) adds every
+// kSumWarps-th group's sum in double, and the warps' sums are added in a fixed order and added to the gradients. No
+// atomics: the same bits on every run.
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "nn/block_lanes.cuh"
+#include "nn/row_launch.h"
 
 namespace engine::cuda {
 
 namespace {
 
-constexpr int kLanes = 256;
-constexpr int64_t kGroupRows = 32;  // rows per partial gradient sum (at least; more if the workspace is short)
-constexpr int kSumWarps = 8;        // warps adding the groups' partial sums of 32 columns
+constexpr int kBlockThreads = ops::kNormLanes * ops::kNormRowsPerBlock;
+constexpr int kSumWarps = 8;  // warps adding the groups' partial sums of 32 columns
+
+// Blocks for `n` rows at kNormRowsPerBlock warps a block.
+unsigned blocks_of(int64_t n) { return unsigned((n + ops::kNormRowsPerBlock - 1) / ops::kNormRowsPerBlock); }
 
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
 
 template <class T, class W>
-__global__ void __launch_bounds__(kLanes) norm_forward_kernel(FloatArray<T> x,        // (rows, c)
-                                                              FloatArray<W> w,        // (c)
-                                                              FloatArray<W> b,        // (c) or null
-                                                              FloatArray<T> y,        // (rows, c)
-                                                              FloatArray<void> mean,  // (rows)
-                                                              FloatArray<void> rstd,  // (rows)
-                                                              int64_t c, bool rms, double eps) {
-  ops::BlockLanes<kLanes> lanes;
-  const int64_t r = blockIdx.x;
+__global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(FloatArray<T> x,        // (rows, c)
+                                                                     FloatArray<W> w,        // (c)
+                                                                     FloatArray<W> b,        // (c) or null
+                                                                     FloatArray<T> y,        // (rows, c)
+                                                                     FloatArray<void> mean,  // (rows)
+                                                                     FloatArray<void> rstd,  // (rows)
+                                                                     int64_t rows, int64_t c, bool rms, double eps) {
+  ops::WarpLanes lanes;
+  const int64_t r = int64_t(blockIdx.x) * ops::kNormRowsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
   ops::norm_forward_row(lanes, x + r * c, c, rms, eps, w, b, y + r * c, mean + r, rstd + r);
 }
 
 template <class T, class W>
-__global__ void __launch_bounds__(kLanes)
+__global__ void __launch_bounds__(ops::kNormBackwardLanes)
     norm_backward_kernel(FloatArray<T> dy,                              // (rows, c)
                          FloatArray<T> x,                               // (rows, c)
                          FloatArray<W> w,                               // (c)
@@ -48,8 +52,9 @@ __global__ void __launch_bounds__(kLanes)
                          float* dw_groups,                              // (groups, c)
                          float* db_groups,                              // (groups, c) or null
                          int64_t rows, int64_t c, int64_t group_rows, bool rms, bool accumulate) {
-  ops::BlockLanes<kLanes> lanes;
-  const int64_t g = blockIdx.x, begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
+  ops::BlockLanes<ops::kNormBackwardLanes> lanes;
+  const int64_t g = blockIdx.x;
+  const int64_t begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
   ops::norm_backward_rows(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
                           db_groups ? db_groups + g * c : nullptr, dx, accumulate);
 }
@@ -97,10 +102,10 @@ void norm(const Node& node, const KernelContext& ctx) {
     // would not outlive its full-expression).
     with_float_type(ctx, {node.inputs[1], node.inputs[shift ? 2 : 1]}, [&](auto params_tag) {
       using W = typename decltype(params_tag)::type;
-      norm_forward_kernel<T, W><<<unsigned(rows), kLanes, 0, stream(ctx)>>>(
+      norm_forward_kernel<T, W><<<blocks_of(rows), kBlockThreads, 0, stream(ctx)>>>(
           float_array<T>(ctx, node.inputs[0]), float_array<W>(ctx, node.inputs[1]),
           shift ? float_array<W>(ctx, node.inputs[2]) : FloatArray<W>{}, float_array<T>(ctx, node.outputs[0]),
-          float_array<void>(ctx, node.outputs[1]), float_array<void>(ctx, node.outputs[2]), c, is_rms(node),
+          float_array<void>(ctx, node.outputs[1]), float_array<void>(ctx, node.outputs[2]), rows, c, is_rms(node),
           node.attrs.floats[0]);
     });
   });
@@ -118,7 +123,7 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   const int64_t max_groups = int64_t(ctx.workspace_bytes) / row_bytes;
   if (max_groups < 1 || ctx.workspace == nullptr)
     throw InternalError("norm_backward: a workspace of " + std::to_string(row_bytes) + " bytes is needed");
-  int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  int64_t groups = (rows + ops::kNormGroupRows - 1) / ops::kNormGroupRows;
   if (groups > max_groups) groups = max_groups;
   const int64_t group_rows = (rows + groups - 1) / groups;
   groups = (rows + group_rows - 1) / group_rows;
@@ -128,7 +133,7 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
     using T = typename decltype(rows_tag)::type;
     with_float_type(ctx, {node.inputs[2]}, [&](auto params_tag) {
       using W = typename decltype(params_tag)::type;
-      norm_backward_kernel<T, W><<<unsigned(groups), kLanes, 0, stream(ctx)>>>(
+      norm_backward_kernel<T, W><<<unsigned(groups), ops::kNormBackwardLanes, 0, stream(ctx)>>>(
           float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]), float_array<W>(ctx, node.inputs[2]),
           float_array<void>(ctx, node.inputs[3]), float_array<void>(ctx, node.inputs[4]),
           float_array<T>(ctx, node.outputs[0]), dw_groups, db_groups, rows, c, group_rows, is_rms(node),

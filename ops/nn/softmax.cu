@@ -6,12 +6,13 @@
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "nn/block_lanes.cuh"
+#include "nn/row_launch.h"
 
 namespace engine::cuda {
 
 namespace {
 
-constexpr int kLanes = 256;
+constexpr int kLanes = ops::kSoftmaxLanes;
 
 template <class T>
 __global__ void __launch_bounds__(kLanes)

@@ -64,6 +64,33 @@ TEST(CudaTraining, GptFp32WithDropoutAndAccumulationTracksTheCpuRun) {
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
+// The step replayed as CUDA graphs gives the eager replay's bits, losses and weights, where the
+// kernels read per-step values from device memory: dropout's seed and counters (two micro-batches a
+// step, each its own stream) and fp16's loss scale (which the scaler changes between steps: grown
+// every 3 clean steps, halved at an overflow).
+TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
+  REQUIRE_CUDA_DEVICE();
+  for (const char* precision : {"fp32", "fp16"}) {
+    std::vector<std::string> overrides = with({"model.dropout=0.1", "train.gradient_accumulation_steps=2",
+                                               std::string("precision.mode=") + precision, "run.device=cuda"});
+    if (std::string(precision) == "fp16") overrides.push_back("precision.growth_interval=3");
+    overrides.push_back("run.cuda_graphs=false");
+    const int64_t steps = 8;
+    const testing::Run eager = run(quickstart(overrides).recipe, steps);
+    overrides.back() = "run.cuda_graphs=true";
+    const testing::Run graphs = run(quickstart(overrides).recipe, steps);
+    EXPECT_EQ(eager.graph_replays, 0) << precision;
+    EXPECT_EQ(graphs.graph_replays, 2 * steps - 1) << precision << ": every micro-batch but the first (eager)";
+    for (int64_t s = 0; s < steps; ++s) {
+      EXPECT_EQ(graphs.losses[size_t(s)], eager.losses[size_t(s)]) << precision << " step " << s;
+      EXPECT_EQ(graphs.loss_scales[size_t(s)], eager.loss_scales[size_t(s)]) << precision << " step " << s;
+    }
+    ASSERT_EQ(graphs.weights.size(), eager.weights.size());
+    for (size_t i = 0; i < eager.weights.size(); ++i)
+      EXPECT_EQ(graphs.weights[i], eager.weights[i]) << precision << " parameter " << i;
+  }
+}
+
 TEST(CudaTraining, LlamaFp32TracksTheCpuRun) {
   REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.arch=llama", "model.kv_heads=2"}), 20);

@@ -13,6 +13,7 @@
 
 #include "loss/cross_entropy.h"
 #include "nn/layernorm.h"
+#include "nn/row_launch.h"
 #include "nn/row_programs.h"
 #include "nn/softmax.h"
 #include "random_values.h"
@@ -117,8 +118,9 @@ void check_norm(const NormCase& nc) {
                            std::to_string(rows) + "x" + std::to_string(c) +
                            (nc.magnitude != 1.0f ? " magnitude " + std::to_string(nc.magnitude) : "");
 
-  // The programs, as the CUDA kernels run them: a row per block forward, groups of 32 rows backward.
-  SerialLanes<256> lanes;
+  // The programs, as the CUDA kernels run them: a row per warp forward, groups of rows backward.
+  SerialLanes<ops::kNormLanes> lanes;
+  SerialLanes<ops::kNormBackwardLanes> backward_lanes;
   std::vector<float> py(static_cast<size_t>(rows * c)), pmean(static_cast<size_t>(rows)),
       prstd(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)
@@ -126,11 +128,11 @@ void check_norm(const NormCase& nc) {
                           py.data() + r * c, &pmean[size_t(r)], &prstd[size_t(r)]);
   // The backward from the CPU kernel's statistics, so that it is compared alone.
   const std::vector<float> cpu_mean = floats_of(values, mean), cpu_rstd = floats_of(values, rstd);
-  const int64_t group_rows = 32, groups = (rows + group_rows - 1) / group_rows;
+  const int64_t group_rows = ops::kNormGroupRows, groups = (rows + group_rows - 1) / group_rows;
   std::vector<float> pdx = dx0, dw_groups(static_cast<size_t>(groups * c)), db_groups(static_cast<size_t>(groups * c));
   for (int64_t k = 0; k < groups; ++k)
-    ops::norm_backward_rows(lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
-                            k * group_rows, std::min(rows, (k + 1) * group_rows), dw_groups.data() + k * c,
+    ops::norm_backward_rows(backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c,
+                            nc.rms, k * group_rows, std::min(rows, (k + 1) * group_rows), dw_groups.data() + k * c,
                             nc.shift ? db_groups.data() + k * c : nullptr, pdx.data(), true);
   std::vector<float> pdw(static_cast<size_t>(c)), pdb(static_cast<size_t>(c));
   for (int64_t i = 0; i < c; ++i) {
@@ -184,7 +186,7 @@ void check_norm(const NormCase& nc) {
   expect_close(pdx, rdx, 4e-6, what + " dx");
   expect_close(pdw, rdw, 1e-5, what + " dw");
   if (nc.shift) expect_close(pdb, rdb, 1e-5, what + " db");
-  // Against the CPU kernel (its 16 lanes against the program's 256: a few float roundings apart).
+  // Against the CPU kernel (its 16 lanes against the program's kNormLanes: a few float roundings apart).
   expect_close(py, widen(floats_of(values, y)), 1e-6, what + " y against norm_cpu");
   expect_close(pmean, widen(floats_of(values, mean)), 1e-6, what + " mean against norm_cpu");
   expect_close(prstd, widen(floats_of(values, rstd)), 1e-6, what + " rstd against norm_cpu");
@@ -224,7 +226,7 @@ void check_softmax(int64_t rows, int64_t n) {
   backward.op->cpu(backward, values.ctx);
   const std::vector<float> cpu_y = floats_of(values, y);
 
-  SerialLanes<256> lanes;
+  SerialLanes<ops::kSoftmaxLanes> lanes;
   std::vector<float> py(xs.size()), pdx = dx0;
   for (int64_t r = 0; r < rows; ++r) ops::softmax_row(lanes, xs.data() + r * n, n, py.data() + r * n);
   for (int64_t r = 0; r < rows; ++r)
@@ -310,9 +312,9 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
 }
 
 TEST(RowProgram, CrossEntropyMatchesTheReferenceAndTheCpuKernel) {
-  check_cross_entropy<512>(5, 7, false);
-  check_cross_entropy<512>(4, 1100, true);
-  check_cross_entropy<512>(3, 50304, true);
+  check_cross_entropy<ops::kCrossEntropyLanes>(5, 7, false);
+  check_cross_entropy<ops::kCrossEntropyLanes>(4, 1100, true);
+  check_cross_entropy<ops::kCrossEntropyLanes>(3, 50304, true);
   check_cross_entropy<32>(4, 1100, true);
   check_cross_entropy<1024>(3, 5000, true);
 }

@@ -22,9 +22,16 @@ void declare_run(Schema& schema) {
       .def(RunDevice::auto_detect)
       .help(
           "Where the step runs: cpu, cuda (the first GPU; an error where the build has no CUDA or the machine no "
-          "GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). The model state (masters, "
-          "optimizer state) stays in host memory and the optimizer runs on the CPU; the forward and backward run "
-          "on the device.");
+          "GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda the whole step runs "
+          "on the GPU (one process, ZeRO stage 0-1, no offload) and the model state stays there between steps; "
+          "checkpoints hold the same host record on either device, so a run resumes on the other.");
+  run.key("cuda_graphs", &RunSection::cuda_graphs)
+      .def(true)
+      .help(
+          "On cuda, capture each plan's forward and backward as a CUDA graph after its first (eager) run and replay "
+          "the graph from then on: one launch per micro-batch instead of one per kernel, the same kernels and the "
+          "same bits (the step's seed, counters and loss scale are read from device memory). false replays kernel "
+          "by kernel. telemetry.op_table times each kernel, so it replays eagerly whatever this says.");
 }
 
 }  // namespace engine::recipe

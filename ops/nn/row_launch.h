@@ -1,0 +1,24 @@
+// How the CUDA row kernels launch the row programs (nn/row_programs.h): the lanes per row and the
+// rows per partial sum. The reduction trees, and so the bits, follow from these numbers; the CPU
+// test of the programs (tests/ops/row_program_test.cpp) runs SerialLanes with the same ones.
+//
+//   layernorm / rmsnorm   forward: one warp per row (WarpLanes, nn/block_lanes.cuh), kNormRowsPerBlock
+//                         rows side by side; backward: one block of kNormBackwardLanes threads per
+//                         group of kNormGroupRows rows (BlockLanes: the group's running sums of the
+//                         scale and shift gradients are spread over more lanes, so fewer per lane)
+//   softmax               one block of kSoftmaxLanes threads per row (BlockLanes)
+//   cross-entropy         one block of kCrossEntropyLanes threads per row (BlockLanes)
+#pragma once
+
+#include <cstdint>
+
+namespace engine::ops {
+
+inline constexpr int kNormLanes = 32;
+inline constexpr int kNormRowsPerBlock = 8;
+inline constexpr int kNormBackwardLanes = 256;
+inline constexpr int64_t kNormGroupRows = 32;  // at least; more where the workspace is short (as the CPU's blocks)
+inline constexpr int kSoftmaxLanes = 256;
+inline constexpr int kCrossEntropyLanes = 512;
+
+}  // namespace engine::ops
