@@ -15,7 +15,11 @@
 //   device->upload();
 //   for (micro ...) { executor.run("train", ...); device->add_micro_batch(micro); }
 //   double norm = sum_norm_partials(device->finish_gradients());
-//   device->scale_gradients(clip);  device->step(lr);
+//   device->step(lr, clip_factor);
+//
+// With use_graphs(true), each phase (a micro-batch's sum, the gradients' finish, the update) runs
+// as a CUDA graph from its second run on (runtime/stream_graphs.h); step() writes the learning
+// rate's and the clipping's scalars to device memory first, where the update's kernels read them.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +45,15 @@ class DeviceOptimizer {
   // The fp32 gradients to the host store's opt_grad and back (hooks that read or change them).
   virtual void download_gradients() = 0;
   virtual void upload_gradients() = 0;
-  virtual void scale_gradients(double factor) = 0;  // as optimizer.h scale_gradients
   // The masters' norm partial sums (optimizer.h master_norm_partials), computed where they live.
   virtual std::vector<double> master_norm_partials() = 0;
-  // One update at learning rate `lr` (the host optimizer counts it), then the 16-bit copies.
-  virtual void step(double lr) = 0;
+  // One update at learning rate `lr` of the gradients times `factor` (clipping and loss scaling,
+  // as optimizer.h scale_gradients; skipped at 1), then the 16-bit copies; the host optimizer counts it.
+  virtual void step(double lr, double factor) = 0;
+
+  virtual void use_graphs(bool on) = 0;
+  virtual void reset_graphs() = 0;            // what the phases enqueue changed (a value's type)
+  virtual int64_t graph_replays() const = 0;  // phases a CUDA graph ran so far
 };
 
 // Needs a CUDA build (a UserError otherwise).

@@ -7,6 +7,7 @@
 #include "dist/shard_layout.h"
 #include "optim/device_optimizer.h"
 #include "optim/device_update.h"
+#include "runtime/stream_graphs.h"
 
 namespace engine {
 namespace {
@@ -24,7 +25,8 @@ class CudaOptimizer final : public DeviceOptimizer {
         host_(host),
         runner_(runner),
         stream_(static_cast<cudaStream_t>(runner.stream())),
-        segments_(decay_segments(store, config)) {
+        segments_(decay_segments(store, config)),
+        accumulation_(accumulation) {
     ENGINE_CHECK(store.layout().world() == 1 && store.sharding().stage <= 1,
                  "the device optimizer runs one process at ZeRO stage 0-1");
     const size_t units = store.graph().units().size();
@@ -46,7 +48,20 @@ class CudaOptimizer final : public DeviceOptimizer {
     }
     partials_ =
         reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
+    scalars_ = reinterpret_cast<UpdateScalars*>(runner.allocate(sizeof(UpdateScalars), "the update's scalars"));
+    check(cudaMallocHost(&scalars_host_, sizeof(UpdateScalars)), "pinned scalars");
+    check(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)), "pinned partials");
   }
+
+  ~CudaOptimizer() override {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(scalars_host_);
+    cudaFreeHost(partials_host_);
+  }
+
+  void use_graphs(bool on) override { graphs_.set_enabled(on); }
+  void reset_graphs() override { graphs_.reset(); }
+  int64_t graph_replays() const override { return graphs_.replays(); }
 
   void upload() override {
     copy_state(cudaMemcpyHostToDevice);
@@ -59,6 +74,35 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   void add_micro_batch(int64_t micro) override {
+    if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
+    graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_,
+                [&] { sum_micro_batch(micro); });
+  }
+
+  std::vector<double> finish_gradients() override {
+    graphs_.run("gradient finish", stream_, [&] {
+      for (size_t u = 0; u < opt_grad_.size(); ++u)
+        if (store_.grad_dtype() != DType::f32)
+          cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
+      enqueue_norm_partials(opt_grad_);
+    });
+    return read_partials();
+  }
+
+  std::vector<double> master_norm_partials() override {
+    enqueue_norm_partials(master_);
+    return read_partials();
+  }
+
+ private:
+  // The scalars of an update, where its kernels read them.
+  struct UpdateScalars {
+    AdamWScalars with_decay, without_decay;
+    SgdScalars sgd_with_decay, sgd_without_decay;
+    float factor;
+  };
+
+  void sum_micro_batch(int64_t micro) {
     for (size_t u = 0; u < grad_sum_.size(); ++u) {
       if (grad_sum_[u] == runner_.gradients(u)) continue;  // one micro-batch: the sum is its gradient
       const int64_t n = store_.range_size(u);
@@ -71,64 +115,70 @@ class CudaOptimizer final : public DeviceOptimizer {
     }
   }
 
-  std::vector<double> finish_gradients() override {
-    for (size_t u = 0; u < opt_grad_.size(); ++u)
-      if (store_.grad_dtype() != DType::f32)
-        cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
-    return norm_partials(opt_grad_);
-  }
-
-  std::vector<double> master_norm_partials() override { return norm_partials(master_); }
-
- private:
-  // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order.
-  std::vector<double> norm_partials(const std::vector<float*>& buffers) {
+  // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order, into
+  // the pinned host copy (read_partials() waits for them).
+  void enqueue_norm_partials(const std::vector<float*>& buffers) {
     int64_t at = 0;
     for (size_t u = 0; u < buffers.size(); ++u) {
       const int64_t blocks = store_.range_size(u) / kShardBlock;
       cuda::norm_partials(buffers[u], blocks, partials_ + at, stream_);
       at += blocks;
     }
-    std::vector<double> partials(static_cast<size_t>(blocks_), 0.0);
-    check(
-        cudaMemcpyAsync(partials.data(), partials_, partials.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_),
-        "norm partials");
+    check(cudaMemcpyAsync(partials_host_, partials_, size_t(blocks_) * sizeof(double), cudaMemcpyDeviceToHost, stream_),
+          "norm partials");
+  }
+  std::vector<double> read_partials() {
     synchronize("norm partial sums");
-    return partials;
+    return std::vector<double>(partials_host_, partials_host_ + blocks_);
   }
 
  public:
   void download_gradients() override { copy_gradients(cudaMemcpyDeviceToHost); }
   void upload_gradients() override { copy_gradients(cudaMemcpyHostToDevice); }
 
-  void scale_gradients(double factor) override {
-    for (size_t u = 0; u < opt_grad_.size(); ++u)
-      cuda::scale(opt_grad_[u], store_.range_size(u), float(factor), stream_);
+  void step(double lr, double factor) override {
+    const int64_t t = host_.steps() + 1;
+    // The step's scalars to device memory, ahead of the update on the stream (the pinned slot is
+    // next rewritten a step later, after finish_gradients has waited for the stream).
+    UpdateScalars& s = *scalars_host_;
+    s.factor = float(factor);
+    if (config_.type == recipe::OptimizerType::adamw) {
+      s.with_decay = adamw_scalars(config_, lr, t, true);
+      s.without_decay = adamw_scalars(config_, lr, t, false);
+    } else {
+      const SgdScalars sgd{.lr = float(lr),
+                           .decay = 0.0f,
+                           .momentum = float(config_.momentum),
+                           .nesterov = config_.nesterov,
+                           .first = t == 1};
+      s.sgd_with_decay = s.sgd_without_decay = sgd;
+      s.sgd_with_decay.decay = float(config_.weight_decay);
+    }
+    check(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(UpdateScalars), cudaMemcpyHostToDevice, stream_),
+          "the update's scalars");
+    const bool scaled = factor != 1.0;
+    graphs_.run(scaled ? "update of scaled gradients" : "update", stream_, [&] { enqueue_update(scaled); });
+    host_.set_steps(t);
   }
 
-  void step(double lr) override {
-    const int64_t t = host_.steps() + 1;
-    if (config_.type == recipe::OptimizerType::adamw) {
-      const AdamWScalars with_decay = adamw_scalars(config_, lr, t, true);
-      const AdamWScalars without_decay = adamw_scalars(config_, lr, t, false);
-      for (const Segment& s : segments_)
-        cuda::adamw_update(master_[s.unit] + s.begin, opt_grad_[s.unit] + s.begin, state_[0][s.unit] + s.begin,
-                           state_[1][s.unit] + s.begin, s.end - s.begin, s.decay ? with_decay : without_decay, stream_);
-    } else {
-      for (const Segment& s : segments_) {
-        const SgdScalars scalars{.lr = float(lr),
-                                 .decay = s.decay ? float(config_.weight_decay) : 0.0f,
-                                 .momentum = float(config_.momentum),
-                                 .nesterov = config_.nesterov,
-                                 .first = t == 1};
-        cuda::sgd_update(master_[s.unit] + s.begin, opt_grad_[s.unit] + s.begin,
-                         state_.empty() ? nullptr : state_[0][s.unit] + s.begin, s.end - s.begin, scalars, stream_);
-      }
+ private:
+  void enqueue_update(bool scaled) {
+    if (scaled)
+      for (size_t u = 0; u < opt_grad_.size(); ++u)
+        cuda::scale(opt_grad_[u], store_.range_size(u), &scalars_->factor, stream_);
+    for (const Segment& s : segments_) {
+      float* w = master_[s.unit] + s.begin;
+      const float* g = opt_grad_[s.unit] + s.begin;
+      if (config_.type == recipe::OptimizerType::adamw)
+        cuda::adamw_update(w, g, state_[0][s.unit] + s.begin, state_[1][s.unit] + s.begin, s.end - s.begin,
+                           s.decay ? &scalars_->with_decay : &scalars_->without_decay, stream_);
+      else
+        cuda::sgd_update(w, g, state_.empty() ? nullptr : state_[0][s.unit] + s.begin, s.end - s.begin,
+                         s.decay ? &scalars_->sgd_with_decay : &scalars_->sgd_without_decay, stream_);
     }
     if (store_.param_dtype() != DType::f32)
       for (size_t u = 0; u < master_.size(); ++u)
         cuda::narrow(master_[u], runner_.parameters(u), store_.param_dtype(), store_.range_size(u), stream_);
-    host_.set_steps(t);
   }
 
  private:
@@ -177,6 +227,11 @@ class CudaOptimizer final : public DeviceOptimizer {
   std::vector<std::byte*> grad_sum_;
   double* partials_ = nullptr;
   int64_t blocks_ = 0;
+  int64_t accumulation_ = 1;
+  UpdateScalars* scalars_ = nullptr;       // device
+  UpdateScalars* scalars_host_ = nullptr;  // pinned
+  double* partials_host_ = nullptr;        // pinned
+  StreamGraphs graphs_;
 };
 
 }  // namespace

@@ -21,9 +21,13 @@ namespace engine::cuda {
 // without momentum. Bit for bit the CPU's adamw_update / sgd_update.
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s, void* stream);
 void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars& s, void* stream);
+// The same with the scalars in device memory, read when the kernel runs (a CUDA graph's update).
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars* s, void* stream);
+void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars* s, void* stream);
 
-// x[i] *= factor (scale_gradients: factor = float(the double factor)).
+// x[i] *= factor (scale_gradients: factor = float(the double factor)); or *factor in device memory.
 void scale(float* x, int64_t n, float factor, void* stream);
+void scale(float* x, int64_t n, const float* factor, void* stream);
 
 // partials[b] = block_squares(x + b * kShardBlock) for b < blocks (x: `blocks` whole blocks,
 // contiguous): the CPU's 16 lanes and fixed tree, one half-warp per block.

@@ -44,8 +44,18 @@ Split split(int64_t n, int width, int64_t element, std::initializer_list<const v
 
 constexpr int kFloatPack = 4;
 
+// A kernel's scalars: given by value at launch, or read from device memory when the kernel runs
+// (a CUDA graph's update, whose learning rate and clipping change every step).
+template <class T>
+struct ScalarSource {
+  T value;
+  const T* device = nullptr;
+  __device__ T get() const { return device ? *device : value; }
+};
+
 __global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, Split sp, AdamWScalars s) {
+                             float* __restrict__ v, Split sp, ScalarSource<AdamWScalars> source) {
+  const AdamWScalars s = source.get();
   const int64_t start = thread_index(), stride = thread_stride();
   float* w4 = w + sp.head;
   const float* g4 = g + sp.head;
@@ -70,7 +80,8 @@ __global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g,
 }
 
 __global__ void sgd_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ buf, Split sp,
-                           SgdScalars s) {
+                           ScalarSource<SgdScalars> source) {
+  const SgdScalars s = source.get();
   const int64_t start = thread_index(), stride = thread_stride();
   float* w4 = w + sp.head;
   const float* g4 = g + sp.head;
@@ -99,7 +110,8 @@ __global__ void sgd_kernel(float* __restrict__ w, const float* __restrict__ g, f
     sgd_element(w[i], g[i], buf ? buf + i : nullptr, s);
 }
 
-__global__ void scale_kernel(float* __restrict__ x, Split sp, float factor) {
+__global__ void scale_kernel(float* __restrict__ x, Split sp, ScalarSource<float> source) {
+  const float factor = source.get();
   const int64_t start = thread_index(), stride = thread_stride();
   float* x4 = x + sp.head;
   for (int64_t i = start; i < sp.packs; i += stride) {
@@ -169,14 +181,16 @@ void accumulate(void* sum, const void* micro, int64_t n, cudaStream_t stream) {
 
 }  // namespace
 
-void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s, void* stream) {
+namespace {
+
+void adamw(float* w, const float* g, float* m, float* v, int64_t n, ScalarSource<AdamWScalars> s, void* stream) {
   if (n <= 0) return;
   const Split sp = split(n, kFloatPack, 4, {w, g, m, v});
   adamw_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(w, g, m, v, sp, s);
   check_launch("adamw_update");
 }
 
-void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars& s, void* stream) {
+void sgd(float* w, const float* g, float* momentum_buffer, int64_t n, ScalarSource<SgdScalars> s, void* stream) {
   if (n <= 0) return;
   const Split sp = split(n, kFloatPack, 4, {w, g, momentum_buffer});
   sgd_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(w, g, momentum_buffer, sp,
@@ -184,12 +198,29 @@ void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, con
   check_launch("sgd_update");
 }
 
-void scale(float* x, int64_t n, float factor, void* stream) {
+void scale_by(float* x, int64_t n, ScalarSource<float> factor, void* stream) {
   if (n <= 0) return;
   const Split sp = split(n, kFloatPack, 4, {x});
   scale_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, sp, factor);
   check_launch("scale");
 }
+
+}  // namespace
+
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s, void* stream) {
+  adamw(w, g, m, v, n, {s}, stream);
+}
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars* s, void* stream) {
+  adamw(w, g, m, v, n, {AdamWScalars{}, s}, stream);
+}
+void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars& s, void* stream) {
+  sgd(w, g, momentum_buffer, n, {s}, stream);
+}
+void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars* s, void* stream) {
+  sgd(w, g, momentum_buffer, n, {SgdScalars{}, s}, stream);
+}
+void scale(float* x, int64_t n, float factor, void* stream) { scale_by(x, n, {factor}, stream); }
+void scale(float* x, int64_t n, const float* factor, void* stream) { scale_by(x, n, {0.0f, factor}, stream); }
 
 void norm_partials(const float* x, int64_t blocks, double* partials, void* stream) {
   if (blocks <= 0) return;

@@ -15,6 +15,7 @@
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
 #include "runtime/planned_casts.h"
+#include "runtime/stream_graphs.h"
 #include "runtime/value_binding.h"
 #include "telemetry/trace.h"
 
@@ -131,7 +132,6 @@ class CudaRunner final : public DeviceRunner {
 
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
-    reset_graphs();
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -182,19 +182,10 @@ class CudaRunner final : public DeviceRunner {
       check(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
-    if (graphs_ && resident_ && !op_totals && !traced) {
-      Captured& captured = captured_[name];
-      if (!captured.exec && captured.eager_runs > 0) capture(name, plan, ctx, captured);
-      if (captured.exec) {
-        check(cudaGraphLaunch(captured.exec, stream_), "graph launch of plan " + name);
-        ++graph_replays_;
-      } else {
-        enqueue_plan(plan, ctx, nullptr);
-        ++captured.eager_runs;
-      }
-    } else {
+    if (graphs_.enabled() && resident_ && !op_totals && !traced)
+      graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr); });
+    else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr);
-    }
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
     check(cudaStreamSynchronize(stream_), "step of plan " + name);
@@ -227,16 +218,9 @@ class CudaRunner final : public DeviceRunner {
     return out.data();
   }
 
-  void use_graphs(bool on) override {
-    graphs_ = on;
-    if (!on) reset_graphs();
-  }
-  void reset_graphs() override {
-    for (auto& [name, captured] : captured_)
-      if (captured.exec) cudaGraphExecDestroy(captured.exec);
-    captured_.clear();
-  }
-  int64_t graph_replays() const override { return graph_replays_; }
+  void use_graphs(bool on) override { graphs_.set_enabled(on); }
+  void reset_graphs() override { graphs_.reset(); }
+  int64_t graph_replays() const override { return graphs_.replays(); }
 
   DeviceTimes times() const override { return times_; }
   void set_resident(bool resident) override { resident_ = resident; }
@@ -295,12 +279,6 @@ class CudaRunner final : public DeviceRunner {
     }
   }
 
-  // A plan's graph: none until its first eager run, then the graph of its second.
-  struct Captured {
-    int64_t eager_runs = 0;
-    cudaGraphExec_t exec = nullptr;
-  };
-
   // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
   // between two events where `events` is given.
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events) {
@@ -320,25 +298,6 @@ class CudaRunner final : public DeviceRunner {
         events->emplace_back(start, stop);
       }
     }
-  }
-
-  // Captures the plan's work as a graph (nothing runs while capturing). The kernels' one-time
-  // set-up (cuBLASLt's algorithm choice, cuDNN's plans) happened in the eager run before.
-  void capture(const std::string& name, const Plan& plan, KernelContext& ctx, Captured& captured) {
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capture of plan " + name);
-    cudaGraph_t graph = nullptr;
-    try {
-      enqueue_plan(plan, ctx, nullptr);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      throw;
-    }
-    check(cudaStreamEndCapture(stream_, &graph), "capture of plan " + name);
-    const cudaError_t status = cudaGraphInstantiate(&captured.exec, graph, 0);
-    cudaGraphDestroy(graph);
-    check(status, "graph of plan " + name);
   }
 
   // The step's identity into device memory, ahead of the plan's kernels on the stream (the pinned
@@ -443,9 +402,7 @@ class CudaRunner final : public DeviceRunner {
   Tally tally_;
   DeviceBlock workspace_, arena_, scratch_, step_scalars_;
   std::unique_ptr<PinnedBlock> step_scalars_host_;
-  bool graphs_ = false;
-  std::map<std::string, Captured> captured_;
-  int64_t graph_replays_ = 0;
+  StreamGraphs graphs_;
   std::vector<DeviceBlock> compute_, grads_;
   std::map<ValueId, DeviceBlock> inputs_;
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;

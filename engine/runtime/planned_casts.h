@@ -22,8 +22,8 @@ namespace engine {
 class F32Copies {
  public:
   template <class Widen, class Narrow>
-  void run(const Graph& graph, const Node& node, KernelContext& ctx, std::byte* scratch, Kernel kernel,
-           Widen&& widen, Narrow&& narrow) {
+  void run(const Graph& graph, const Node& node, KernelContext& ctx, std::byte* scratch, Kernel kernel, Widen&& widen,
+           Narrow&& narrow) {
     slots_.clear();
     std::byte* next = scratch;
     auto copy = [&](ValueId id, bool round_back, bool load) {
@@ -48,8 +48,8 @@ class F32Copies {
     kernel(node, ctx);
     for (const Slot& slot : slots_) {
       const Value& v = graph.value(slot.id);
-      if (slot.round_back) narrow(static_cast<const float*>(ctx.pointers[size_t(slot.id)]), slot.original, v.dtype,
-                                  v.shape.numel());
+      if (slot.round_back)
+        narrow(static_cast<const float*>(ctx.pointers[size_t(slot.id)]), slot.original, v.dtype, v.shape.numel());
       ctx.pointers[size_t(slot.id)] = slot.original;
       ctx.dtypes[size_t(slot.id)] = v.dtype;
     }

@@ -306,6 +306,7 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communica
     device_optimizer = make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation);
     runner->set_resident(true);
     runner->use_graphs(r.run.cuda_graphs);
+    device_optimizer->use_graphs(r.run.cuda_graphs);
   }
 }
 
@@ -413,8 +414,7 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
     }
   }
   if (device_optimizer) {
-    if (factor != 1.0) device_optimizer->scale_gradients(factor);
-    device_optimizer->step(result.lr);  // and the 16-bit copies
+    device_optimizer->step(result.lr, factor);  // and the 16-bit copies
     host_current_ = false;
   } else {
     if (factor != 1.0) scale_gradients(store, factor);
@@ -434,8 +434,9 @@ void Session::fall_back_to_bf16() {
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
   if (DeviceRunner* runner = executor.runner()) runner->reset_graphs();  // their kernels read f16
-  store.retype(DType::f16, DType::bf16);                                 // rounds this rank's masters anew ...
-  zero.gather_parameters();  // ... and the other ranks' slices arrive (every rank falls back)
+  if (device_optimizer) device_optimizer->reset_graphs();
+  store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
+  zero.gather_parameters();               // ... and the other ranks' slices arrive (every rank falls back)
   scaler.disable();
 }
 

@@ -64,7 +64,8 @@ TEST(CudaTraining, GptFp32WithDropoutAndAccumulationTracksTheCpuRun) {
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
-// The step replayed as CUDA graphs gives the eager replay's bits, losses and weights, where the
+// The step replayed as CUDA graphs (the plan of each micro-batch, the micro-batches' sum, the
+// gradients' finish, the update) gives the eager replay's bits, losses and weights, where the
 // kernels read per-step values from device memory: dropout's seed and counters (two micro-batches a
 // step, each its own stream) and fp16's loss scale (which the scaler changes between steps: grown
 // every 3 clean steps, halved at an overflow).
@@ -81,6 +82,10 @@ TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
     const testing::Run graphs = run(quickstart(overrides).recipe, steps);
     EXPECT_EQ(eager.graph_replays, 0) << precision;
     EXPECT_EQ(graphs.graph_replays, 2 * steps - 1) << precision << ": every micro-batch but the first (eager)";
+    // The optimizer's phases: each micro-batch's sum, the gradients' finish and the update, each
+    // eager once (the update once per variant: scaled gradients or not; skipped steps have none).
+    EXPECT_EQ(eager.update_graph_replays, 0);
+    EXPECT_GE(graphs.update_graph_replays, 3 * (steps - 1) - 1) << precision;
     for (int64_t s = 0; s < steps; ++s) {
       EXPECT_EQ(graphs.losses[size_t(s)], eager.losses[size_t(s)]) << precision << " step " << s;
       EXPECT_EQ(graphs.loss_scales[size_t(s)], eager.loss_scales[size_t(s)]) << precision << " step " << s;

@@ -27,6 +27,7 @@ struct Run {
   std::vector<std::vector<float>> first_gradients;  // every parameter's gradient at step 0
   std::vector<std::vector<float>> weights;          // fp32 masters at the end
   int64_t graph_replays = -1;                       // micro-batches a CUDA graph ran (-1: on the CPU)
+  int64_t update_graph_replays = -1;                // optimizer phases a CUDA graph ran
 };
 
 // `steps` optimizer steps; micro-batches are read in order (sample-level order is the same for
@@ -65,6 +66,7 @@ inline Run run(const recipe::Recipe& r, int64_t steps, const std::set<int64_t>& 
   }
   session.sync_host();  // a GPU run's weights, from the device
   if (DeviceRunner* runner = session.executor.runner()) out.graph_replays = runner->graph_replays();
+  if (session.device_optimizer) out.update_graph_replays = session.device_optimizer->graph_replays();
   for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
     const float* w = session.store.param(int(i));
     out.weights.emplace_back(w, w + session.store.numel(int(i)));

@@ -99,32 +99,46 @@ int main() {
         auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f),
              v = randoms(n, rng, 1e-4f, true);
         Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
+        // The same step again with its scalars read from device memory (a CUDA graph's update).
+        Dev<float> dw_d(w, off), dg_d(g, off + mis), dm_d(m, off), dv_d(v, off);
+        Dev<AdamWScalars> ds(std::vector<AdamWScalars>{s}, 0);
         for (long k = 0; k < n; ++k) adamw_element(w[k], g[k], m[k], v[k], s);
         cuda::adamw_update(dw.p, dg.p, dm.p, dv.p, n, s, stream);
+        cuda::adamw_update(dw_d.p, dg_d.p, dm_d.p, dv_d.p, n, ds.p, stream);
         CK(cudaStreamSynchronize(stream));
         compare(w, dw.get(), "adamw w", n, off);
         compare(m, dm.get(), "adamw m", n, off);
         compare(v, dv.get(), "adamw v", n, off);
+        compare(w, dw_d.get(), "adamw w (device scalars)", n, off);
+        compare(v, dv_d.get(), "adamw v (device scalars)", n, off);
         for (int variant = 0; variant < 5; ++variant) {
           const bool momentum = variant > 0;
           const SgdScalars ss{
               .lr = 0.05f, .decay = 0.01f, .momentum = 0.9f, .nesterov = variant >= 3, .first = variant % 2 == 0};
           auto w2 = randoms(n, rng, 1), g2 = randoms(n, rng, 1e-2f), b2 = randoms(n, rng, 1e-2f);
           Dev<float> dw2(w2, off), dg2(g2, off + mis), db2(b2, off);
+          Dev<float> dw2_d(w2, off), dg2_d(g2, off + mis), db2_d(b2, off);
+          Dev<SgdScalars> dss(std::vector<SgdScalars>{ss}, 0);
           for (long k = 0; k < n; ++k) sgd_element(w2[k], g2[k], momentum ? &b2[k] : nullptr, ss);
           cuda::sgd_update(dw2.p, dg2.p, momentum ? db2.p : nullptr, n, ss, stream);
+          cuda::sgd_update(dw2_d.p, dg2_d.p, momentum ? db2_d.p : nullptr, n, dss.p, stream);
           CK(cudaStreamSynchronize(stream));
           compare(w2, dw2.get(), "sgd w", n, off);
           compare(b2, db2.get(), "sgd buf", n, off);
+          compare(w2, dw2_d.get(), "sgd w (device scalars)", n, off);
+          compare(b2, db2_d.get(), "sgd buf (device scalars)", n, off);
         }
       }
       auto x = randoms(n, rng, 1);
-      Dev<float> dx(x, off);
+      Dev<float> dx(x, off), dx_d(x, off);
       const float f = float(0.7 / 3.1);
+      Dev<float> df(std::vector<float>{f}, 0);
       for (float& e : x) e *= f;
       cuda::scale(dx.p, n, f, stream);
+      cuda::scale(dx_d.p, n, df.p, stream);
       CK(cudaStreamSynchronize(stream));
       compare(x, dx.get(), "scale", n, off);
+      compare(x, dx_d.get(), "scale (device factor)", n, off);
       // Micro-batch sums in each type (NaN-free inputs: NaN payloads follow each device's adder).
       for (int mis : {0, 1}) {
         auto a = randoms(n, rng, 1), b = randoms(n, rng, 1);

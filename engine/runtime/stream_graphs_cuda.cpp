@@ -1,0 +1,54 @@
+// StreamGraphs (runtime/stream_graphs.h): capture with the CUDA runtime's stream capture.
+#include "runtime/stream_graphs.h"
+
+#include "core/error.h"
+
+namespace engine {
+namespace {
+
+void check(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::function<void()>& enqueue) {
+  if (!enabled_) return enqueue();
+  Entry& entry = entries_[key];
+  if (!entry.exec && entry.eager_runs == 0) {
+    ++entry.eager_runs;
+    return enqueue();
+  }
+  if (!entry.exec) {
+    // Nothing runs while capturing; the launch below runs what was captured.
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture of " + key);
+    cudaGraph_t graph = nullptr;
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(stream, &graph), "capture of " + key);
+    const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(status, "graph of " + key);
+  }
+  check(cudaGraphLaunch(entry.exec, stream), "graph launch of " + key);
+  ++replays_;
+}
+
+void StreamGraphs::set_enabled(bool on) {
+  enabled_ = on;
+  if (!on) reset();
+}
+
+void StreamGraphs::reset() {
+  for (auto& [key, entry] : entries_)
+    if (entry.exec) cudaGraphExecDestroy(entry.exec);
+  entries_.clear();
+}
+
+}  // namespace engine
