@@ -13,6 +13,7 @@
 #include "../equivalence/run_util.h"
 #include "../temp_dir.h"
 #include "core/device_info.h"
+#include "trainer/device.h"
 
 namespace engine::testing {
 namespace {
@@ -93,6 +94,33 @@ TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
     ASSERT_EQ(graphs.weights.size(), eager.weights.size());
     for (size_t i = 0; i < eager.weights.size(); ++i)
       EXPECT_EQ(graphs.weights[i], eager.weights[i]) << precision << " parameter " << i;
+  }
+}
+
+// engine plan's device memory against what a GPU run allocates (the allocator's high-water mark),
+// on a model whose activations outweigh the fixed workspace: within 5%.
+TEST(CudaTraining, MeasuredDeviceMemoryIsThePlanWithinFivePercent) {
+  REQUIRE_CUDA_DEVICE();
+  for (const char* mode : {"fp32", "bf16"}) {
+    const recipe::Recipe r = quickstart(with({std::string("precision.mode=") + mode, "model.n_embd=256",
+                                              "model.n_layer=4", "train.micro_batch_size=32",
+                                              "train.gradient_accumulation_steps=2", "run.device=cuda"}))
+                                 .recipe;
+    const DeviceMemoryPlan plan = plan_device_memory(compile_step(r), r);
+    Session session(r);
+    session.store.initialize(1);
+    for (int64_t step = 0; step < 2; ++step)
+      session.train_step(step, [&] {
+        Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+        session.data->fill(Split::train, step, batch);
+        return batch;
+      });
+    const DeviceMemory measured = session.executor.runner()->memory();
+    const double ratio = double(measured.device_peak) / double(plan.total());
+    std::printf("%s: planned %lld bytes, measured peak %lld (%.4f)\n", mode, (long long)plan.total(),
+                (long long)measured.device_peak, ratio);
+    EXPECT_GT(plan.activations, plan.workspace) << mode << ": a model whose activations matter";
+    EXPECT_NEAR(ratio, 1.0, 0.05) << mode;
   }
 }
 
