@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <iostream>
 #include <new>
+#include <string>
+
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
@@ -23,6 +26,18 @@
 #include "recipe/diagnostic.h"
 
 namespace {
+
+// The error went to stderr; where stdout goes elsewhere (a log file, a pipe), its last line would
+// otherwise be whatever the command printed before it failed ("recipe.yaml: ok: ..."), so it gets
+// the failure's first line too. On one terminal the user already sees the error.
+int failed(int code, const std::string& message) {
+  if (!(isatty(STDOUT_FILENO) && isatty(STDERR_FILENO))) {
+    std::cout.flush();
+    std::printf("failed (exit %d): %s\n", code, message.substr(0, message.find('\n')).c_str());
+    std::fflush(stdout);
+  }
+  return code;
+}
 
 using engine::cli::RecipeArgs;
 
@@ -279,10 +294,10 @@ int main(int argc, char** argv) {
   } catch (const engine::recipe::RecipeError& e) {
     size_t count = e.diagnostics().size();
     verbatim(Level::error, std::string(e.what()) + "\n" + std::to_string(count) + (count == 1 ? " error" : " errors"));
-    return engine::cli::kExitUser;
+    return failed(engine::cli::kExitUser, e.what());
   } catch (const engine::UserError& e) {
     spdlog::error("{}", e.what());
-    return engine::cli::kExitUser;
+    return failed(engine::cli::kExitUser, e.what());
   } catch (const std::bad_alloc&) {
     // Not a bug: the machine, its cgroup or ulimit gave less memory than the run needed.
     try {
@@ -290,10 +305,10 @@ int main(int argc, char** argv) {
     } catch (...) {  // too little memory even for the message
       std::fputs("error: out of memory (std::bad_alloc)\n", stderr);
     }
-    return engine::cli::kExitUser;
+    return failed(engine::cli::kExitUser, "out of memory");
   } catch (const std::exception& e) {
     verbatim(Level::error,
              std::string("internal error: ") + e.what() + "\nThis is a bug in the engine; please report it.");
-    return engine::cli::kExitInternal;
+    return failed(engine::cli::kExitInternal, std::string("internal error: ") + e.what());
   }
 }

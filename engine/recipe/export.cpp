@@ -77,8 +77,11 @@ std::string markdown_reference(const Schema& schema) {
       md += "| `" + field.name + "` | " + field.json_type + (field.required ? " (**required**)" : "") + " | " +
             escape_cell(field.help) + " |\n";
   }
-  md += "\n## Reserved sections\n\nThese names are kept for planned features; a recipe that uses them is refused.\n\n";
-  for (const auto& reserved : schema.reserved()) md += "- `" + reserved.name + "`: " + reserved.feature + "\n";
+  if (!schema.reserved().empty()) {
+    md +=
+        "\n## Reserved sections\n\nThese names are kept for planned features; a recipe that uses them is refused.\n\n";
+    for (const auto& reserved : schema.reserved()) md += "- `" + reserved.name + "`: " + reserved.feature + "\n";
+  }
   return md;
 }
 

@@ -258,6 +258,20 @@ void check_device(RuleContext& c) {
             {"set run.device: cpu, or offload.optimizer/parameters: none"});
 }
 
+// Gradients are reduced in the type they accumulate in, so that every ZeRO stage and world size sums
+// the same bits: across ranks the two types agree (one process reduces nothing).
+void check_communication_dtype(RuleContext& c) {
+  const PrecisionSection& p = c.r.precision;
+  const int64_t world = c.loaded.world.size;
+  if (world <= 1 || p.communication_dtype == p.accumulation_dtype) return;
+  c.error({"precision.communication_dtype", "precision.accumulation_dtype"},
+          "communication_dtype differs from accumulation_dtype at world_size " + str(world) +
+              ": gradients are reduced in the type they accumulate in, so that every ZeRO stage and world size "
+              "sums the same bits",
+          {"world_size " + str(world) + " comes from " + c.loaded.world.source,
+           "set communication_dtype to the accumulation_dtype (or accumulation_dtype to the type to communicate in)"});
+}
+
 void check_telemetry(RuleContext& c) {
   const TelemetrySection& t = c.r.telemetry;
   if (t.trace_steps > 0 && t.trace_start > c.r.train.steps)
@@ -275,8 +289,7 @@ std::string cuda_limitation(const Recipe& r) {
     return "zero_stage " + str(r.distributed.zero_stage) +
            " (gradient and parameter partitioning) runs on the CPU only in this version";
   if (r.offload.optimizer != OffloadDevice::none || r.offload.parameters != OffloadDevice::none)
-    return "offload runs on the CPU only in this version (a GPU run already keeps the optimizer state in host "
-           "memory)";
+    return "offload runs on the CPU only in this version";
   return "";
 }
 
@@ -298,6 +311,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"optimizer"}, check_optimizer},
       {{"train", "data"}, check_evaluation},
       {{"precision"}, check_precision},
+      {{"precision"}, check_communication_dtype},
       {{"offload", "distributed"}, check_offload},
       {{"run", "offload", "distributed"}, check_device},
       {{"telemetry", "train"}, check_telemetry},

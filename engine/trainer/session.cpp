@@ -264,6 +264,14 @@ ShardingSpec rank_sharding(ShardingSpec spec, const dist::Communicator& comm) {
 std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, const Graph& g, const OffloadSpec& spec,
                                                      const ShardingSpec& sharding) {
   if (!spec.any()) return nullptr;
+  if (spec.optimizer == OffloadTier::nvme || spec.parameters == OffloadTier::nvme) {
+    // The swap files' directory is made when missing, as DeepSpeed makes its nvme_path.
+    std::error_code error;
+    std::filesystem::create_directories(spec.directory, error);
+    if (error)
+      throw UserError("offload.nvme_path " + spec.directory.string() +
+                      ": cannot create the directory: " + error.message());
+  }
   const ShardLayout layout(g.units(), sharding.world, sharding.rank);
   std::vector<int64_t> ranges;
   for (size_t u = 0; u < layout.units(); ++u) ranges.push_back(ParameterStore::range_size(layout, sharding, u));

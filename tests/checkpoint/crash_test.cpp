@@ -604,16 +604,23 @@ TEST(CheckpointCrash, ASecondSignalExitsAt75AtOnceLeavingNoDamagedCheckpoint) {
 
 // ---- Offload's swap files (the NVMe tier) and the checkpoints beside them ----
 
-// A swap directory that does not exist stops the run before its first step, naming the directory.
-TEST(OffloadErrors, MissingSwapDirectoryIsAUserErrorNamingIt) {
+// A swap directory that does not exist is made (as DeepSpeed makes its nvme_path); one that cannot
+// be made (a file stands in its path) stops the run before its first step, naming it.
+TEST(OffloadErrors, MissingSwapDirectoryIsMadeAndAnImpossibleOneNamed) {
   const engine::testing::TempDir out("offload-missing");
-  const fs::path missing = out / "no-such-dir";
-  Child child(tiny_recipe(out.path(), 4, {"offload.optimizer=nvme", "offload.nvme_path=" + missing.string()}),
-              out / "log");
+  const fs::path missing = out / "no-such-dir" / "swap";
+  Child made(tiny_recipe(out.path(), 4, {"offload.optimizer=nvme", "offload.nvme_path=" + missing.string()}),
+             out / "log");
+  EXPECT_EQ(made.wait(), 0) << made.output();
+  EXPECT_TRUE(fs::is_directory(missing));
+  std::ofstream(out / "plain-file") << "x";
+  const fs::path impossible = out / "plain-file" / "swap";
+  Child child(tiny_recipe(out / "second", 4, {"offload.optimizer=nvme", "offload.nvme_path=" + impossible.string()}),
+              out / "log2");
   EXPECT_EQ(child.wait(), kExitUser) << child.output();
-  EXPECT_NE(child.output().find(missing.string()), std::string::npos) << child.output();
-  EXPECT_NE(child.output().find("does not exist"), std::string::npos) << child.output();
-  EXPECT_FALSE(fs::exists(out / "run" / "model.safetensors"));
+  EXPECT_NE(child.output().find(impossible.string()), std::string::npos) << child.output();
+  EXPECT_NE(child.output().find("cannot create the directory"), std::string::npos) << child.output();
+  EXPECT_FALSE(fs::exists(out / "second" / "run" / "model.safetensors"));
 }
 
 // A swap disk without room for the swap file: a run resumed with offload onto it stops before

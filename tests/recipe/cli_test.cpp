@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "../temp_dir.h"
 
@@ -61,6 +62,53 @@ TEST(Cli, ValidateWithOverrides) {
   Result r = run("validate recipes/quickstart.yaml train.steps=70 train.global_batch_size=64 --world-size 2");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "70 steps of 64 samples (micro-batch 16 x 2 accumulation x 2 ranks)")) << r.output;
+}
+
+// Mistakes a user makes, each answered by one clear error (exit 2), the last line of stdout (stderr
+// elsewhere, as in a log file) saying the command failed rather than the "ok" it printed before, and
+// nothing left behind: no temporary file, no weights of a run that did not train.
+TEST(Cli, MistakesGetOneClearErrorAndLeaveNothingBehind) {
+  const engine::testing::TempDir dir("mistakes");
+  ASSERT_EQ(run("train recipes/quickstart.yaml train.steps=2 run.output_dir=" + dir.path().string()).status, 0);
+  const fs::path finished = dir / "quickstart", some_dir = dir / "some_dir";
+  fs::create_directories(some_dir);
+  std::ofstream(dir / "bad.safetensors") << "not a safetensors file";
+  struct Mistake {
+    std::string args, says;
+    std::vector<fs::path> absent;
+  };
+  const std::vector<Mistake> mistakes = {
+      {"export " + finished.string() + " " + some_dir.string(),
+       "is a directory: name the file to write",
+       {dir / "some_dir.tmp", some_dir / ".tmp"}},
+      {"export " + finished.string() + " " + some_dir.string() + "/",
+       "is a directory: name the file to write",
+       {dir / "some_dir.tmp", some_dir / ".tmp"}},
+      {"train recipes/quickstart.yaml model.init_from=" + (dir / "bad.safetensors").string() +
+           " run.output_dir=" + (dir / "b").string(),
+       "bad.safetensors",
+       {dir / "b" / "quickstart" / "model.safetensors"}},
+  };
+  for (const Mistake& m : mistakes) {
+    const Result both = run(m.args);
+    EXPECT_EQ(both.status, 2) << m.args << "\n" << both.output;
+    EXPECT_TRUE(contains(both.output, m.says)) << m.args << "\n" << both.output;
+    const Result out = run_shell("('" ENGINE_BINARY "' " + m.args + " 2>/dev/null)");
+    const std::string last = out.output.substr(out.output.rfind('\n', out.output.size() - 2) + 1);
+    EXPECT_EQ(last.rfind("failed (exit 2): ", 0), 0u) << m.args << ": stdout ends with " << last;
+    for (const fs::path& path : m.absent) EXPECT_FALSE(fs::exists(path)) << m.args << " left " << path;
+  }
+}
+
+// A check that needs no built model is validation's: validate refuses what plan and train would.
+TEST(Cli, ValidateRefusesACommunicationTypeOtherThanTheAccumulationType) {
+  const std::string recipe = "recipes/quickstart.yaml precision.mode=bf16 precision.communication_dtype=bf16";
+  Result r = run("validate " + recipe + " --world-size 2");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "precision.communication_dtype")) << r.output;
+  EXPECT_TRUE(contains(r.output, "differs from accumulation_dtype at world_size 2")) << r.output;
+  EXPECT_TRUE(contains(r.output, "world_size 2 comes from --world-size")) << r.output;
+  EXPECT_EQ(run("validate " + recipe).status, 0);  // one process reduces nothing
 }
 
 TEST(Cli, WorldSizeComesFromMpirunEnvironment) {

@@ -34,7 +34,8 @@ void declare_precision(Schema& schema) {
       .help(
           "Type gradients are reduced in across ranks. Gradients are reduced in the type they accumulate in "
           "(so every ZeRO stage and world size sums the same bits): across ranks it must equal "
-          "accumulation_dtype. A single-process run reduces nothing, so it does not change such a run.");
+          "accumulation_dtype (validation refuses the recipe otherwise). A single-process run reduces nothing, "
+          "so it does not change such a run.");
   precision.key("loss_scaling", &PrecisionSection::loss_scaling)
       .choices({{"dynamic", LossScaling::dynamic}, {"static", LossScaling::fixed}})
       .def(LossScaling::dynamic)
