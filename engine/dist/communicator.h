@@ -17,8 +17,9 @@
 // reduce_scatter followed by all_gather bit for bit. So stage 0's all-reduced gradient, stage 2's
 // reduce-scattered shard and world 1's accumulation over the same micro-batches are the same bits.
 //
-// Buffers are host memory on CPU. The NCCL implementation takes device pointers and orders its
-// work on `stream` (a cudaStream_t); the host implementations ignore it.
+// Buffers are host memory: the local and MPI implementations run on the CPU. `stream` is the seam
+// for a device implementation (NCCL, which would take device pointers and order its work on a
+// cudaStream_t); there is none yet, and the host implementations ignore it.
 //
 // Failure: when an operation does not complete within the timeout, wait() throws
 // CommunicationError naming this rank, the operation (its `what` label) and the peers that did not

@@ -5,7 +5,7 @@
 // the layer. autodiff() appends the backward nodes; the planner (plan/) gives every activation an
 // offset in one arena; the executor (runtime/) replays the nodes every step.
 //
-// Values live in one of four places:
+// Values live in one of five places:
 //   activation  intermediate results, placed in the arena by the planner
 //   host        activations moved out of the arena between forward and backward (cpu_checkpointing)
 //   parameter   weights, in the flat buffer of their wrap unit (one transformer block = one unit)
@@ -13,9 +13,14 @@
 //   input       per-step data fed by the trainer (token ids, targets)
 //
 //   Graph g;
+//   const int64_t C = 64;
 //   int unit = g.add_unit("block.0");
+//   ValueId x = g.add_input("x", Shape{8, C}, DType::f32);
 //   ValueId w = g.add_param("h.0.mlp.c_fc.weight", Shape{4 * C, C}, unit, ParamInit::normal(0.02));
+//   ValueId b = g.add_param("h.0.mlp.c_fc.bias", Shape{4 * C}, unit, ParamInit::zeros(), /*decay=*/false);
 //   ValueId y = ops::linear(g, x, w, b, "h.0.mlp.c_fc");
+//
+// (tests/core/header_examples_test.cpp compiles and runs this example, and the Executor's.)
 #pragma once
 
 #include <cstdint>

@@ -7,12 +7,15 @@
 // after `growth_interval` consecutive clean steps multiply by `scale_factor`; on an overflow,
 // spend one unit of hysteresis, and when none is left divide by `scale_factor` (never below
 // `min_scale`). The hysteresis refills when the scale grows. An overflow at min_scale is
-// reported by update() returning MinScale so the trainer can abort or fall back to bf16.
+// reported by update() returning Outcome::min_scale so the trainer can abort or fall back to bf16.
 //
 //   LossScaler scaler(recipe.precision);
-//   session.run_backward(scaler.scale());
-//   bool overflow = !std::isfinite(gradient_norm(store));
+//   executor.run("train", step, micro_step, float(scaler.scale()));   // the loss gradient, scaled
+//   const bool overflow = !std::isfinite(zero.gradient_norm());
 //   if (scaler.update(overflow) == LossScaler::Outcome::min_scale) ...
+//
+// (trainer/session.cpp finish_step_on_host does this; tests/core/header_examples_test.cpp runs the
+// scaler's part.)
 #pragma once
 
 #include <cstdint>

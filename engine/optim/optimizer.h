@@ -1,8 +1,11 @@
 // Optimizers, learning-rate schedules and gradient clipping, over a ParameterStore.
 //
 //   auto optimizer = make_optimizer(recipe.optimizer, store);
-//   double norm = clip_gradients(store, recipe.train.gradient_clipping);   // global L2 norm
+//   const double norm = zero.gradient_norm();   // global L2 norm, every rank (dist/zero_step.h)
+//   scale_gradients(store, clip_factor(norm, recipe.train.gradient_clipping));
 //   optimizer->step(learning_rate(recipe, step));
+//
+// (tests/core/header_examples_test.cpp compiles and runs this with one rank's gradient_norm.)
 //
 // AdamW decouples weight decay (w -= lr * wd * w) and corrects the moment estimates' bias; SGD
 // supports momentum, Nesterov and L2 weight decay (PyTorch's torch.optim.SGD semantics). Biases

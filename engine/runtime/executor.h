@@ -3,10 +3,13 @@
 // and points every value at its memory once; a step is then a loop over the plan's nodes calling their kernels, with no
 // allocation.
 //
-//   Executor exec(graph, params);                 // params: the model's parameter storage
+//   Executor exec(graph, store, /*seed=*/1337);   // store: the model's ParameterStore
 //   exec.add_plan("train", plan_step(graph, all_nodes(graph)));
 //   std::memcpy(exec.input(tokens), batch.data(), bytes);
 //   exec.run("train", step, micro_step);
+//   const float* y = exec.value_f32("train", output);   // an activation the plan kept
+//
+// (tests/core/header_examples_test.cpp compiles and runs this.)
 //
 // A kernel without a native 16-bit path (OpDef::native_16bit) that meets 16-bit values runs on
 // f32 copies: the executor widens them into a scratch buffer, runs the kernel, and rounds its

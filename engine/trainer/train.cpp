@@ -51,8 +51,6 @@ void save_gradients(const fs::path& path, const ParameterStore& store, recipe::A
                     {{"layout", "hugging face, as the weights files"}});
 }
 
-// The after_backward hook that writes step `step`'s (0-based) gradients to every file the options
-// ask for at that step, or none when no file is due.
 // Ranks that run different recipes or engines would issue different collectives: refuse at once.
 void require_same_run_on_every_rank(dist::Communicator& comm, const std::string& resolved_recipe) {
   const uint64_t mine = std::hash<std::string>{}(resolved_recipe + "\n" + kVersion + " " + kGitRevision);
