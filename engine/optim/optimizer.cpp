@@ -187,11 +187,6 @@ double sum_norm_partials(const std::vector<double>& partials) {
   return std::sqrt(sum);
 }
 
-double gradient_norm(const ParameterStore& store) {
-  ENGINE_CHECK(store.layout().world() == 1, "gradient_norm is the one-rank case of gradient_norm_partials");
-  return sum_norm_partials(gradient_norm_partials(store));
-}
-
 void scale_gradients(ParameterStore& store, double factor) {
   const auto scale = float(factor);
   for (size_t u = 0; u < store.graph().units().size(); ++u) {
@@ -204,12 +199,6 @@ void scale_gradients(ParameterStore& store, double factor) {
 
 double clip_factor(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-}
-
-double clip_gradients(ParameterStore& store, double max_norm) {
-  const double norm = gradient_norm(store);
-  if (double factor = clip_factor(norm, max_norm); factor != 1.0) scale_gradients(store, factor);
-  return norm;
 }
 
 }  // namespace engine

@@ -66,12 +66,9 @@ std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config
 // The learning rate of optimizer step `step` (0-based) under the recipe's schedule.
 double learning_rate(const recipe::Recipe& recipe, int64_t step);
 
-// Global L2 norm of all gradients (accumulated in double); when max_norm > 0 and the norm exceeds
-// it, scales every gradient by max_norm / norm. Returns the norm before clipping.
-double clip_gradients(ParameterStore& store, double max_norm);
-
-// The pieces of clip_gradients, for callers that also unscale (fp16 loss scaling):
-double gradient_norm(const ParameterStore& store);           // global L2 norm, in double (one rank)
+// Clipping: the factor that brings the global L2 norm `norm` (ZeroStep::gradient_norm, the one
+// gradient norm at every world size and stage) to max_norm, times the loss scale's inverse where
+// fp16 scales; scale_gradients applies it.
 double clip_factor(double norm, double max_norm);            // 1 when no clipping applies
 void scale_gradients(ParameterStore& store, double factor);  // every gradient *= factor
 

@@ -339,7 +339,7 @@ void Session::load_batch(const Batch& batch) {
   std::memcpy(executor.input(model.targets), batch.targets.data(), batch.targets.size() * 4);
 }
 
-double Session::mean_loss(const std::string& plan) {
+double Session::batch_loss(const std::string& plan) {
   const float* losses = executor.value_f32(plan, model.losses);
   const int64_t rows = model.graph.value(model.losses).shape.numel();
   double sum = 0;
@@ -359,7 +359,7 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
   if (device_optimizer) device_optimizer->add_micro_batch(micro);
-  return mean_loss("train");
+  return batch_loss("train");
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
@@ -462,7 +462,7 @@ double Session::evaluate(int64_t batches) {
     load_batch(batch);
     zero.begin_pass(eval_gathers_);
     executor.run("eval", 0, 0, 1.0f, &zero);
-    mine.push_back(mean_loss("eval"));
+    mine.push_back(batch_loss("eval"));
   }
   const std::vector<double> all = zero.gather(mine, "validation losses");
   double total = 0;

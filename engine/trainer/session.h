@@ -180,7 +180,9 @@ class Session {
   bool device_current_ = false;  // the device holds the host's latest model state
   bool host_current_ = true;     // the host holds the device's latest model state
   void load_batch(const Batch& batch);
-  double mean_loss(const std::string& plan);
+  // The mean over this rank's batch rows of the loss of `plan`'s last run (ZeroStep::mean_loss
+  // then averages the ranks' micro-batches).
+  double batch_loss(const std::string& plan);
   MemoryPlan memory_;
   std::vector<int> train_gathers_, eval_gathers_;
 };
