@@ -7,14 +7,11 @@
 #include "dist/shard_layout.h"
 #include "optim/device_optimizer.h"
 #include "optim/device_update.h"
+#include "runtime/cuda_check.h"
 #include "runtime/stream_graphs.h"
 
 namespace engine {
 namespace {
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
-}
 
 class CudaOptimizer final : public DeviceOptimizer {
  public:
@@ -49,8 +46,9 @@ class CudaOptimizer final : public DeviceOptimizer {
     partials_ =
         reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
     scalars_ = reinterpret_cast<UpdateScalars*>(runner.allocate(sizeof(UpdateScalars), "the update's scalars"));
-    check(cudaMallocHost(&scalars_host_, sizeof(UpdateScalars)), "pinned scalars");
-    check(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)), "pinned partials");
+    check_cuda(cudaMallocHost(&scalars_host_, sizeof(UpdateScalars)), "pinned scalars");
+    check_cuda(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)),
+               "pinned partials");
   }
 
   ~CudaOptimizer() override {
@@ -102,14 +100,14 @@ class CudaOptimizer final : public DeviceOptimizer {
     float factor;
   };
 
+  // Accumulation > 1: each unit's sum is a buffer of its own.
   void sum_micro_batch(int64_t micro) {
     for (size_t u = 0; u < grad_sum_.size(); ++u) {
-      if (grad_sum_[u] == runner_.gradients(u)) continue;  // one micro-batch: the sum is its gradient
       const int64_t n = store_.range_size(u);
       if (micro == 0)
-        check(cudaMemcpyAsync(grad_sum_[u], runner_.gradients(u), size_t(n) * dtype_size(store_.grad_dtype()),
-                              cudaMemcpyDeviceToDevice, stream_),
-              "gradient sum");
+        check_cuda(cudaMemcpyAsync(grad_sum_[u], runner_.gradients(u), size_t(n) * dtype_size(store_.grad_dtype()),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   "gradient sum");
       else
         cuda::accumulate_gradients(grad_sum_[u], runner_.gradients(u), store_.grad_dtype(), n, stream_);
     }
@@ -124,8 +122,9 @@ class CudaOptimizer final : public DeviceOptimizer {
       cuda::norm_partials(buffers[u], blocks, partials_ + at, stream_);
       at += blocks;
     }
-    check(cudaMemcpyAsync(partials_host_, partials_, size_t(blocks_) * sizeof(double), cudaMemcpyDeviceToHost, stream_),
-          "norm partials");
+    check_cuda(
+        cudaMemcpyAsync(partials_host_, partials_, size_t(blocks_) * sizeof(double), cudaMemcpyDeviceToHost, stream_),
+        "norm partials");
   }
   std::vector<double> read_partials() {
     synchronize("norm partial sums");
@@ -154,8 +153,8 @@ class CudaOptimizer final : public DeviceOptimizer {
       s.sgd_with_decay = s.sgd_without_decay = sgd;
       s.sgd_with_decay.decay = float(config_.weight_decay);
     }
-    check(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(UpdateScalars), cudaMemcpyHostToDevice, stream_),
-          "the update's scalars");
+    check_cuda(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(UpdateScalars), cudaMemcpyHostToDevice, stream_),
+               "the update's scalars");
     const bool scaled = factor != 1.0;
     graphs_.run(scaled ? "update of scaled gradients" : "update", stream_, [&] { enqueue_update(scaled); });
     host_.set_steps(t);
@@ -186,14 +185,14 @@ class CudaOptimizer final : public DeviceOptimizer {
     return reinterpret_cast<float*>(runner_.allocate(n * 4, what));
   }
 
-  void synchronize(const std::string& what) { check(cudaStreamSynchronize(stream_), what); }
+  void synchronize(const std::string& what) { check_cuda(cudaStreamSynchronize(stream_), what); }
 
   // The masters (and in 16-bit the compute copies) and the optimizer state, one way or the other.
   void copy_state(cudaMemcpyKind kind) {
     const bool up = kind == cudaMemcpyHostToDevice;
     auto copy = [&](void* device, void* host, size_t bytes, const char* what) {
       ENGINE_CHECK(host, std::string("the device optimizer needs the host's ") + what);
-      check(cudaMemcpyAsync(up ? device : host, up ? host : device, bytes, kind, stream_), what);
+      check_cuda(cudaMemcpyAsync(up ? device : host, up ? host : device, bytes, kind, stream_), what);
     };
     const std::vector<Optimizer::StateTensor> state = host_.state();
     for (size_t u = 0; u < master_.size(); ++u) {
@@ -209,9 +208,9 @@ class CudaOptimizer final : public DeviceOptimizer {
     const bool up = kind == cudaMemcpyHostToDevice;
     for (size_t u = 0; u < opt_grad_.size(); ++u) {
       const auto bytes = size_t(store_.range_size(u)) * 4;
-      check(cudaMemcpyAsync(up ? static_cast<void*>(opt_grad_[u]) : store_.opt_grad(u),
-                            up ? static_cast<void*>(store_.opt_grad(u)) : opt_grad_[u], bytes, kind, stream_),
-            "gradients");
+      check_cuda(cudaMemcpyAsync(up ? static_cast<void*>(opt_grad_[u]) : store_.opt_grad(u),
+                                 up ? static_cast<void*>(store_.opt_grad(u)) : opt_grad_[u], bytes, kind, stream_),
+                 "gradients");
     }
     synchronize("gradients");
   }

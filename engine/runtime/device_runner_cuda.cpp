@@ -12,6 +12,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "cuda_convert.h"
+#include "runtime/cuda_check.h"
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
 #include "runtime/planned_casts.h"
@@ -21,10 +22,6 @@
 
 namespace engine {
 namespace {
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
-}
 
 // Bytes allocated per kind, and the device's high-water mark.
 struct Tally {
@@ -47,7 +44,7 @@ class DeviceBlock {
                       std::to_string(free >> 20) + " MiB of " + std::to_string(total >> 20) +
                       " MiB free): shrink train.micro_batch_size or turn on activation_checkpointing");
     }
-    check(cudaMemset(data_, 0, rounded), "memset " + what);
+    check_cuda(cudaMemset(data_, 0, rounded), "memset " + what);
     tally.device += int64_t(rounded);
     tally.device_peak = std::max(tally.device_peak, tally.device);
     counted_ = int64_t(rounded);
@@ -81,7 +78,7 @@ class DeviceBlock {
 class PinnedBlock {
  public:
   PinnedBlock(int64_t bytes, Tally& tally) : bytes_(bytes), tally_(&tally) {
-    check(cudaMallocHost(&data_, size_t(std::max<int64_t>(bytes, 1))), "pinned allocation");
+    check_cuda(cudaMallocHost(&data_, size_t(std::max<int64_t>(bytes, 1))), "pinned allocation");
     std::memset(data_, 0, size_t(std::max<int64_t>(bytes, 1)));
     tally.pinned += bytes;
   }
@@ -107,11 +104,11 @@ class CudaRunner final : public DeviceRunner {
       throw UserError("run.device: cuda, but no CUDA device is present (" + std::to_string(count) +
                       " found); use run.device: cpu or auto");
     }
-    check(cudaSetDevice(index), "set device");
+    check_cuda(cudaSetDevice(index), "set device");
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, index), "device properties");
+    check_cuda(cudaGetDeviceProperties(&prop, index), "device properties");
     name_ = prop.name;
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
     step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)), tally_);
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
@@ -161,14 +158,14 @@ class CudaRunner final : public DeviceRunner {
   void run(const std::string& name, const Plan& plan, KernelContext ctx, const std::map<ValueId, Buffer>& inputs,
            std::map<std::string, OpTotals>* op_totals, StepCommunication* communication) override {
     const auto began = std::chrono::steady_clock::now();
-    check(cudaSetDevice(index_), "set device");
+    check_cuda(cudaSetDevice(index_), "set device");
     if (!resident_) upload_parameters();
     // The step's inputs from page-locked memory (registered once), as DMA on the step's stream.
     for (auto& [id, block] : inputs_) {
       const Buffer& host = inputs.at(id);
       register_once(host.data(), block.bytes());
-      check(cudaMemcpyAsync(block.data(), host.data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
-            "input upload");
+      check_cuda(cudaMemcpyAsync(block.data(), host.data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
+                 "input upload");
     }
     write_step_scalars(ctx);
     bind(plan, ctx);
@@ -178,8 +175,8 @@ class CudaRunner final : public DeviceRunner {
     cudaEvent_t origin = nullptr;
     int64_t origin_ns = 0;
     if (traced) {
-      check(cudaEventCreate(&origin), "event");
-      check(cudaEventRecord(origin, stream_), "event record");
+      check_cuda(cudaEventCreate(&origin), "event");
+      check_cuda(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
     if (graphs_.enabled() && resident_ && !op_totals && !traced)
@@ -188,7 +185,7 @@ class CudaRunner final : public DeviceRunner {
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr);
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
-    check(cudaStreamSynchronize(stream_), "step of plan " + name);
+    check_cuda(cudaStreamSynchronize(stream_), "step of plan " + name);
     times_.runs += 1;
     times_.enqueue_seconds += std::chrono::duration<double>(enqueued - began).count();
     times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued).count();
@@ -211,7 +208,7 @@ class CudaRunner final : public DeviceRunner {
     ENGINE_CHECK(v.placement == Placement::activation && plan.offsets[size_t(id)] >= 0,
                  "value " + v.name + " is not an activation of plan " + name);
     std::vector<std::byte> bytes(size_t(value_bytes(v)));
-    check(cudaMemcpy(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost), "download");
+    check_cuda(cudaMemcpy(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost), "download");
     std::vector<float>& out = downloads_[id];
     out.resize(size_t(v.shape.numel()));
     widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
@@ -264,8 +261,9 @@ class CudaRunner final : public DeviceRunner {
       std::byte* host = store_.compute(u);
       ENGINE_CHECK(host, "run.device: cuda needs every unit's parameters in the store (ZeRO-3 gathers them)");
       register_once(host, compute_[u].bytes());
-      check(cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, stream_),
-            "parameter upload");
+      check_cuda(
+          cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, stream_),
+          "parameter upload");
     }
   }
 
@@ -274,8 +272,8 @@ class CudaRunner final : public DeviceRunner {
       std::byte* host = store_.micro_grad(u);
       ENGINE_CHECK(host, "run.device: cuda needs the store's micro-batch gradients (ZeRO-2/3 bind arena buffers)");
       register_once(host, grads_[u].bytes());
-      check(cudaMemcpyAsync(host, grads_[u].data(), size_t(grads_[u].bytes()), cudaMemcpyDeviceToHost, stream_),
-            "gradient download");
+      check_cuda(cudaMemcpyAsync(host, grads_[u].data(), size_t(grads_[u].bytes()), cudaMemcpyDeviceToHost, stream_),
+                 "gradient download");
     }
   }
 
@@ -283,18 +281,19 @@ class CudaRunner final : public DeviceRunner {
   // between two events where `events` is given.
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events) {
     if (plan.training)
-      for (DeviceBlock& g : grads_) check(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+      for (DeviceBlock& g : grads_)
+        check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
     for (size_t index : plan.nodes) {
       const Node& node = graph_.nodes()[index];
       cudaEvent_t start = nullptr, stop = nullptr;
       if (events) {
-        check(cudaEventCreate(&start), "event");
-        check(cudaEventCreate(&stop), "event");
-        check(cudaEventRecord(start, stream_), "event record");
+        check_cuda(cudaEventCreate(&start), "event");
+        check_cuda(cudaEventCreate(&stop), "event");
+        check_cuda(cudaEventRecord(start, stream_), "event record");
       }
       run_node(node, ctx);
       if (events) {
-        check(cudaEventRecord(stop, stream_), "event record");
+        check_cuda(cudaEventRecord(stop, stream_), "event record");
         events->emplace_back(start, stop);
       }
     }
@@ -305,8 +304,8 @@ class CudaRunner final : public DeviceRunner {
   void write_step_scalars(KernelContext& ctx) {
     auto* slot = reinterpret_cast<StepScalars*>(step_scalars_host_->data());
     *slot = StepScalars{.seed = ctx.seed, .step = ctx.step, .micro_step = ctx.micro_step, .loss_scale = ctx.loss_scale};
-    check(cudaMemcpyAsync(step_scalars_.data(), slot, sizeof(StepScalars), cudaMemcpyHostToDevice, stream_),
-          "step scalars");
+    check_cuda(cudaMemcpyAsync(step_scalars_.data(), slot, sizeof(StepScalars), cudaMemcpyHostToDevice, stream_),
+               "step scalars");
     ctx.step_scalars = reinterpret_cast<const StepScalars*>(step_scalars_.data());
   }
 
@@ -349,7 +348,7 @@ class CudaRunner final : public DeviceRunner {
                     std::map<std::string, OpTotals>& totals) {
     for (size_t i = 0; i < events.size(); ++i) {
       float ms = 0;
-      check(cudaEventElapsedTime(&ms, events[i].first, events[i].second), "event time");
+      check_cuda(cudaEventElapsedTime(&ms, events[i].first, events[i].second), "event time");
       const Node& node = graph_.nodes()[plan.nodes[i]];
       const NodeWork work = node_work(graph_, node);
       OpTotals& t = totals[node.op->name];
@@ -366,7 +365,7 @@ class CudaRunner final : public DeviceRunner {
                     const std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& events) {
     const auto at = [&](cudaEvent_t e) {
       float ms = 0;
-      check(cudaEventElapsedTime(&ms, origin, e), "event time");
+      check_cuda(cudaEventElapsedTime(&ms, origin, e), "event time");
       return origin_ns + int64_t(double(ms) * 1e6);
     };
     for (size_t i = 0; i < events.size(); ++i) {

@@ -1,16 +1,9 @@
 // StreamGraphs (runtime/stream_graphs.h): capture with the CUDA runtime's stream capture.
 #include "runtime/stream_graphs.h"
 
-#include "core/error.h"
+#include "runtime/cuda_check.h"
 
 namespace engine {
-namespace {
-
-void check(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
-}
-
-}  // namespace
 
 void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::function<void()>& enqueue) {
   if (!enabled_) return enqueue();
@@ -21,7 +14,7 @@ void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::f
   }
   if (!entry.exec) {
     // Nothing runs while capturing; the launch below runs what was captured.
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture of " + key);
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture of " + key);
     cudaGraph_t graph = nullptr;
     try {
       enqueue();
@@ -31,12 +24,12 @@ void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::f
       cudaGetLastError();
       throw;
     }
-    check(cudaStreamEndCapture(stream, &graph), "capture of " + key);
+    check_cuda(cudaStreamEndCapture(stream, &graph), "capture of " + key);
     const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
     cudaGraphDestroy(graph);
-    check(status, "graph of " + key);
+    check_cuda(status, "graph of " + key);
   }
-  check(cudaGraphLaunch(entry.exec, stream), "graph launch of " + key);
+  check_cuda(cudaGraphLaunch(entry.exec, stream), "graph launch of " + key);
   ++replays_;
 }
 

@@ -25,7 +25,9 @@ void sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k, float alph
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   // oneDNN's AVX-512 (and AMX) sgemm gives every element the same bits however it splits C among
   // threads (measured over odd shapes, both transposes, 1 to 16 threads); its AVX2 sgemm does not.
-  if (kernel_isa() != CpuIsa::avx2) return onednn_sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // An empty C has no tiles (and no tile size).
+  if (kernel_isa() != CpuIsa::avx2 || m == 0 || n == 0)
+    return onednn_sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   // About kGemmTiles tiles, none under the minimum, cut so that the panels the calls pack (each
   // packs its rows of A and its columns of B) add up to the least: rows : columns as m : n.
   const auto round_up = [](int64_t x, int64_t align) { return (x + align - 1) / align * align; };

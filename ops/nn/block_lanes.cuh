@@ -23,16 +23,39 @@
 
 namespace engine::ops {
 
-template <int N>
-struct BlockLanes {
-  static_assert(N >= 32 && N <= 1024 && (N & (N - 1)) == 0, "lanes: a power of two from 32 to 1024");
-  static constexpr int kCount = N;
+// SerialLanes<32>'s tree within one warp: x (+)= the value 16, 8, 4, 2, 1 lanes up; lane 0 ends
+// with the warp's total.
+template <class T, class Op>
+__device__ T warp_tree(T x, Op op) {
+  for (int o = 16; o > 0; o /= 2) x = op(x, __shfl_down_sync(0xffffffffu, x, o));
+  return x;
+}
 
+// What both policies share: a lane's variable is its thread's own, and sum and max are the
+// policy's reduce with the row programs' combining steps.
+template <class Policy>
+struct ThreadLanes {
   template <class T>
   struct Local {
     T value;
     __device__ T& operator[](int) { return value; }
   };
+  template <class T>
+  __device__ T sum(Local<T>& v) const {
+    return static_cast<const Policy*>(this)->reduce(v, RowSum{});
+  }
+  template <class T>
+  __device__ T max(Local<T>& v) const {
+    return static_cast<const Policy*>(this)->reduce(v, RowMax{});
+  }
+};
+
+template <int N>
+struct BlockLanes : ThreadLanes<BlockLanes<N>> {
+  static_assert(N >= 32 && N <= 1024 && (N & (N - 1)) == 0, "lanes: a power of two from 32 to 1024");
+  static constexpr int kCount = N;
+  template <class T>
+  using Local = typename ThreadLanes<BlockLanes<N>>::template Local<T>;
 
   template <class F>
   __device__ void each(F&& phase) const {
@@ -48,8 +71,7 @@ struct BlockLanes {
     __shared__ double shared[33];
     T* slots = reinterpret_cast<T*>(shared);
     const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
-    T x = v.value;
-    for (int o = 16; o > 0; o /= 2) x = op(x, __shfl_down_sync(0xffffffffu, x, o));
+    const T x = warp_tree(v.value, op);
     if (lane == 0) slots[warp] = x;
     __syncthreads();
     if (warp == 0) {
@@ -60,24 +82,10 @@ struct BlockLanes {
     __syncthreads();
     return *reinterpret_cast<T*>(shared + 32);
   }
-  template <class T>
-  __device__ T sum(Local<T>& v) const {
-    return reduce(v, RowSum{});
-  }
-  template <class T>
-  __device__ T max(Local<T>& v) const {
-    return reduce(v, RowMax{});
-  }
 };
 
-struct WarpLanes {
+struct WarpLanes : ThreadLanes<WarpLanes> {
   static constexpr int kCount = 32;
-
-  template <class T>
-  struct Local {
-    T value;
-    __device__ T& operator[](int) { return value; }
-  };
 
   template <class F>
   __device__ void each(F&& phase) const {
@@ -87,17 +95,7 @@ struct WarpLanes {
 
   template <class T, class Op>
   __device__ T reduce(Local<T>& v, Op op) const {
-    T x = v.value;
-    for (int o = 16; o > 0; o /= 2) x = op(x, __shfl_down_sync(0xffffffffu, x, o));
-    return __shfl_sync(0xffffffffu, x, 0);
-  }
-  template <class T>
-  __device__ T sum(Local<T>& v) const {
-    return reduce(v, RowSum{});
-  }
-  template <class T>
-  __device__ T max(Local<T>& v) const {
-    return reduce(v, RowMax{});
+    return __shfl_sync(0xffffffffu, warp_tree(v.value, op), 0);
   }
 };
 

@@ -1,0 +1,19 @@
+// check_cuda: a CUDA runtime call's failure as an InternalError naming what was being done, for the
+// host code of the device runner, the device optimizer and their graphs. CUDA builds only.
+//
+//   check_cuda(cudaStreamSynchronize(stream), "step of plan train");
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.h"
+
+namespace engine {
+
+inline void check_cuda(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
+}
+
+}  // namespace engine
