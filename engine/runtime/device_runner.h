@@ -3,13 +3,13 @@
 //   device   the activation arena (the plan's offsets, unchanged), the f32 scratch of the planned
 //            casts, the parameters in the compute type and their gradients (one buffer per wrap
 //            unit, laid out as the ParameterStore's), the step's inputs, the library workspace;
-//   pinned   host values (cpu_checkpointing's activations moved out of the arena), and the
-//            ParameterStore's own buffers, registered so their copies run as DMA.
+//   pinned   host values (cpu_checkpointing's activations moved out of the arena), the inputs'
+//            staging, and the ParameterStore's own buffers, registered so their copies run as DMA.
 // The ParameterStore on the host stays the owner of the model's state: the optimizer, ZeRO's host
 // side, checkpoints and plugins see the same buffers at every device. A step uploads the parameters
-// and the inputs, replays the plan's nodes on one stream (each node's CUDA kernel, with its 16-bit
-// values widened into the scratch and rounded back where its OpDef::cuda_16bit is unset), and
-// downloads the gradients a training plan wrote into the store's micro-batch gradients.
+// and the inputs (staged ahead: below), replays the plan's nodes on one stream (each node's CUDA kernel, with its
+// 16-bit values widened into the scratch and rounded back where its OpDef::cuda_16bit is unset), and downloads the
+// gradients a training plan wrote into the store's micro-batch gradients.
 //
 //   auto runner = make_device_runner(graph, store, /*device index*/ 0);   // UserError without CUDA
 //   runner->add_plan("train", plan);
@@ -50,6 +50,7 @@ struct DeviceMemory {
 // device to finish them (the device's own time, less what the enqueuing overlapped).
 struct DeviceTimes {
   int64_t runs = 0;
+  int64_t staged_ahead = 0;  // runs whose inputs were already on their way (stage_inputs) when run() began
   double enqueue_seconds = 0, wait_seconds = 0;
 };
 
@@ -66,6 +67,12 @@ class DeviceRunner {
   virtual void run(const std::string& name, const Plan& plan, KernelContext ctx,
                    const std::map<ValueId, Buffer>& inputs, std::map<std::string, OpTotals>* op_totals,
                    StepCommunication* communication) = 0;
+  // The step's inputs on their way to the device ahead of the run() that reads them: copied into
+  // page-locked staging, then to the device on a copy stream of their own once the last run's
+  // kernels are done reading the previous ones. A trainer stages the next batch as soon as it has
+  // it, so the copy overlaps the previous step's tail (the update, which runs without the host
+  // waiting). run() stages the inputs itself where nothing was staged since the last run.
+  virtual void stage_inputs(const std::map<ValueId, Buffer>& inputs) = 0;
   // An activation of the last run of `name`, copied to the host and widened to f32.
   virtual const float* value_f32(const std::string& name, const Plan& plan, ValueId id) = 0;
   virtual DeviceMemory memory() const = 0;

@@ -109,6 +109,9 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaGetDeviceProperties(&prop, index), "device properties");
     name_ = prop.name;
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
+    check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
     step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)), tally_);
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
@@ -120,18 +123,38 @@ class CudaRunner final : public DeviceRunner {
     }
     for (size_t i = 0; i < graph.values().size(); ++i) {
       const Value& v = graph.values()[i];
-      if (v.placement == Placement::input)
+      if (v.placement == Placement::input) {
         inputs_.emplace(ValueId(i), DeviceBlock(value_bytes(v), tally_, "the inputs"));
-      else if (v.placement == Placement::host)
+        staging_.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
+      } else if (v.placement == Placement::host)
         host_values_.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
     }
   }
 
   ~CudaRunner() override {
+    cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
+    cudaEventDestroy(inputs_ready_);
+    cudaEventDestroy(inputs_consumed_);
+    cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
+  }
+
+  void stage_inputs(const std::map<ValueId, Buffer>& inputs) override {
+    check_cuda(cudaSetDevice(index_), "set device");
+    // The staging is free once the last staged copy is done (long since, as a rule).
+    check_cuda(cudaEventSynchronize(inputs_ready_), "the last input copy");
+    for (auto& [id, block] : inputs_) std::memcpy(staging_.at(id)->data(), inputs.at(id).data(), size_t(block.bytes()));
+    // The device's input blocks are free once the last run's kernels are done with them.
+    check_cuda(cudaStreamWaitEvent(copy_stream_, inputs_consumed_, 0), "wait for the last run's inputs");
+    for (auto& [id, block] : inputs_)
+      check_cuda(cudaMemcpyAsync(block.data(), staging_.at(id)->data(), size_t(block.bytes()), cudaMemcpyHostToDevice,
+                                 copy_stream_),
+                 "input upload");
+    check_cuda(cudaEventRecord(inputs_ready_, copy_stream_), "event record");
+    staged_ = true;
   }
 
   void add_plan(const std::string& name, const Plan& plan) override {
@@ -160,13 +183,12 @@ class CudaRunner final : public DeviceRunner {
     const auto began = std::chrono::steady_clock::now();
     check_cuda(cudaSetDevice(index_), "set device");
     if (!resident_) upload_parameters();
-    // The step's inputs from page-locked memory (registered once), as DMA on the step's stream.
-    for (auto& [id, block] : inputs_) {
-      const Buffer& host = inputs.at(id);
-      register_once(host.data(), block.bytes());
-      check_cuda(cudaMemcpyAsync(block.data(), host.data(), size_t(block.bytes()), cudaMemcpyHostToDevice, stream_),
-                 "input upload");
-    }
+    if (staged_)
+      times_.staged_ahead += 1;
+    else
+      stage_inputs(inputs);
+    staged_ = false;
+    check_cuda(cudaStreamWaitEvent(stream_, inputs_ready_, 0), "wait for the inputs");
     write_step_scalars(ctx);
     bind(plan, ctx);
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
@@ -183,6 +205,7 @@ class CudaRunner final : public DeviceRunner {
       graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr); });
     else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr);
+    check_cuda(cudaEventRecord(inputs_consumed_, stream_), "event record");
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
     check_cuda(cudaStreamSynchronize(stream_), "step of plan " + name);
@@ -397,6 +420,11 @@ class CudaRunner final : public DeviceRunner {
   int index_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  // Inputs travel on their own stream (stage_inputs), between two events: the last run is done
+  // reading the device's input blocks, and the next inputs are in them.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t inputs_consumed_ = nullptr, inputs_ready_ = nullptr;
+  bool staged_ = false;  // stage_inputs ran since the last run()
   cublasLtHandle_t blas_ = nullptr;
   Tally tally_;
   DeviceBlock workspace_, arena_, scratch_, step_scalars_;
@@ -404,6 +432,7 @@ class CudaRunner final : public DeviceRunner {
   StreamGraphs graphs_;
   std::vector<DeviceBlock> compute_, grads_;
   std::map<ValueId, DeviceBlock> inputs_;
+  std::map<ValueId, std::unique_ptr<PinnedBlock>> staging_;  // page-locked copies of the inputs
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;
   std::map<std::string, std::vector<void*>> last_run_;
   std::map<ValueId, std::vector<float>> downloads_;

@@ -73,6 +73,11 @@ class Executor {
   void add_plan(const std::string& name, Plan plan);
   const Plan& plan(const std::string& name) const { return plans_.at(name); }
   void* input(ValueId id) { return inputs_.at(id).data(); }
+  // The inputs as written so far start for the device now (DeviceRunner::stage_inputs), ahead of
+  // the run() that reads them; nothing to do on the CPU.
+  void stage_inputs() {
+    if (runner_) runner_->stage_inputs(inputs_);
+  }
   float* value_f32(const std::string& plan, ValueId id);  // an activation as placed by a plan
   // `communication` runs the plan's actions; it may be null for a plan without any.
   void run(const std::string& plan, uint64_t step, uint64_t micro_step, float loss_scale = 1.0f,
@@ -93,8 +98,8 @@ class Executor {
   Buffer arena_;
   Buffer scratch_;    // f32 copies of 16-bit values for kernels without a 16-bit path
   F32Copies copies_;  // planned casts around kernels without a 16-bit path
-  // Null on the CPU. Declared after the input buffers so that it is destroyed first: it unregisters
-  // the host memory it page-locked.
+  // Null on the CPU. Declared after the input buffers so that it is destroyed first: it may still
+  // be copying from them.
   std::unique_ptr<DeviceRunner> runner_;
   // Every action at `position`, or only `only` (one of them).
   void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,

@@ -337,6 +337,8 @@ void Session::load_batch(const Batch& batch) {
   else
     std::memcpy(executor.input(model.inputs), batch.inputs.data(), batch.inputs.size() * 4);
   std::memcpy(executor.input(model.targets), batch.targets.data(), batch.targets.size() * 4);
+  // On a GPU the copy starts now, while the previous step's update may still be running.
+  executor.stage_inputs();
 }
 
 double Session::batch_loss(const std::string& plan) {

@@ -438,7 +438,8 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
         << format_fixed(1e3 * times.wait_seconds / double(trained), 1) << " ms waiting for them, "
         << format_fixed(1e3 * session.device_update_seconds / double(trained), 1)
         << " ms in the update (norm, clipping, optimizer), of "
-        << format_fixed(1e3 * train_seconds / double(trained), 1) << " ms\n";
+        << format_fixed(1e3 * train_seconds / double(trained), 1) << " ms; inputs copied ahead of "
+        << times.staged_ahead << " of " << times.runs << " runs\n";
   std::vector<int64_t> peak_per_rank;
   for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
   nlohmann::json summary_json{{"steps", summary.steps},

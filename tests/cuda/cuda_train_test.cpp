@@ -97,15 +97,36 @@ TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
   }
 }
 
+// Each batch starts for the device when the trainer loads it (DeviceRunner::stage_inputs, on a
+// copy stream of its own), so the copy of a step's first batch overlaps the previous step's update,
+// which the host does not wait for: no run has to enqueue its own inputs. The runs' results are
+// those of the CPU (the tests above), so no copy overtook the kernels still reading the last inputs.
+TEST(CudaTraining, EveryBatchIsStagedAheadOfItsRun) {
+  REQUIRE_CUDA_DEVICE();
+  const recipe::Recipe r = quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda"})).recipe;
+  Session session(r);
+  session.store.initialize(1);
+  const int64_t steps = 4;
+  for (int64_t step = 0; step < steps; ++step)
+    session.train_step(step, [&, micro = int64_t(0)]() mutable {
+      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+      session.data->fill(Split::train, 2 * step + micro++, batch);
+      return batch;
+    });
+  const DeviceTimes times = session.executor.device_times();
+  EXPECT_EQ(times.runs, 2 * steps);
+  EXPECT_EQ(times.staged_ahead, times.runs);
+}
+
 // engine plan's device memory against what a GPU run allocates (the allocator's high-water mark),
 // on a model whose activations outweigh the fixed workspace: within 5%.
 TEST(CudaTraining, MeasuredDeviceMemoryIsThePlanWithinFivePercent) {
   REQUIRE_CUDA_DEVICE();
   for (const char* mode : {"fp32", "bf16"}) {
-    const recipe::Recipe r = quickstart(with({std::string("precision.mode=") + mode, "model.n_embd=256",
-                                              "model.n_layer=4", "train.micro_batch_size=32",
-                                              "train.gradient_accumulation_steps=2", "run.device=cuda"}))
-                                 .recipe;
+    const recipe::Recipe r =
+        quickstart(with({std::string("precision.mode=") + mode, "model.n_embd=256", "model.n_layer=4",
+                         "train.micro_batch_size=32", "train.gradient_accumulation_steps=2", "run.device=cuda"}))
+            .recipe;
     const DeviceMemoryPlan plan = plan_device_memory(compile_step(r), r);
     Session session(r);
     session.store.initialize(1);
