@@ -191,6 +191,13 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
   golden_trajectory->add_flag("--gradient-noise", golden_args.gradient_noise,
                               "Move every fp32 gradient element by up to one ulp each step (a band variant)");
 
+  auto* golden_observe = golden->add_subcommand(
+      "observe", "Widen golden bands to cover trajectories run on another machine (engine golden trajectory there)");
+  golden_observe->add_option("recipes", golden_args.recipes, "Recipe files")->required();
+  golden_observe
+      ->add_option("--from", golden_args.from, "Directory holding each recipe's trajectory as <recipe stem>.json")
+      ->required();
+
   bool only_changed = false;
   auto* config = app.add_subcommand("config", "Print the fully resolved recipe, defaults included");
   add_recipe_args(config, recipe_args);
@@ -257,6 +264,7 @@ int run(int argc, char** argv, const engine::Launch& launch, const engine::Threa
     golden_args.action = *golden_record       ? Action::record
                          : *golden_update     ? Action::update
                          : *golden_trajectory ? Action::trajectory
+                         : *golden_observe    ? Action::observe
                                               : Action::check;
     return engine::cli::golden(golden_args);
   }

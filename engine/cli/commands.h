@@ -59,11 +59,12 @@ struct GenerateArgs {
 };
 
 struct GoldenArgs {
-  enum class Action { record, check, update, trajectory } action = Action::check;
+  enum class Action { record, check, update, trajectory, observe } action = Action::check;
   std::vector<std::filesystem::path> recipes;
   double safety_factor = 5;     // record, update: the band's factor over the measured spread
   bool variants = true;         // record, update: derive the band (false: bitwise only)
   std::filesystem::path out;    // trajectory: where to write it
+  std::filesystem::path from;   // observe: the directory of trajectories (<recipe stem>.json each)
   bool gradient_noise = false;  // trajectory: with one-ulp gradient noise (golden/gradient_noise.h)
   int world_size = 1;           // record: ranks to train on (update and check read the golden file's)
 };

@@ -1,6 +1,7 @@
 // engine golden record|check|update|trajectory: golden-recipe regression tests as a CLI feature.
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -104,6 +105,72 @@ int recorded_world_size(const fs::path& path) {
   }
 }
 
+// Two trajectories with the same bits at every step and the same final weights.
+bool same_bits(const Trajectory& a, const Trajectory& b) {
+  if (a.weights_digest != b.weights_digest || a.steps.size() != b.steps.size()) return false;
+  for (size_t i = 0; i < a.steps.size(); ++i)
+    if (std::memcmp(&a.steps[i], &b.steps[i], sizeof(StepMetrics)) != 0) return false;
+  return true;
+}
+
+// `engine golden update`: the previous file's observed runs stay in the band while the recording
+// is unchanged; a changed trajectory makes them stale (they ran the engine's old behaviour).
+void carry_observed(const GoldenFile& previous, GoldenFile& golden, const fs::path& recipe_path) {
+  if (previous.observed.empty()) return;
+  if (!same_bits(previous.trajectory, golden.trajectory)) {
+    std::printf(
+        "%s: %zu observed run(s) dropped with the old trajectory; run `engine golden trajectory` on those "
+        "machines again and `engine golden observe` here\n",
+        recipe_path.c_str(), previous.observed.size());
+    return;
+  }
+  golden.observed = previous.observed;
+  golden.band = with_observed(golden.band, golden.trajectory.steps, golden.observed);
+}
+
+// `engine golden observe`: the trajectory `from`/<stem>.json, run by `engine golden trajectory` on
+// another machine, joins the golden's band. It must be of this recipe as it resolves now, at the
+// golden's world size, in another environment than the recording's.
+void observe(const fs::path& recipe_path, const fs::path& from) {
+  const fs::path path = golden_path(recipe_path);
+  if (!fs::exists(path)) throw UserError(path.string() + " does not exist; record it first (engine golden record)");
+  GoldenFile golden = read_golden(path);
+  const fs::path file = from / (recipe_path.stem().string() + ".json");
+  if (!fs::exists(file)) throw UserError(file.string() + ": no trajectory for " + recipe_path.string());
+  const GoldenFile run = read_golden(file);
+  const LoadedRecipe loaded = load_at(recipe_path, golden.world_size, "the golden file " + path.string());
+  if (run.recipe_hash != recipe_hash(loaded))
+    throw UserError(file.string() + " ran another version of " + recipe_path.string() + " (hash " + run.recipe_hash +
+                    ", the recipe now " + recipe_hash(loaded) + "): run `engine golden trajectory` there again");
+  if (run.world_size != golden.world_size)
+    throw UserError(file.string() + " trained on " + std::to_string(run.world_size) + " rank(s), the golden on " +
+                    std::to_string(golden.world_size));
+  if (run.environment.differences(golden.environment).empty())
+    throw UserError(file.string() +
+                    " ran in the recording's own environment: `engine golden check` compares such a "
+                    "run bitwise, so it cannot widen the band");
+  const Band before = golden.band;
+  const VariantRun observed{.label = "observed (engine " + run.engine_commit + ")",
+                            .environment = run.environment,
+                            .steps = run.trajectory.steps};
+  golden.band = with_observed(golden.band, golden.trajectory.steps, {observed});
+  // A second run from the same kind of machine replaces the first.
+  std::erase_if(golden.observed,
+                [&](const VariantRun& v) { return v.environment.differences(run.environment).empty(); });
+  golden.observed.push_back(observed);
+  write_golden(path, golden);
+  double widest = 1;
+  for (size_t i = 0; i < before.steps.size(); ++i)
+    for (auto metric : {&StepBand::loss, &StepBand::grad_norm})
+      widest = std::max(widest, golden.band.steps[i].*metric / before.steps[i].*metric);
+  std::printf("%s: observed %s, %d threads; ", recipe_path.c_str(), run.environment.cpu_isa.c_str(),
+              run.environment.threads);
+  if (widest > 1)
+    std::printf("band widened up to %.1fx\n", widest);
+  else
+    std::printf("the band already covered it\n");
+}
+
 }  // namespace
 
 int golden(const GoldenArgs& args) {
@@ -121,6 +188,9 @@ int golden(const GoldenArgs& args) {
     const auto start = std::chrono::steady_clock::now();
     switch (args.action) {
       case GoldenArgs::Action::trajectory:
+        break;
+      case GoldenArgs::Action::observe:
+        observe(recipe_path, args.from);
         break;
       case GoldenArgs::Action::record: {
         const int world = args.world_size;
@@ -145,7 +215,9 @@ int golden(const GoldenArgs& args) {
           break;
         }
         try {
-          Comparison comparison = compare(read_golden(path), golden.trajectory, golden.environment);
+          const GoldenFile previous = read_golden(path);
+          carry_observed(previous, golden, recipe_path);
+          Comparison comparison = compare(previous, golden.trajectory, golden.environment);
           std::printf("%s: %s (%s) in %.1f s; what moved:\n%s", recipe_path.c_str(),
                       comparison.ok ? "unchanged" : "changed", comparison.mode.c_str(), seconds_since(start),
                       comparison.movement.c_str());

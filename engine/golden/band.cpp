@@ -66,4 +66,19 @@ Band derive_band(const std::vector<StepMetrics>& recorded, const std::vector<Var
   return band;
 }
 
+Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded,
+                   const std::vector<VariantRun>& observed) {
+  const Band extra = derive_band(recorded, observed, band.rule);
+  if (band.empty()) return extra;
+  Band widened = band;
+  for (size_t i = 0; i < widened.steps.size(); ++i) {
+    StepBand& b = widened.steps[i];
+    b.loss = std::max(b.loss, extra.steps[i].loss);
+    b.grad_norm = std::max(b.grad_norm, extra.steps[i].grad_norm);
+    b.lr = std::max(b.lr, extra.steps[i].lr);
+  }
+  widened.variants.insert(widened.variants.end(), extra.variants.begin(), extra.variants.end());
+  return widened;
+}
+
 }  // namespace engine

@@ -54,6 +54,12 @@ struct Band {
 Band derive_band(const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& variants,
                  const BandRule& rule);
 
+// `band` widened to cover `observed` runs too: trajectories run on other machines, under kernels no
+// cap here can force (AMX, another oneDNN build; `engine golden observe`). Per step and metric the
+// larger of the two, so a band never narrows; the observed runs' labels join the variants'. The
+// result is derive_band over the variants and the observed runs together (a maximum of maxima).
+Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& observed);
+
 // The relative deviation used throughout: |got - want| / |want| (|got - want| when want is 0).
 double relative_deviation(double want, double got);
 

@@ -10,6 +10,8 @@
 // Non-finite values are kept apart by class: NaN, +inf and -inf each match only themselves.
 // A golden file records the world size it was trained at; above 1, every run of it (recording,
 // variants, check) is `mpirun -n W engine golden trajectory` in child processes (golden/variants.h).
+// Runs on machines whose kernels no cap here can force (an AMX CPU) join the band as observed runs:
+// `engine golden trajectory` there, `engine golden observe --from DIR` here (golden/band.h).
 // A regression prints the first diverging step, the steps around it and the largest deviation,
 // and `engine golden check` exits with status 3.
 //
@@ -59,6 +61,9 @@ struct GoldenFile {
   Band band;  // empty: only a bitwise check in the recording environment is possible
   Trajectory trajectory;
   int world_size = 1;  // ranks the recipe trained on (absent from the file: 1)
+  // Trajectories of this recording's engine run on other machines (engine golden observe), kept so
+  // that `engine golden update` can carry them into a new band while the trajectory is unchanged.
+  std::vector<VariantRun> observed;
 };
 
 struct Comparison {

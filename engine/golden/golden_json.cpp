@@ -37,6 +37,25 @@ double value_of(const Json& j) {
   throw UserError("a step value is " + j.dump() + ": expected a number, \"nan\", \"inf\" or \"-inf\"");
 }
 
+// Steps without their bands: an observed run's.
+Json steps_json(const std::vector<StepMetrics>& steps) {
+  Json out = Json::array();
+  for (const StepMetrics& s : steps)
+    out.push_back({{"step", s.step},
+                   {"loss", value_json(s.loss)},
+                   {"grad_norm", value_json(s.grad_norm)},
+                   {"lr", value_json(s.lr)}});
+  return out;
+}
+
+std::vector<StepMetrics> steps_from_json(const Json& j) {
+  std::vector<StepMetrics> out;
+  for (const Json& step : j)
+    out.push_back(
+        {step.at("step"), value_of(step.at("loss")), value_of(step.at("grad_norm")), value_of(step.at("lr"))});
+  return out;
+}
+
 }  // namespace
 
 Json environment_to_json(const NumericEnvironment& env) {
@@ -75,6 +94,14 @@ Json golden_to_json(const GoldenFile& golden) {
                {"floor", rule.floor},
                {"variants", golden.band.variants}};
   j["weights_digest"] = golden.trajectory.weights_digest;
+  if (!golden.observed.empty()) {
+    Json observed = Json::array();
+    for (const VariantRun& run : golden.observed)
+      observed.push_back({{"label", run.label},
+                          {"environment", environment_to_json(run.environment)},
+                          {"steps", steps_json(run.steps)}});
+    j["observed"] = observed;
+  }
   Json steps = Json::array();
   const auto& s = golden.trajectory.steps;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -110,6 +137,11 @@ GoldenFile golden_from_json(const Json& j) {
       .safety_factor = band.at("safety_factor"), .lookahead = band.at("lookahead"), .floor = band.at("floor")};
   golden.band.variants = band.at("variants").get<std::vector<std::string>>();
   golden.trajectory.weights_digest = j.at("weights_digest");
+  if (j.contains("observed"))
+    for (const Json& run : j.at("observed"))
+      golden.observed.push_back({.label = run.at("label"),
+                                 .environment = environment_from_json(run.at("environment")),
+                                 .steps = steps_from_json(run.at("steps"))});
   bool banded = true;
   for (const Json& step : j.at("steps")) {
     golden.trajectory.steps.push_back(

@@ -81,7 +81,9 @@ std::string matmul_16bit_kernel(DType type) {
   std::string kernel;
   try {
     // oneDNN also offers reference (non-JIT) kernels; those are far slower than sgemm on widened copies.
-    Gemm16 probe{false, true, 16, 16, 16, 16, 16, 16, type, type, false};
+    // The shape is a linear's (and the peak probe's, telemetry/peak_flops.h): oneDNN picks its kernel
+    // by shape, and a tiny product gets AVX-512 where a large one gets AMX.
+    Gemm16 probe{false, true, 1024, 1024, 1024, 1024, 1024, 1024, type, type, false};
     kernel = make(probe, true).implementation;
     if (kernel.find("ref") != std::string::npos) kernel.clear();
   } catch (const dnnl::error&) {
@@ -118,6 +120,10 @@ Key key_of(const Gemm16& s, bool with_bias) {
 }
 
 }  // namespace
+
+std::string gemm16_kernel(const Gemm16& s, bool with_bias) {
+  return primitive(key_of(s, with_bias), s, with_bias).implementation;
+}
 
 size_t gemm16_scratchpad_bytes(const Gemm16& s) { return primitive(key_of(s, false), s, false).scratchpad.get_size(); }
 

@@ -28,9 +28,13 @@ struct Gemm16 {
 // Whether oneDNN has a matmul for operands of `type` on this CPU (probed once).
 bool matmul_16bit_available(DType type);
 
-// oneDNN's name for the kernel the probe chose ("brg:avx512_core_amx", ...), or "" when there is
+// oneDNN's name for the kernel it chooses for a 1024^3 product ("brg:avx512_core_amx_bf16", ...): the
+// kernel the linears and the peak probe run. "" when there is
 // no usable 16-bit matmul for `type` and linears compute in fp32 on widened copies.
 std::string matmul_16bit_kernel(DType type);
+
+// oneDNN's name for the kernel it runs for `shape` (with a bias or without).
+std::string gemm16_kernel(const Gemm16& shape, bool with_bias);
 
 // C = scale op(A) op(B) (+ bias broadcast over rows) (+ C when accumulating). Each thread keeps its
 // own bound copy of a shape's primitive and its own oneDNN scratchpad, so threads may run one

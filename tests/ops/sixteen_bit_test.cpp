@@ -124,6 +124,26 @@ TEST(Gemm16, MatchesADoubleProductOfTheRoundedOperands) {
 // thread made wrote past its buffer; gemm16 hands each call one of the primitive's size. Only
 // kernels that ask for a scratchpad can show it (brgemm at AVX-512; none of AVX2's). The team is
 // the default one (a grown team trips LeakSanitizer with LLVM's OpenMP: tests/ops/CMakeLists.txt).
+// The kernel named for 16-bit products (the golden environment's, and the one the peak probe rates
+// MFU against) is the one GPT-2 small's linears run, forward and backward: on an AMX CPU the AMX
+// kernel, which a tiny product would not get.
+TEST(Gemm16, TheNamedKernelIsTheOneTheLinearsRun) {
+  for (DType type : {DType::bf16, DType::f16}) {
+    if (!ops::matmul_16bit_available(type)) continue;
+    const int64_t rows = 2048, width = 768;
+    for (int64_t out : {3 * width, 4 * width}) {
+      const ops::Gemm16 forward{false, true, rows, out, width, width, width, out, type, type, false};
+      const ops::Gemm16 input_grad{false, false, rows, width, out, out, width, width, type, type, false};
+      const ops::Gemm16 weight_grad{true, false, out, width, rows, out, width, width, type, DType::f32, true};
+      EXPECT_EQ(ops::gemm16_kernel(forward, true), ops::matmul_16bit_kernel(type)) << dtype_name(type) << " " << out;
+      EXPECT_EQ(ops::gemm16_kernel(input_grad, false), ops::matmul_16bit_kernel(type))
+          << dtype_name(type) << " " << out;
+      EXPECT_EQ(ops::gemm16_kernel(weight_grad, false), ops::matmul_16bit_kernel(type))
+          << dtype_name(type) << " " << out;
+    }
+  }
+}
+
 TEST(Gemm16, OneShapeRunByEveryThreadAtOnceGivesEachThreadItsSerialResult) {
   const int threads = omp_get_max_threads();
   if (threads < 2) GTEST_SKIP() << "one OpenMP thread: nothing runs at once";

@@ -1,7 +1,6 @@
 // The engine binary as a user runs it: exit codes, one-line summaries, all errors at once,
 // resolved config, schema, help, and hostile files under a memory limit.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
@@ -10,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../shell.h"
 #include "../temp_dir.h"
 
 namespace {
@@ -17,23 +17,10 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kSource = ENGINE_SOURCE_DIR;
 
-struct Result {
-  int status;
-  std::string output;  // stdout and stderr together
-};
+using Result = engine::testing::ShellResult;
 
 // Runs a shell command in the source directory.
-Result run_shell(const std::string& shell_command) {
-  std::string command = "cd '" + kSource.string() + "' && " + shell_command + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  Result result{-1, ""};
-  if (!pipe) return result;
-  std::array<char, 4096> buffer{};
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+Result run_shell(const std::string& shell_command) { return engine::testing::run_shell(shell_command, kSource); }
 
 Result run(const std::string& args) { return run_shell("'" ENGINE_BINARY "' " + args); }
 

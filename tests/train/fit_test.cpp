@@ -2,7 +2,6 @@
 // is a user error that names the limit (exit 2, never "internal error"), and `engine plan --fit`
 // proposes a configuration that fits the budgets, which `engine plan` then confirms.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "../shell.h"
 #include "../temp_dir.h"
 #include "recipe/load.h"
 #include "trainer/fit.h"
@@ -24,22 +24,10 @@ using engine::testing::TempDir;
 const fs::path kSource = ENGINE_SOURCE_DIR;
 const std::string kRecipe = "bench/gpt-bench.yaml";
 
-struct Result {
-  int status;
-  std::string output;  // stdout and stderr together
-};
+using Result = engine::testing::ShellResult;
 
-Result run_shell(const std::string& shell_command) {
-  const std::string command = "cd '" + kSource.string() + "' && " + shell_command + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  Result result{-1, ""};
-  if (!pipe) return result;
-  std::array<char, 4096> buffer{};
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
+// Runs a shell command in the source directory.
+Result run_shell(const std::string& shell_command) { return engine::testing::run_shell(shell_command, kSource); }
 
 Result run(const std::string& args) { return run_shell("OMP_NUM_THREADS=1 '" ENGINE_BINARY "' " + args); }
 
@@ -58,7 +46,8 @@ int64_t engine_floor_kib() {
     int64_t low = 0, high = int64_t(8) << 20;  // 8 GiB starts any build
     while (high - low > (int64_t(16) << 10)) {
       const int64_t mid = (low + high) / 2;
-      const Result r = run_shell("bash -c \"ulimit -v " + std::to_string(mid) + "; exec '" ENGINE_BINARY "' --version\"");
+      const Result r =
+          run_shell("bash -c \"ulimit -v " + std::to_string(mid) + "; exec '" ENGINE_BINARY "' --version\"");
       (r.status == 0 ? high : low) = mid;
     }
     return high;
