@@ -145,6 +145,7 @@ void run_product(const KernelContext& ctx, const Product& p) {
 // packs x kBiasChunksPerSpan chunks, reads coalesced across the packs of a row.
 constexpr int64_t kBiasChunkRows = 64;
 constexpr int kBiasChunksPerSpan = 8;
+constexpr int kBiasRowsInFlight = 4;
 
 template <class T, int P>  // P: the columns of a pack (kPack<T>, or 1)
 __global__ void __launch_bounds__(32 * kBiasChunksPerSpan)
@@ -155,17 +156,33 @@ __global__ void __launch_bounds__(32 * kBiasChunksPerSpan)
   const int64_t first = (span * kBiasChunksPerSpan + chunk) * chunk_rows;
   const int64_t last = first + chunk_rows < rows ? first + chunk_rows : rows;
   double sum[P] = {};
-  if (j < cols)
-    for (int64_t r = first; r < last; ++r) {
+  const auto load = [&](int64_t r, float(&v)[P]) {
+    if constexpr (P > 1) {
+      load_pack(dy, r * cols + j, v);
+    } else {
+      v[0] = to_float(dy[r * cols + j]);
+    }
+  };
+  if (j < cols) {
+    // kBiasRowsInFlight rows' loads issued before their sums, so that many reads are in flight per
+    // thread (one at a time ran at a quarter of the memory's bandwidth); the sums stay in row order.
+    int64_t r = first;
+    for (; r + kBiasRowsInFlight <= last; r += kBiasRowsInFlight) {
+      float v[kBiasRowsInFlight][P];
+#pragma unroll
+      for (int u = 0; u < kBiasRowsInFlight; ++u) load(r + u, v[u]);
+#pragma unroll
+      for (int u = 0; u < kBiasRowsInFlight; ++u)
+#pragma unroll
+        for (int e = 0; e < P; ++e) sum[e] += double(v[u][e]);
+    }
+    for (; r < last; ++r) {
       float v[P];
-      if constexpr (P > 1) {
-        load_pack(dy, r * cols + j, v);
-      } else {
-        v[0] = to_float(dy[r * cols + j]);
-      }
+      load(r, v);
 #pragma unroll
       for (int e = 0; e < P; ++e) sum[e] += double(v[e]);
     }
+  }
 #pragma unroll
   for (int e = 0; e < P; ++e) chunk_sums[chunk][pack][e] = sum[e];
   __syncthreads();
