@@ -75,6 +75,7 @@ void OffloadedState::update(const std::function<void(const Chunk&)>& fn, bool wr
         for (size_t k = 0; k < kinds_.size(); ++k)
           chunk.kinds.push_back(reinterpret_cast<float*>(data) + int64_t(k) * c);
         fn(chunk);
+        ++chunks_updated_;
       },
       write_back);
 }

@@ -65,6 +65,7 @@ class OffloadedState {
   int64_t bytes_read() const;
   int64_t bytes_written() const;
   double wait_seconds() const;  // waited for swap transfers in the streamed step and the fetches
+  int64_t chunks_updated() const { return chunks_updated_; }  // chunks update() has handed out so far
 
  private:
   offload::SwapSpec swap_spec(const std::string& what) const;
@@ -75,7 +76,7 @@ class OffloadedState {
 
   OffloadSpec spec_;
   std::vector<int64_t> ranges_, base_;
-  int64_t elements_ = 0, chunks_ = 0;
+  int64_t elements_ = 0, chunks_ = 0, chunks_updated_ = 0;
   std::vector<std::string> kinds_;
   DType param_dtype_;
   std::unique_ptr<ChunkStore> optimizer_, params_;

@@ -35,6 +35,7 @@ SwapWindow::SwapWindow(const OffloadedState* state, int64_t step) : step_(step) 
   read_ = state->bytes_read();
   written_ = state->bytes_written();
   wait_ = state->wait_seconds();
+  chunks_ = state->chunks_updated();
 }
 
 void SwapWindow::log(const OffloadedState& state, int64_t step, nlohmann::json& line) {
@@ -42,6 +43,7 @@ void SwapWindow::log(const OffloadedState& state, int64_t step, nlohmann::json& 
   line["swap_read_per_step"] = double(state.bytes_read() - read_) / steps;
   line["swap_written_per_step"] = double(state.bytes_written() - written_) / steps;
   line["swap_wait_s_per_step"] = (state.wait_seconds() - wait_) / steps;
+  line["offload_chunks_per_step"] = double(state.chunks_updated() - chunks_) / steps;
   *this = SwapWindow(&state, step);
 }
 

@@ -192,11 +192,13 @@ TEST(ManifestPieces, CoverEveryTensorOnceAtAnyWorldSize) {
 TEST(CheckpointPlan, TheSnapshotIsOneRanksFile) {
   const testing::TempDir scratch("policy");
   const recipe::Recipe r = tiny(scratch.path(), {}).recipe;
-  for (int world : {1, 2}) {
-    const CompiledStep c = compile_step(r, world);
-    // AdamW: masters + two moments, fp32, this rank's slice of every padded unit.
-    EXPECT_EQ(c.memory.checkpoint_snapshot, ShardLayout(c.model.graph.units(), world, 0).total_shard() * 3 * 4);
-  }
+  // The units hold 2048 (embeddings), 3280 (the layer) and 32 (the final norm) parameters, each
+  // padded to a multiple of world x 1024 elements; a rank's file holds AdamW's masters and two
+  // moments (fp32) for its slice of each: world 1 pads to 2048 + 4096 + 1024 = 7168 elements,
+  // world 2 to 2048 + 4096 + 2048 of which each rank holds half, 4096.
+  const std::pair<int, int64_t> expected[] = {{1, 7168 * 3 * 4}, {2, 4096 * 3 * 4}};
+  for (const auto& [world, bytes] : expected)
+    EXPECT_EQ(compile_step(r, world).memory.checkpoint_snapshot, bytes) << "world " << world;
 }
 
 }  // namespace

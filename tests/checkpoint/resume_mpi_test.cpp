@@ -32,17 +32,18 @@ TEST_P(ExactResumeWorldTwo, CutAndResumedIsTheStraightRun) {
   std::ostringstream log;
   train_here(tiny_recipe(dir / "straight", overrides, 2), log);
   TrainOptions cut;
-  cut.stop_after = kCut;
+  cut.stop_after = cut_of(c);
   train_here(tiny_recipe(dir / "cut", overrides, 2), log, cut);
   TrainOptions resume;
   resume.resume = "latest";
   const TrainSummary resumed = train_here(tiny_recipe(dir / "cut", overrides, 2), log, resume);
-  EXPECT_EQ(resumed.resumed_from, kCut);
+  EXPECT_EQ(resumed.resumed_from, cut_of(c));
   if (comm->rank() != 0) return;  // rank 0 writes the outputs
   const Trajectory straight = trajectory(dir / "straight" / "run");
   ASSERT_EQ(step_lines(straight.lines), size_t(kSteps)) << log.str();
   expect_same_run(trajectory(dir / "cut" / "run"), straight, "world 2, cut and resumed");
-  if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines);
+  expect_same_final_checkpoint(dir / "cut" / "run", dir / "straight" / "run", "world 2, cut and resumed");
+  if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines, cut_of(c));
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResumeWorldTwo, ::testing::ValuesIn(all_cases()),

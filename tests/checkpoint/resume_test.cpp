@@ -1,6 +1,7 @@
 // Exact resume in one process: a run cut after step k (TrainOptions::stop_after) and resumed to
 // step N is the straight N-step run, bit for bit (every logged loss, learning rate, gradient norm,
-// loss scale and validation loss, and the final weights file), at every ZeRO stage (at world 1 the
+// loss scale and validation loss, the final weights file, and the checkpoint after step N with its
+// optimizer state), at every ZeRO stage (at world 1 the
 // stage still changes the plan the state is kept in), in fp32, bf16 and fp16 whose loss scale
 // backs off and grows across the cut, with and without gradient accumulation. And what resuming
 // refuses (a changed model) and accepts with a note (more steps, another schedule), and plugins:
@@ -25,6 +26,7 @@ class ExactResume : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
   const Case c = GetParam();
+  const int64_t at = cut_of(c);
   const TempDir dir("resume");
   const std::vector<std::string> overrides = case_overrides(c);
   std::ostringstream log;
@@ -34,21 +36,23 @@ TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
   ASSERT_EQ(step_lines(straight.lines), size_t(kSteps)) << log.str();
 
   TrainOptions cut;
-  cut.stop_after = kCut;
+  cut.stop_after = at;
   const TrainSummary first = train(tiny_recipe(dir / "cut", overrides), log, cut);
-  EXPECT_EQ(first.steps, kCut);
+  EXPECT_EQ(first.steps, at);
   EXPECT_FALSE(first.interrupted);
-  EXPECT_EQ(first.last_checkpoint, dir / "cut" / "run" / "checkpoints" / ("step-" + std::to_string(kCut)));
+  EXPECT_EQ(first.last_checkpoint, dir / "cut" / "run" / "checkpoints" / ("step-" + std::to_string(at)));
   ASSERT_TRUE(fs::exists(first.last_checkpoint / kManifestName)) << log.str();
 
   TrainOptions resume;
   resume.resume = "latest";
   const TrainSummary second = train(tiny_recipe(dir / "cut", overrides), log, resume);
-  EXPECT_EQ(second.resumed_from, kCut);
+  EXPECT_EQ(second.resumed_from, at);
   EXPECT_EQ(second.steps, kSteps);
-  expect_same_run(trajectory(dir / "cut" / "run"), straight, "cut at step " + std::to_string(kCut) + " and resumed");
+  const std::string what = "cut at step " + std::to_string(at) + " and resumed";
+  expect_same_run(trajectory(dir / "cut" / "run"), straight, what);
+  expect_same_final_checkpoint(dir / "cut" / "run", dir / "straight" / "run", what);
   EXPECT_EQ(second.skipped_steps, overflows(straight.lines));
-  if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines);
+  if (c.precision == "fp16") expect_scale_changes_after_cut(straight.lines, at);
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResume, ::testing::ValuesIn(all_cases()), case_name);

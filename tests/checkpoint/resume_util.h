@@ -1,5 +1,6 @@
 // What the resume tests compare: a run's logged trajectory (every metrics.jsonl line but the
-// checkpoint events, without its timings) and its final weights file, byte for byte; and the tiny
+// checkpoint events, without its timings), its final weights file and its checkpoint after the last
+// step (every rank file: masters, optimizer moments, counters), byte for byte; and the tiny
 // quick-start recipe they train, small enough that a straight run, a run cut at step k and its
 // resumption take a few hundred milliseconds.
 #pragma once
@@ -33,6 +34,11 @@ inline constexpr int64_t kCut = 3;
 inline const std::vector<std::string> kFp16 = {"precision.mode=fp16", "precision.initial_scale_power=24",
                                                "precision.growth_interval=2"};
 
+// Where an fp16 case's cut run stops: after step 6, the first update that applied (steps 1-5
+// overflow), so the checkpoint it resumes from holds non-zero moments and an Adam step count; a cut
+// at kCut would carry the state of a model that never updated.
+inline constexpr int64_t kFp16Cut = 6;
+
 inline std::vector<std::string> precision_overrides(const std::string& precision) {
   if (precision == "fp16") return kFp16;
   return {"precision.mode=" + precision};
@@ -63,9 +69,14 @@ inline std::vector<Case> all_cases() {
   return cases;
 }
 
-// The recipe overrides of a case.
+// Where a case's cut run stops.
+inline int64_t cut_of(const Case& c) { return c.precision == "fp16" ? kFp16Cut : kCut; }
+
+// The recipe overrides of a case: its precision, stage and accumulation, and a checkpoint after the
+// last step (compared byte for byte between the straight and the resumed run).
 inline std::vector<std::string> case_overrides(const Case& c) {
   std::vector<std::string> overrides = precision_overrides(c.precision);
+  overrides.push_back("checkpoint.at_end=true");
   overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
   overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
   return overrides;
@@ -134,6 +145,33 @@ inline void expect_same_run(const Trajectory& got, const Trajectory& want, const
   EXPECT_TRUE(got.weights == want.weights) << what << ": the final weights differ";
 }
 
+// The checkpoints after the last step of two runs hold the same state: every rank file byte for
+// byte, and the same manifest but for when it was written, the run's wall time and its output
+// directory (in the recipe it embeds).
+inline void expect_same_final_checkpoint(const std::filesystem::path& got_run, const std::filesystem::path& want_run,
+                                         const std::string& what) {
+  const std::string last = "checkpoints/step-" + std::to_string(kSteps);
+  const std::filesystem::path got = got_run / last, want = want_run / last;
+  ASSERT_TRUE(std::filesystem::exists(want / "manifest.json")) << what << ": no checkpoint after the last step";
+  ASSERT_TRUE(std::filesystem::exists(got / "manifest.json")) << what << ": no checkpoint after the last step";
+  auto manifest = [](const std::filesystem::path& dir) {
+    nlohmann::json j = nlohmann::json::parse(read_bytes(dir / "manifest.json"));
+    j.erase("created");
+    j.erase("recipe");
+    j["state"].erase("elapsed_s");  // the run's wall time
+    return j;
+  };
+  EXPECT_EQ(manifest(got), manifest(want)) << what;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(want)) {
+    if (entry.path().extension() != ".bin") continue;
+    ++files;
+    EXPECT_TRUE(read_bytes(got / entry.path().filename()) == read_bytes(entry.path()))
+        << what << ": " << entry.path().filename() << " differs";
+  }
+  EXPECT_GT(files, 0) << what;
+}
+
 // How many per-step lines (loss, lr, gradient norm) the run logged: one a step with log_every 1.
 inline size_t step_lines(const std::vector<nlohmann::json>& lines) {
   size_t n = 0;
@@ -158,19 +196,24 @@ inline int64_t overflows(const std::vector<nlohmann::json>& lines) {
 
 // The fp16 cases only prove the scaler is restored (scale, hysteresis, clean steps) if the scale
 // moves and a step overflows after the cut.
-inline void expect_scale_changes_after_cut(const std::vector<nlohmann::json>& lines) {
+inline void expect_scale_changes_after_cut(const std::vector<nlohmann::json>& lines, int64_t cut = kFp16Cut) {
   const auto scales = loss_scales(lines);
   double at_cut = -1;
   bool changed = false;
   for (const auto& [step, scale] : scales) {
-    if (step == kCut) at_cut = scale;
-    if (step > kCut && at_cut > 0 && scale != at_cut) changed = true;
+    if (step == cut) at_cut = scale;
+    if (step > cut && at_cut > 0 && scale != at_cut) changed = true;
   }
-  EXPECT_GT(at_cut, 0) << "no loss scale logged at step " << kCut;
-  EXPECT_TRUE(changed) << "the loss scale stays " << at_cut << " after step " << kCut;
-  int64_t overflows_after_cut = 0;
-  for (const nlohmann::json& j : lines) overflows_after_cut += j.contains("overflow") && j.at("step") > kCut;
-  EXPECT_GE(overflows_after_cut, 1) << "no step after " << kCut << " overflowed";
+  EXPECT_GT(at_cut, 0) << "no loss scale logged at step " << cut;
+  EXPECT_TRUE(changed) << "the loss scale stays " << at_cut << " after step " << cut;
+  int64_t overflows_after_cut = 0, updates_before_cut = 0;
+  for (const nlohmann::json& j : lines) {
+    const int64_t step = j.at("step").get<int64_t>();
+    overflows_after_cut += j.contains("overflow") && step > cut;
+    updates_before_cut += j.contains("grad_norm") && !j.contains("overflow") && step <= cut;
+  }
+  EXPECT_GE(overflows_after_cut, 1) << "no step after " << cut << " overflowed";
+  EXPECT_GE(updates_before_cut, 1) << "no update applied by step " << cut << ": the cut carries no optimizer state";
 }
 
 }  // namespace engine::testing

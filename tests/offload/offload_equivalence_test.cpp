@@ -1,6 +1,7 @@
 // Offload changes where state lives, never what training computes: every offload choice trains
 // bit-identically to no offload (every logged loss, learning rate, gradient norm and validation
 // loss, and the final weights file), and its checkpoints resume exactly, with or without offload.
+// Each offloaded run also shows it took the offload path (its chunk and swap counters).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,6 +26,7 @@ TEST_P(OffloadEquivalence, TrainsTheBitsOfNoOffload) {
   train(tiny_recipe(dir / "offloaded", offload_overrides(c, dir / "swap")), log);
   expect_same_run(offload_trajectory(dir / "offloaded" / "run"), offload_trajectory(dir / "reference" / "run"),
                   "offloaded");
+  expect_offloaded(dir / "offloaded" / "run", c);
   EXPECT_TRUE(fs::is_empty(dir / "swap")) << "swap files are removed at the end of the run";
   if (c.optimizer == "nvme" || c.parameters == "nvme") EXPECT_NE(log.str().find("swap file"), std::string::npos);
 }

@@ -59,12 +59,39 @@ inline std::vector<std::string> offload_overrides(const OffloadCase& c, const st
   return o;
 }
 
-// A run's trajectory without the swap counters that only offloaded runs log.
+// A run's trajectory without the offload counters that only offloaded runs log.
 inline Trajectory offload_trajectory(const std::filesystem::path& run_dir) {
   Trajectory t = trajectory(run_dir);
   for (nlohmann::json& j : t.lines)
-    for (const char* key : {"swap_read_per_step", "swap_written_per_step"}) j.erase(key);
+    for (const char* key : {"swap_read_per_step", "swap_written_per_step", "offload_chunks_per_step"}) j.erase(key);
   return t;
+}
+
+// The run took the offload path: every step line counts the chunks its streamed update visited,
+// and where a tier is nvme, bytes read from and written to the swap files; a setting that did
+// nothing would log none of these.
+inline void expect_offloaded(const std::filesystem::path& run_dir, const OffloadCase& c) {
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  int steps = 0;
+  double chunks = 0, read = 0, written = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("loss") || j.contains("event")) continue;
+    ++steps;
+    EXPECT_TRUE(j.contains("offload_chunks_per_step")) << line;
+    chunks += j.value("offload_chunks_per_step", 0.0);
+    read += j.value("swap_read_per_step", 0.0);
+    written += j.value("swap_written_per_step", 0.0);
+  }
+  ASSERT_GT(steps, 0) << run_dir;
+  const bool optimizer_offloaded = c.optimizer != "none";
+  if (optimizer_offloaded) EXPECT_GT(chunks, 0) << "the optimizer's update never ran chunked";
+  if (c.optimizer == "nvme" || c.parameters == "nvme") {
+    EXPECT_GT(read, 0) << "nothing was read from a swap file";
+    EXPECT_GT(written, 0) << "nothing was written to a swap file";
+  } else {
+    EXPECT_EQ(read + written, 0) << "host-memory offload touched a swap file";
+  }
 }
 
 }  // namespace engine::testing
