@@ -2,7 +2,9 @@
 // per ZeRO stage. The stages share every bit of arithmetic, and two ranks of one micro-batch each add
 // their gradients in the order one process accumulating both does, so all four files must hold
 // gpt_accumulation's trajectory (one process, 2 micro-batches of 2) to the bit, weights included.
-// Also: the world size's place in the file format.
+// The files are the engine's runs: ctest's golden_gpt_zero*_world2 checks rerun each under mpirun and
+// compare it with its file (bitwise on the recording's machine type). Also: the world size's place in
+// the file format.
 #include <gtest/gtest.h>
 
 #include <cstring>
