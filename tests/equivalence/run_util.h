@@ -1,5 +1,5 @@
-// Shared by the equivalence tests: load the quick-start recipe with overrides, and run it for a
-// few steps recording losses, gradients and weights.
+// Shared by the equivalence, wrap, training and GPU tests: load the quick-start recipe with
+// overrides, and run it for a few steps recording losses, gradient norms, gradients and weights.
 #pragma once
 
 #include <cmath>
@@ -28,6 +28,7 @@ struct Run {
   std::vector<std::vector<float>> weights;          // fp32 masters at the end
   int64_t graph_replays = -1;                       // micro-batches a CUDA graph ran (-1: on the CPU)
   int64_t update_graph_replays = -1;                // optimizer phases a CUDA graph ran
+  size_t units = 0;                                 // the model's wrap units
 };
 
 // `steps` optimizer steps; micro-batches are read in order (sample-level order is the same for
@@ -39,6 +40,7 @@ inline Run run(const recipe::Recipe& r, int64_t steps, const std::set<int64_t>& 
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
   Run out;
+  out.units = session.model.graph.units().size();
   int64_t index = 0;
   Session::StepHooks step_hooks;
   for (int64_t step = 0; step < steps; ++step) {

@@ -168,34 +168,8 @@ TEST(WrapPolicy, MlpLayersMerge) {
 }
 
 // A few optimizer steps of a session compiled with the wrap pass: losses, gradient norms, weights.
-struct Trace {
-  std::vector<double> losses, grad_norms;
-  std::vector<std::vector<float>> weights;
-  size_t units = 0;
-};
-
-Trace train(const std::vector<std::string>& overrides, int64_t steps = 4) {
-  auto loaded = quickstart(overrides);
-  const recipe::Recipe& r = loaded.recipe;
-  Session session(r, compile_step(r));
-  session.store.initialize(uint64_t(r.run.seed));
-  Trace out;
-  out.units = session.model.graph.units().size();
-  int64_t index = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    auto result = session.train_step(step, [&] {
-      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
-      session.data->fill(Split::train, index++, batch);
-      return batch;
-    });
-    out.losses.push_back(result.loss);
-    out.grad_norms.push_back(result.grad_norm);
-  }
-  for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
-    const float* w = session.store.param(int(i));
-    out.weights.emplace_back(w, w + session.store.numel(int(i)));
-  }
-  return out;
+testing::Run train(const std::vector<std::string>& overrides, int64_t steps = 4) {
+  return testing::run(quickstart(overrides).recipe, steps);
 }
 
 // The layout of the concatenated buffers does not change, so neither does any number that
@@ -204,7 +178,7 @@ Trace train(const std::vector<std::string>& overrides, int64_t steps = 4) {
 TEST(WrapPolicy, TrainingIsBitIdenticalUnderEveryPolicy) {
   const std::vector<std::string> base{"model.n_layer=3", "model.dropout=0.1", "train.micro_batch_size=4",
                                       "train.gradient_clipping=0.5"};
-  const Trace reference = train(base);
+  const testing::Run reference = train(base);
   ASSERT_EQ(reference.units, 5u);
   for (std::vector<std::string> policy :
        std::vector<std::vector<std::string>>{{"distributed.wrap_policy=size", "distributed.wrap_size=60000"},
@@ -212,7 +186,7 @@ TEST(WrapPolicy, TrainingIsBitIdenticalUnderEveryPolicy) {
                                              {"distributed.wrap_policy=model"}}) {
     std::vector<std::string> overrides = base;
     overrides.insert(overrides.end(), policy.begin(), policy.end());
-    const Trace t = train(overrides);
+    const testing::Run t = train(overrides);
     const std::string what = policy.back();
     EXPECT_LT(t.units, reference.units) << what << " merged nothing";
     EXPECT_EQ(t.losses, reference.losses) << what;
@@ -231,7 +205,7 @@ TEST(WrapPolicy, CheckpointingOnMergedUnitsIsBitIdenticalToNone) {
   for (const char* arch : {"model.arch=gpt", "model.arch=llama"}) {
     std::vector<std::string> base{arch, "model.n_layer=3", "train.micro_batch_size=4"};
     if (std::string(arch) == "model.arch=gpt") base.push_back("model.dropout=0.1");
-    const Trace reference = train(base, 3);
+    const testing::Run reference = train(base, 3);
     for (std::vector<std::string> wrap : std::vector<std::vector<std::string>>{
              {"distributed.wrap_policy=model"}, {"distributed.wrap_policy=size", "distributed.wrap_size=110000"}})
       for (std::vector<std::string> policy : std::vector<std::vector<std::string>>{
@@ -245,7 +219,7 @@ TEST(WrapPolicy, CheckpointingOnMergedUnitsIsBitIdenticalToNone) {
         const std::string what = std::string(arch) + " " + wrap.back() + " " + policy.back();
         ASSERT_GT(compile_step(quickstart(overrides).recipe).recompute.cloned_nodes, 0)
             << what << " recomputes nothing";
-        const Trace t = train(overrides, 3);
+        const testing::Run t = train(overrides, 3);
         EXPECT_EQ(t.losses, reference.losses) << what;
         EXPECT_TRUE(t.weights == reference.weights) << what << ": weights differ";
       }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../equivalence/run_util.h"
 #include "../temp_dir.h"
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
@@ -29,36 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kSource = ENGINE_SOURCE_DIR;
 
-recipe::LoadedRecipe quickstart(std::vector<std::string> overrides) {
-  recipe::LoadOptions options;
-  options.overrides = std::move(overrides);
-  return recipe::load_recipe(kSource / "recipes/quickstart.yaml", options);
-}
-
-struct Trace {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights;
-};
-
-Trace run(const recipe::Recipe& r, int64_t steps) {
-  Session session(r);
-  session.store.initialize(uint64_t(r.run.seed));
-  Trace trace;
-  int64_t index = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    auto result = session.train_step(step, [&] {
-      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
-      session.data->fill(Split::train, index++, batch);
-      return batch;
-    });
-    trace.losses.push_back(result.loss);
-  }
-  for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
-    const float* w = session.store.param(int(i));
-    trace.weights.emplace_back(w, w + session.store.numel(int(i)));
-  }
-  return trace;
-}
+using testing::quickstart;
+using testing::run;
+using Trace = testing::Run;
 
 TEST(Determinism, SameRecipeGivesBitIdenticalLossesAndWeights) {
   for (const char* arch : {"model.arch=gpt", "model.arch=llama"}) {
