@@ -26,11 +26,13 @@
 #include "data/loader.h"
 #include "recipe/export.h"
 #include "telemetry/trace.h"
+#include "trainer/metrics_log.h"
 #include "trainer/offload_report.h"
 #include "trainer/plugin_driver.h"
 #include "trainer/run_state.h"
 #include "trainer/run_telemetry.h"
 #include "trainer/session.h"
+#include "trainer/step_decisions.h"
 #include "trainer/stop_signals.h"
 #include "trainer/telemetry.h"
 
@@ -78,6 +80,44 @@ std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& optio
   return [&session, arch, files] {
     for (const fs::path& file : files) save_gradients(file, session.store, arch);
   };
+}
+
+// What the run is about to do: the device, the model and data, the ranks, the memory plan and
+// where offloaded state lives.
+void report_start(std::ostream& out, const Session& session, const dist::Communicator& comm,
+                  const TrafficPlan& traffic) {
+  out << "device: " << describe_device(session.device) << "\n";
+  if (!session.device_note.empty()) out << session.device_note << "\n";
+  out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
+      << " wrap units; data: " << session.data->describe() << "\n";
+  if (auto floor = session.data->loss_floor()) out << "loss floor (exact entropy of the data): " << *floor << " nats\n";
+  const MemoryPlan memory = session.memory();
+  if (comm.size() > 1)
+    out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage "
+        << session.recipe.distributed.zero_stage << "; each rank sends " << format_bytes(traffic.total())
+        << " per step\n";
+  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total()) << " (activations "
+      << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
+      << " while a checkpoint is written)\n";
+  if (session.offloaded) describe_offload(out, session, traffic);
+}
+
+// A GPU run's device memory against the plan, and where the host's time per step went.
+void report_device(std::ostream& out, const Session& session, int64_t trained, double train_seconds) {
+  if (session.device.kind != Device::Kind::cuda) return;
+  const DeviceMemory memory = session.executor.device_memory();
+  out << "device memory peak " << format_bytes(memory.device_peak) << " (the allocator's high-water mark; "
+      << "planned " << format_bytes(session.memory().activations + session.memory().scratch) << " of activations "
+      << "and casts + the parameters and gradients; cudaMemGetInfo: " << format_bytes(memory.device_used) << " of "
+      << format_bytes(memory.device_total) << " in use)\n";
+  const DeviceTimes times = session.executor.device_times();
+  if (times.runs == 0 || trained <= 0) return;
+  out << "host time per step on " << describe_device(session.device) << ": "
+      << format_fixed(1e3 * times.enqueue_seconds / double(trained), 1) << " ms enqueuing kernels, "
+      << format_fixed(1e3 * times.wait_seconds / double(trained), 1) << " ms waiting for them, "
+      << format_fixed(1e3 * session.device_update_seconds / double(trained), 1)
+      << " ms in the update (norm, clipping, optimizer), of " << format_fixed(1e3 * train_seconds / double(trained), 1)
+      << " ms; inputs copied ahead of " << times.staged_ahead << " of " << times.runs << " runs\n";
 }
 
 }  // namespace
@@ -183,34 +223,19 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     out << "weights loaded from " << r.model.init_from.string() << "\n";
   }
   const int64_t rows_per_step = session.micro_batch * session.accumulation * session.model.sequence * comm.size();
-  out << "device: " << describe_device(session.device) << "\n";
-  if (!session.device_note.empty()) out << session.device_note << "\n";
-  out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
-      << " wrap units; data: " << session.data->describe() << "\n";
-  if (auto floor = session.data->loss_floor()) out << "loss floor (exact entropy of the data): " << *floor << " nats\n";
-  MemoryPlan memory = session.memory();
-  if (comm.size() > 1)
-    out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage " << r.distributed.zero_stage
-        << "; each rank sends " << format_bytes(traffic.total()) << " per step\n";
-  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total()) << " (activations "
-      << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
-      << " while a checkpoint is written)\n";
-  if (session.offloaded) describe_offload(out, session, traffic);
+  const MemoryPlan memory = session.memory();
+  report_start(out, session, comm, traffic);
 
-  std::ofstream metrics;
+  MetricsLog metrics;
   if (lead) {
     if (resume_dir) truncate_metrics(summary.run_dir / "metrics.jsonl", first_step);
-    metrics.open(summary.run_dir / "metrics.jsonl", resume_dir ? std::ios::app : std::ios::trunc);
+    metrics.open(summary.run_dir / "metrics.jsonl", resume_dir.has_value());
     if (resume_dir)
-      metrics << nlohmann::json{{"step", first_step},           {"event", "resume"},
-                                {"path", resume_dir->string()}, {"bytes", resume.total_bytes()},
-                                {"read_s", restore_seconds},    {"world_size", resume.world_size}}
-                     .dump()
-              << "\n";
+      metrics.resumed(first_step, resume_dir->string(), resume.total_bytes(), restore_seconds, resume.world_size);
   }
   ProgressLine progress(out, lead && isatty(STDOUT_FILENO) && &console == &std::cout, r.train.steps);
   progress_line = &progress;
-  plugins.set_metrics(&metrics);
+  plugins.set_metrics(metrics.stream());
   RunTelemetry telemetry({.session = session,
                           .lead = lead,
                           .run_dir = summary.run_dir,
@@ -238,12 +263,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       summary.last_checkpoint = done->path;
       progress.note("step " + std::to_string(done->step) + ": checkpoint " + done->path.string() + " (" +
                     format_bytes(done->bytes) + ", written in " + format_fixed(done->write_seconds, 2) + " s)");
-      if (metrics.is_open())
-        metrics
-            << nlohmann::json{{"step", done->step},   {"event", "checkpoint"},          {"path", done->path.string()},
-                              {"bytes", done->bytes}, {"write_s", done->write_seconds}, {"commit_s", done->seconds}}
-                   .dump()
-            << "\n";
+      metrics.checkpoint(done->step, done->path.string(), done->bytes, done->write_seconds, done->seconds);
       plugins.checkpoint_written(done->step, done->path);
     }
   };
@@ -266,21 +286,6 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
                         [&](std::vector<std::byte>& image) { snapshot_rank(session.store, kinds, image); });
     last_checkpoint_time = std::chrono::steady_clock::now();
   };
-  // What every rank must agree on at a step end (signals reach the ranks at different times, plugins
-  // decide on what their rank sees, and rank 0's clock decides time-based checkpoints):
-  // [a stop signal, a plugin's stop, a plugin's checkpoint request, a checkpoint due by time,
-  //  seconds since the signal].
-  auto agree = [&](std::vector<double> flags) {
-    if (comm.size() == 1) return flags;
-    const std::vector<double> all = session.zero.gather(flags, "the step's stop and checkpoint decisions");
-    for (size_t k = 0; k < 3; ++k)
-      for (int rank = 1; rank < comm.size(); ++rank)
-        flags[k] = std::max(flags[k], all[size_t(rank) * flags.size() + k]);
-    flags[3] = all[3];
-    flags[4] = all[4];
-    return flags;
-  };
-
   StopSignals signals(comm.size() > 1);
   auto window_start = start;
   int64_t window_rows = 0;
@@ -311,20 +316,13 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     const double loss = result.loss, grad_norm = result.grad_norm, lr = result.lr;
     if (result.overflow) {
       ++summary.skipped_steps;
-      metrics << nlohmann::json{{"step", step + 1},
-                                {"loss", loss},
-                                {"overflow", true},
-                                {"loss_scale", result.loss_scale},
-                                {"next_loss_scale", session.scaler.scale()}}
-                     .dump()
-              << "\n";
+      metrics.overflow(step + 1, loss, result.loss_scale, session.scaler.scale());
       progress.note("step " + std::to_string(step + 1) + ": fp16 gradients overflowed at loss scale " +
                     format_fixed(result.loss_scale, 0) + "; update skipped" +
                     (result.fell_back ? ", and the minimum scale was reached: continuing in bf16"
                                       : ", next scale " + format_fixed(session.scaler.scale(), 0)));
     } else if (!result.skipped && (!std::isfinite(loss) || !std::isfinite(grad_norm))) {
-      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr}}.dump()
-              << "\n";
+      metrics.diverged(step + 1, loss, grad_norm, lr);
       progress.finish();
       throw UserError("training diverged at step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                       ", gradient norm " + std::to_string(grad_norm) +
@@ -338,14 +336,16 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     plugins.step_end(step, (step + 1) * rows_per_step, result.overflow, result.loss_scale);
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_time).count() / 60;
-    const std::vector<double> decided =
-        agree({StopSignals::received() ? 1.0 : 0.0, plugins.stop_reason() ? 1.0 : 0.0,
-               plugins.take_checkpoint_request() ? 1.0 : 0.0,
-               r.checkpoint.every_minutes > 0 && minutes >= r.checkpoint.every_minutes ? 1.0 : 0.0,
-               StopSignals::seconds_since()});
-    const bool preempted = decided[0] != 0;
+    const StepDecisions decided =
+        agree({.stop_signal = StopSignals::received(),
+               .plugin_stop = plugins.stop_reason().has_value(),
+               .checkpoint_requested = plugins.take_checkpoint_request(),
+               .checkpoint_due_by_time = r.checkpoint.every_minutes > 0 && minutes >= r.checkpoint.every_minutes,
+               .seconds_since_signal = StopSignals::seconds_since()},
+              session.zero, comm.size());
+    const bool preempted = decided.stop_signal;
     const bool sliced = options.stop_after == step + 1;
-    const bool stopping = preempted || decided[1] != 0 || sliced;
+    const bool stopping = preempted || decided.plugin_stop || sliced;
     const bool last = step + 1 == r.train.steps || stopping;
     if ((step + 1) % r.train.log_every == 0 || last || step == first_step) {
       auto now = std::chrono::steady_clock::now();
@@ -363,27 +363,27 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
       }
       const std::string warning = telemetry.add_to_log_line(line, window, window_rows_logged / rows_per_step);
       if (!warning.empty()) progress.note(warning);
-      metrics << line.dump() << "\n";
-      metrics.flush();
+      metrics.step_line(line);
       telemetry.log(line, step + 1, result.loss_scale, true);
       progress.update(step + 1, loss, lr, rate, elapsed(), resident_bytes());
     }
     // A run cut by a signal or --stop-after evaluates as the uninterrupted run would (evaluations
     // reach plugins, whose state the checkpoint keeps).
-    const bool final_step = step + 1 == r.train.steps || decided[1] != 0;
-    bool checkpoint_requested = decided[2] != 0;
+    const bool final_step = step + 1 == r.train.steps || decided.plugin_stop;
+    bool checkpoint_requested = decided.checkpoint_requested;
     if (r.train.eval_every > 0 && ((step + 1) % r.train.eval_every == 0 || final_step)) {
       phase.reset();
       double val = session.evaluate(r.train.eval_batches);
       phase.emplace("other", "evaluation results (plugins)");
       summary.final_val_loss = val;
-      metrics << nlohmann::json{{"step", step + 1}, {"val_loss", val}}.dump() << "\n";
-      metrics.flush();
+      metrics.validation(step + 1, val);
       telemetry.log({{"val_loss", val}}, step + 1, 1, false);
       progress.note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
       plugins.eval(step, val);
       // A checkpoint asked for in on_eval is this step's too (every rank evaluates at this step).
-      if (agree({0, 0, plugins.take_checkpoint_request() ? 1.0 : 0.0, 0, 0})[2] != 0) checkpoint_requested = true;
+      if (agree({.checkpoint_requested = plugins.take_checkpoint_request()}, session.zero, comm.size())
+              .checkpoint_requested)
+        checkpoint_requested = true;
     }
     phase.reset();
     phase.emplace("other", "end of step (plugins)");
@@ -391,12 +391,12 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
     phase.reset();
     settle_checkpoint(false);  // commits a background write that every rank has finished
     const bool due = (r.checkpoint.every_steps > 0 && (step + 1) % r.checkpoint.every_steps == 0) ||
-                     checkpoint_requested || decided[3] != 0 || (r.checkpoint.at_end && step + 1 == r.train.steps) ||
-                     sliced;
+                     checkpoint_requested || decided.checkpoint_due_by_time ||
+                     (r.checkpoint.at_end && step + 1 == r.train.steps) || sliced;
     if (preempted) {
       // Within the budget from the signal: this step's checkpoint, if the last write's time says it
       // fits; else the one in flight, if any, is committed and the run resumes from there.
-      const double budget = r.checkpoint.preemption_budget, since = decided[4];
+      const double budget = r.checkpoint.preemption_budget, since = decided.seconds_since_signal;
       const std::optional<double> estimate = checkpoints.last_write_seconds();
       if (!estimate || since + *estimate <= budget) {
         write_checkpoint(step + 1);
@@ -427,19 +427,7 @@ TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, 
   const int64_t trained = summary.steps - first_step;
   const double train_seconds = elapsed() - elapsed_before;
   const DeviceMemory device_memory = session.executor.device_memory();
-  if (session.device.kind == Device::Kind::cuda && lead)
-    out << "device memory peak " << format_bytes(device_memory.device_peak) << " (the allocator's high-water mark; "
-        << "planned " << format_bytes(session.memory().activations + session.memory().scratch) << " of activations "
-        << "and casts + the parameters and gradients; cudaMemGetInfo: " << format_bytes(device_memory.device_used)
-        << " of " << format_bytes(device_memory.device_total) << " in use)\n";
-  if (const DeviceTimes times = session.executor.device_times(); times.runs > 0 && lead && trained > 0)
-    out << "host time per step on " << describe_device(session.device) << ": "
-        << format_fixed(1e3 * times.enqueue_seconds / double(trained), 1) << " ms enqueuing kernels, "
-        << format_fixed(1e3 * times.wait_seconds / double(trained), 1) << " ms waiting for them, "
-        << format_fixed(1e3 * session.device_update_seconds / double(trained), 1)
-        << " ms in the update (norm, clipping, optimizer), of "
-        << format_fixed(1e3 * train_seconds / double(trained), 1) << " ms; inputs copied ahead of "
-        << times.staged_ahead << " of " << times.runs << " runs\n";
+  report_device(out, session, trained, train_seconds);
   std::vector<int64_t> peak_per_rank;
   for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
   nlohmann::json summary_json{{"steps", summary.steps},
