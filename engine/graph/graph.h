@@ -47,6 +47,9 @@ struct Value {
   int param = -1;  // parameter and gradient values: index into Graph::params
 };
 
+// The bytes a value's elements take.
+inline int64_t value_bytes(const Value& value) { return value.shape.numel() * int64_t(dtype_size(value.dtype)); }
+
 // Per-op attributes, interpreted by each op (documented in its header).
 struct Attrs {
   std::vector<int64_t> ints;

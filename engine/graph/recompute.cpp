@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "cuda_kernels.h"
-#include "plan/plan.h"
 
 namespace engine {
 

@@ -7,8 +7,6 @@
 
 namespace engine {
 
-int64_t value_bytes(const Value& value) { return value.shape.numel() * int64_t(dtype_size(value.dtype)); }
-
 std::vector<size_t> forward_nodes(const Graph& graph) {
   // Training-only nodes a pass placed in the forward part (activation offloads) are skipped.
   std::vector<size_t> nodes;

@@ -42,7 +42,7 @@ struct LiveRange {
 };
 
 struct Plan {
-  std::vector<size_t> nodes;     // indices into graph.nodes(), in execution order
+  std::vector<size_t> nodes;  // indices into graph.nodes(), in execution order
   // actions[i] run before nodes[i]; actions[nodes.size()] after the last node. Empty when the
   // step has no communication (one rank).
   std::vector<std::vector<StepAction>> actions;
@@ -60,7 +60,5 @@ std::vector<size_t> all_nodes(const Graph& graph);
 // to the end of the plan instead of being overwritten once their last consumer has run.
 Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<ValueId>& keep = {},
                const std::vector<LiveRange>& buffers = {});
-
-int64_t value_bytes(const Value& value);
 
 }  // namespace engine

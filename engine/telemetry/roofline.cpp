@@ -4,7 +4,6 @@
 
 #include "core/format.h"
 #include "telemetry/peak_flops.h"
-#include "trainer/telemetry.h"
 
 namespace engine {
 

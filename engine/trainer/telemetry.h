@@ -1,5 +1,5 @@
 // What a user sees while training: a live progress line on a terminal, plain periodic lines
-// otherwise, and small formatting helpers.
+// otherwise, and this process's memory figures (the number formatting is core/format.h's).
 //
 //   step 120/300 | loss 1.4821 | lr 2.1e-03 | 182.4k tok/s | elapsed 0:07 | ETA 0:10 | mem 142 MB
 #pragma once
@@ -12,11 +12,9 @@
 
 namespace engine {
 
-std::string format_fixed(double value, int digits);  // "1.4821"
-std::string format_duration(double seconds);         // "1:02:03", "0:07"
-int64_t resident_bytes();                            // current resident memory of this process
-int64_t peak_resident_bytes();                       // its high-water mark (VmHWM)
-int64_t peak_virtual_bytes();                        // its address space's high-water mark (VmPeak)
+int64_t resident_bytes();       // current resident memory of this process
+int64_t peak_resident_bytes();  // its high-water mark (VmHWM)
+int64_t peak_virtual_bytes();   // its address space's high-water mark (VmPeak)
 
 class ProgressLine {
  public:

@@ -9,7 +9,6 @@
 #include "cuda_convert.h"
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
-#include "plan/plan.h"
 
 namespace engine::cuda {
 
