@@ -19,10 +19,12 @@ struct ShellResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `command` with bash's -c in `directory` (the current one when empty).
+// Runs `command` with /bin/sh (popen) in `directory` (the current one when empty). The command
+// goes into a subshell with a space and a newline around it, so a command that itself opens with
+// "(" never reads as bash's "((" arithmetic, and one ending in a comment still closes.
 inline ShellResult run_shell(const std::string& command, const std::filesystem::path& directory = {}) {
   const std::string full =
-      (directory.empty() ? std::string() : "cd '" + directory.string() + "' && ") + "(" + command + ") 2>&1";
+      (directory.empty() ? std::string() : "cd '" + directory.string() + "' && ") + "( " + command + "\n) 2>&1";
   FILE* pipe = popen(full.c_str(), "r");
   ShellResult result{-1, ""};
   if (!pipe) return result;

@@ -130,7 +130,8 @@ void carry_observed(const GoldenFile& previous, GoldenFile& golden, const fs::pa
 
 // `engine golden observe`: the trajectory `from`/<stem>.json, run by `engine golden trajectory` on
 // another machine, joins the golden's band. It must be of this recipe as it resolves now, at the
-// golden's world size, in another environment than the recording's.
+// golden's world size, by this very engine build (so a changed kernel cannot widen a band for
+// good), in another environment than the recording's.
 void observe(const fs::path& recipe_path, const fs::path& from) {
   const fs::path path = golden_path(recipe_path);
   if (!fs::exists(path)) throw UserError(path.string() + " does not exist; record it first (engine golden record)");
@@ -142,6 +143,9 @@ void observe(const fs::path& recipe_path, const fs::path& from) {
   if (run.recipe_hash != recipe_hash(loaded))
     throw UserError(file.string() + " ran another version of " + recipe_path.string() + " (hash " + run.recipe_hash +
                     ", the recipe now " + recipe_hash(loaded) + "): run `engine golden trajectory` there again");
+  if (run.engine_commit != kGitRevision)
+    throw UserError(file.string() + " was run by engine " + run.engine_commit + " and this is " + kGitRevision +
+                    ": observe the runs of the build that checks them (the same commit on both machines)");
   if (run.world_size != golden.world_size)
     throw UserError(file.string() + " trained on " + std::to_string(run.world_size) + " rank(s), the golden on " +
                     std::to_string(golden.world_size));
@@ -161,11 +165,13 @@ void observe(const fs::path& recipe_path, const fs::path& from) {
   write_golden(path, golden);
   double widest = 1;
   for (size_t i = 0; i < before.steps.size(); ++i)
-    for (auto metric : {&StepBand::loss, &StepBand::grad_norm})
+    for (auto metric : {&StepBand::loss, &StepBand::grad_norm, &StepBand::lr})
       widest = std::max(widest, golden.band.steps[i].*metric / before.steps[i].*metric);
   std::printf("%s: observed %s, %d threads; ", recipe_path.c_str(), run.environment.cpu_isa.c_str(),
               run.environment.threads);
-  if (widest > 1)
+  if (before.empty())
+    std::printf("the golden had no band: it is this run's now\n");
+  else if (widest > 1)
     std::printf("band widened up to %.1fx\n", widest);
   else
     std::printf("the band already covered it\n");

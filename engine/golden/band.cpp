@@ -77,7 +77,9 @@ Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded,
     b.grad_norm = std::max(b.grad_norm, extra.steps[i].grad_norm);
     b.lr = std::max(b.lr, extra.steps[i].lr);
   }
-  widened.variants.insert(widened.variants.end(), extra.variants.begin(), extra.variants.end());
+  for (const std::string& label : extra.variants)  // a run observed again is listed once
+    if (std::find(widened.variants.begin(), widened.variants.end(), label) == widened.variants.end())
+      widened.variants.push_back(label);
   return widened;
 }
 

@@ -98,8 +98,8 @@ class Executor {
   Buffer arena_;
   Buffer scratch_;    // f32 copies of 16-bit values for kernels without a 16-bit path
   F32Copies copies_;  // planned casts around kernels without a 16-bit path
-  // Null on the CPU. Declared after the input buffers so that it is destroyed first: it may still
-  // be copying from them.
+  // Null on the CPU. Declared after the input buffers so that it is destroyed first (it reads them
+  // in stage_inputs; it copies them into staging of its own, so no copy outlives a call).
   std::unique_ptr<DeviceRunner> runner_;
   // Every action at `position`, or only `only` (one of them).
   void run_actions(const Plan& plan, size_t position, KernelContext& ctx, StepCommunication* communication,

@@ -112,7 +112,8 @@ TEST(GoldenObserve, ObservationsThatCannotWidenTheBandAreRefusedAndChangeNothing
 
   r = engine("golden trajectory gpt_markov.yaml --out elsewhere/gpt_markov.json", dir.path());
   ASSERT_EQ(r.status, 0) << r.output;
-  nlohmann::json trajectory = read_json(dir / "elsewhere/gpt_markov.json");
+  const nlohmann::json original = read_json(dir / "elsewhere/gpt_markov.json");
+  nlohmann::json trajectory = original;
   const nlohmann::json golden = read_json(dir / "gpt_markov.golden.json");
 
   // The recording's own environment: a check there is bitwise, so the band cannot use it.
@@ -130,6 +131,15 @@ TEST(GoldenObserve, ObservationsThatCannotWidenTheBandAreRefusedAndChangeNothing
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("ran another version of gpt_markov.yaml (hash 0123456789abcdef"), std::string::npos)
       << r.output;
+
+  // Another engine build: its kernels may differ from the ones this build checks with.
+  trajectory = original;
+  trajectory["environment"]["cpu_isa"] = "avx512_core_amx (test)";
+  trajectory["engine_commit"] = "0000000";
+  write_json(dir / "elsewhere/gpt_markov.json", trajectory);
+  r = engine("golden observe --from elsewhere gpt_markov.yaml", dir.path());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("was run by engine 0000000"), std::string::npos) << r.output;
 
   EXPECT_EQ(*read_whole_file(dir / "gpt_markov.golden.json"), before);
 }
