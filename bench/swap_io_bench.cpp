@@ -21,7 +21,7 @@
 
 namespace {
 
-using engine::offload::AlignedBuffer;
+using engine::Buffer;
 using engine::offload::SwapFile;
 
 struct Options {
@@ -58,7 +58,7 @@ Options parse(int argc, char** argv) {
 }
 
 // Issues the whole file as requests from one buffer and waits for all; returns seconds.
-double pass(SwapFile& swap, bool write, AlignedBuffer& buffer, int64_t bytes) {
+double pass(SwapFile& swap, bool write, Buffer& buffer, int64_t bytes) {
   const auto start = std::chrono::steady_clock::now();
   for (int64_t offset = 0; offset < bytes; offset += buffer.bytes()) {
     if (write)
@@ -84,10 +84,10 @@ int main(int argc, char** argv) {
                    .bytes = options.bytes,
                    .queue_depth = options.queue_depth,
                    .block_size = options.block_size});
-    AlignedBuffer data(options.request);
+    Buffer data(options.request, engine::offload::kSwapAlignment);
     std::mt19937_64 rng(7);
     for (int64_t i = 0; i < options.request / 8; ++i) reinterpret_cast<uint64_t*>(data.data())[i] = rng();
-    AlignedBuffer back(options.request);
+    Buffer back(options.request, engine::offload::kSwapAlignment);
 
     drop_caches();
     const double write_s = pass(swap, true, data, options.bytes);

@@ -8,7 +8,6 @@
 
 namespace engine {
 
-using offload::AlignedBuffer;
 using offload::kSwapAlignment;
 
 ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_bytes, int64_t chunks)
@@ -16,7 +15,7 @@ ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_b
   ENGINE_CHECK(chunk_bytes % kSwapAlignment == 0, "a chunk is a whole number of 4 KiB blocks");
   ENGINE_CHECK(tier != OffloadTier::none, "a chunk store lives in host memory or a swap file");
   if (tier == OffloadTier::host) {
-    memory_ = AlignedBuffer(bytes());
+    memory_ = Buffer(bytes(), offload::kSwapAlignment);
     return;
   }
   swap.bytes = bytes();
@@ -43,8 +42,8 @@ void ChunkStore::stream(const std::function<void(int64_t, std::byte*)>& fn, bool
     return;
   }
   swap_->check_present();
-  for (AlignedBuffer& slot : slots_)
-    if (slot.bytes() < chunk_bytes_) slot = AlignedBuffer(chunk_bytes_);
+  for (Buffer& slot : slots_)
+    if (slot.bytes() < chunk_bytes_) slot = Buffer(chunk_bytes_, offload::kSwapAlignment);
   auto start_read = [&](int64_t c) {
     const int s = int(c % kChunkSlots);
     if (slot_busy_[s]) wait_for(slot_ticket_[s]);  // its write-back, two chunks ago
@@ -92,7 +91,7 @@ void ChunkStore::read(int64_t offset, int64_t bytes, std::byte* out) {
     return;
   }
   wait();
-  if (bounce_.bytes() == 0) bounce_ = AlignedBuffer(kBounceBytes);
+  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, offload::kSwapAlignment);
   while (bytes > 0) {
     const Span span = aligned(offset, std::min(bytes, kBounceBytes - kSwapAlignment));
     swap_->wait(swap_->read(span.begin, bounce_.data(), span.bytes()));
@@ -111,7 +110,7 @@ void ChunkStore::write(int64_t offset, int64_t bytes, const std::byte* in) {
     return;
   }
   wait();
-  if (bounce_.bytes() == 0) bounce_ = AlignedBuffer(kBounceBytes);
+  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, offload::kSwapAlignment);
   while (bytes > 0) {
     const Span span = aligned(offset, std::min(bytes, kBounceBytes - kSwapAlignment));
     const int64_t n = std::min(bytes, span.end - offset);
@@ -130,7 +129,7 @@ std::byte* ChunkStore::put(int64_t chunk) {
   ENGINE_CHECK(chunk >= 0 && chunk < chunks_, "a chunk outside the store");
   if (!swap_) return memory_.data() + chunk * chunk_bytes_;
   const int s = int(chunk % kChunkSlots);
-  if (slots_[s].bytes() < chunk_bytes_) slots_[s] = AlignedBuffer(chunk_bytes_);
+  if (slots_[s].bytes() < chunk_bytes_) slots_[s] = Buffer(chunk_bytes_, offload::kSwapAlignment);
   if (slot_busy_[s]) {
     slot_busy_[s] = false;
     wait_for(slot_ticket_[s]);
@@ -148,7 +147,7 @@ void ChunkStore::commit(int64_t chunk) {
 void ChunkStore::reserve_fetch_slots(int slots, int64_t largest) {
   fetches_.resize(size_t(slots));
   if (!swap_) return;
-  for (Fetch& f : fetches_) f.buffer = AlignedBuffer(fetch_slot_bytes(largest));
+  for (Fetch& f : fetches_) f.buffer = Buffer(fetch_slot_bytes(largest), offload::kSwapAlignment);
 }
 
 void ChunkStore::fetch(int slot, int64_t offset, int64_t bytes) {

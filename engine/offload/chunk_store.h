@@ -74,14 +74,14 @@ class ChunkStore {
   void wait_for(offload::SwapFile::Ticket ticket);  // timed
 
   int64_t chunk_bytes_, chunks_;
-  offload::AlignedBuffer memory_;  // host: the whole array
+  Buffer memory_;  // host: the whole array
   std::unique_ptr<offload::SwapFile> swap_;
-  offload::AlignedBuffer slots_[kChunkSlots];
+  Buffer slots_[kChunkSlots];
   offload::SwapFile::Ticket slot_ticket_[kChunkSlots] = {};
   bool slot_busy_[kChunkSlots] = {};
-  offload::AlignedBuffer bounce_;
+  Buffer bounce_;
   struct Fetch {
-    offload::AlignedBuffer buffer;
+    Buffer buffer;
     offload::SwapFile::Ticket ticket = 0;
     int64_t skip = 0;  // the range's first byte in the buffer
     const std::byte* host = nullptr;

@@ -53,17 +53,6 @@ void warn_once(const std::filesystem::path& dir, const char* what, const std::st
 
 }  // namespace
 
-void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
-
-AlignedBuffer::AlignedBuffer(int64_t bytes) : bytes_(bytes) {
-  ENGINE_CHECK(bytes >= 0, "negative buffer size " + std::to_string(bytes));
-  const int64_t allocated = std::max(round_up_to_alignment(bytes), kSwapAlignment);
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(kSwapAlignment, static_cast<size_t>(allocated)));
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, static_cast<size_t>(allocated));
-  data_.reset(p);
-}
-
 SwapFile::SwapFile(const SwapSpec& spec)
     : path_(spec.path),
       bytes_(round_up_to_alignment(spec.bytes)),

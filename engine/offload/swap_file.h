@@ -4,7 +4,7 @@
 // when those bytes have arrived. The offload plan decides the offsets; this class only moves bytes.
 //
 //   SwapFile swap({.path = "/nvme/run-7/rank-0.swap", .bytes = 3 * (int64_t{1} << 30)});
-//   AlignedBuffer moments(64 << 20), next(64 << 20);          // the host side, aligned for O_DIRECT
+//   Buffer moments(64 << 20, kSwapAlignment), next(64 << 20, kSwapAlignment);  // aligned for O_DIRECT
 //   SwapFile::Ticket out = swap.write(0, moments.data(), moments.bytes());
 //   SwapFile::Ticket in = swap.read(64 << 20, next.data(), next.bytes());   // prefetch the next unit
 //   swap.wait(out);                                           // moments may be reused now
@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/buffer.h"
+
 struct io_uring;  // liburing's, kept out of this header
 struct io_uring_cqe;
 
@@ -56,34 +58,6 @@ struct SwapSpec {
   int64_t bytes = 0;             // preallocated size (rounded up to kSwapAlignment)
   int queue_depth = 8;           // requests in flight
   int64_t block_size = 1 << 20;  // one request moves at most this many bytes (a multiple of kSwapAlignment)
-};
-
-// Memory aligned for O_DIRECT (kSwapAlignment), zero-filled, movable. The allocation is rounded up
-// to kSwapAlignment, so a transfer of bytes() rounded up stays inside it.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  explicit AlignedBuffer(int64_t bytes);
-  AlignedBuffer(AlignedBuffer&& other) noexcept
-      : data_(std::move(other.data_)), bytes_(std::exchange(other.bytes_, 0)) {}
-  AlignedBuffer& operator=(AlignedBuffer&& other) noexcept {
-    data_ = std::move(other.data_);
-    bytes_ = std::exchange(other.bytes_, 0);
-    return *this;
-  }
-
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
-  float* f32() { return reinterpret_cast<float*>(data_.get()); }
-  const float* f32() const { return reinterpret_cast<const float*>(data_.get()); }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
-  std::unique_ptr<std::byte[], Free> data_;
-  int64_t bytes_ = 0;
 };
 
 class SwapFile {

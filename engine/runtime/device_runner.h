@@ -24,7 +24,7 @@
 
 #include "graph/op.h"
 #include "plan/plan.h"
-#include "runtime/buffer.h"
+#include "core/buffer.h"
 #include "runtime/parameters.h"
 
 namespace engine {

@@ -26,7 +26,7 @@
 
 #include "graph/op.h"
 #include "plan/plan.h"
-#include "runtime/buffer.h"
+#include "core/buffer.h"
 #include "runtime/device_runner.h"
 #include "runtime/parameters.h"
 #include "runtime/planned_casts.h"

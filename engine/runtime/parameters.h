@@ -30,7 +30,7 @@
 #include "dist/shard_layout.h"
 #include "graph/graph.h"
 #include "offload/offload_spec.h"
-#include "runtime/buffer.h"
+#include "core/buffer.h"
 
 namespace engine {
 

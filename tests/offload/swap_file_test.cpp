@@ -60,13 +60,13 @@ class Mount {
   std::string reason_;
 };
 
-AlignedBuffer random_buffer(int64_t bytes, std::mt19937_64& rng) {
-  AlignedBuffer buffer(bytes);
+Buffer random_buffer(int64_t bytes, std::mt19937_64& rng) {
+  Buffer buffer(bytes, offload::kSwapAlignment);
   for (int64_t i = 0; i < bytes / 8; ++i) reinterpret_cast<uint64_t*>(buffer.data())[i] = rng();
   return buffer;
 }
 
-bool same_bytes(const AlignedBuffer& a, const AlignedBuffer& b) {
+bool same_bytes(const Buffer& a, const Buffer& b) {
   return a.bytes() == b.bytes() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())) == 0;
 }
 
@@ -88,7 +88,7 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
     end += bytes;
   }
   SwapFile swap({.path = dir / "round-trip.swap", .bytes = end, .queue_depth = queue_depth, .block_size = block_size});
-  std::vector<AlignedBuffer> expected;
+  std::vector<Buffer> expected;
   for (const auto& [offset, bytes] : regions) expected.push_back(random_buffer(bytes, rng));
   int64_t written = 0, read = 0;
 
@@ -101,12 +101,12 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
   wait_shuffled(swap, tickets, rng);
 
   // Reads of the even regions in flight beside new writes to the odd ones.
-  std::vector<AlignedBuffer> got(regions.size());  // moved into below: a moved-from buffer is empty
+  std::vector<Buffer> got(regions.size());  // moved into below: a moved-from buffer is empty
   tickets.clear();
   for (size_t i = 0; i < regions.size(); ++i) {
     const auto [offset, bytes] = regions[i];
     if (i % 2 == 0) {
-      got[i] = AlignedBuffer(bytes);
+      got[i] = Buffer(bytes, offload::kSwapAlignment);
       tickets.push_back(swap.read(offset, got[i].data(), bytes));
       read += bytes;
     } else {
@@ -120,7 +120,7 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
 
   // Everything read back in reverse order, collected by wait_all.
   for (size_t i = regions.size(); i-- > 0;) {
-    got[i] = AlignedBuffer(regions[i].second);
+    got[i] = Buffer(regions[i].second, offload::kSwapAlignment);
     swap.read(regions[i].first, got[i].data(), regions[i].second);
     read += regions[i].second;
   }
@@ -168,7 +168,7 @@ TEST(SwapFile, PreallocatesTheSizeRoundedUpAndRemovesTheFile) {
 TEST(SwapFile, TheDestructorWaitsForRequestsInFlightAndRemovesTheFile) {
   TempDir dir("swap");
   const fs::path path = dir / "busy.swap";
-  AlignedBuffer data(32 * MiB);
+  Buffer data(32 * MiB, offload::kSwapAlignment);
   {
     SwapFile swap({.path = path, .bytes = 32 * MiB, .queue_depth = 4});
     swap.write(0, data.data(), data.bytes());  // never waited for
@@ -176,25 +176,30 @@ TEST(SwapFile, TheDestructorWaitsForRequestsInFlightAndRemovesTheFile) {
   EXPECT_FALSE(fs::exists(path));
 }
 
-TEST(AlignedBuffer, IsAlignedZeroFilledAndMovable) {
-  AlignedBuffer buffer(10000);
+TEST(Buffer, IsAlignedZeroFilledAndMovable) {
+  Buffer buffer(10000, offload::kSwapAlignment);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kSwapAlignment, 0u);
   EXPECT_EQ(buffer.bytes(), 10000);
   EXPECT_TRUE(std::all_of(buffer.data(), buffer.data() + 3 * kSwapAlignment, [](std::byte b) {
     return b == std::byte{0};
   })) << "zero-filled up to the rounded size";
   buffer.f32()[1] = 2.5f;
-  AlignedBuffer moved = std::move(buffer);
+  Buffer moved = std::move(buffer);
   EXPECT_EQ(moved.f32()[1], 2.5f);
   EXPECT_EQ(moved.bytes(), 10000);
   EXPECT_EQ(buffer.data(), nullptr);  // NOLINT(bugprone-use-after-move): the moved-from state is defined
   EXPECT_EQ(buffer.bytes(), 0);
+  // The default alignment is a cache line's, and even an empty buffer owns one aligned unit.
+  const Buffer small(3), empty(0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % Buffer::kDefaultAlignment, 0u);
+  EXPECT_NE(empty.data(), nullptr);
+  EXPECT_EQ(empty.bytes(), 0);
 }
 
 TEST(SwapFile, ZeroByteAndFinishedTicketsReturnAtOnce) {
   TempDir dir("swap");
   SwapFile swap({.path = dir / "z.swap", .bytes = MiB});
-  AlignedBuffer data(MiB);
+  Buffer data(MiB, offload::kSwapAlignment);
   const SwapFile::Ticket empty = swap.read(0, data.data(), 0);
   swap.wait(empty);
   const SwapFile::Ticket t = swap.write(0, data.data(), MiB);
@@ -206,7 +211,7 @@ TEST(SwapFile, ZeroByteAndFinishedTicketsReturnAtOnce) {
 TEST(SwapFile, MisalignedOrOutOfRangeRequestsAreInternalErrors) {
   TempDir dir("swap");
   SwapFile swap({.path = dir / "a.swap", .bytes = MiB});
-  AlignedBuffer data(2 * MiB);
+  Buffer data(2 * MiB, offload::kSwapAlignment);
   EXPECT_THROW(swap.read(512, data.data(), 4096), InternalError);
   EXPECT_THROW(swap.read(0, data.data(), 4000), InternalError);
   EXPECT_THROW(swap.write(0, data.data() + 512, 4096), InternalError);
@@ -304,7 +309,7 @@ TEST(SwapFileErrors, AShortReadNamesTheFileAndTheOffset) {
   const fs::path path = dir / "short.swap";
   SwapFile swap({.path = path, .bytes = 4 * MiB, .queue_depth = 2, .block_size = MiB});
   ASSERT_EQ(::truncate(path.c_str(), 2 * MiB), 0);  // something shortened the file under the run
-  AlignedBuffer data(4 * MiB);
+  Buffer data(4 * MiB, offload::kSwapAlignment);
   const SwapFile::Ticket t = swap.read(0, data.data(), 4 * MiB);
   const std::string message = user_error([&] { swap.wait(t); });
   EXPECT_NE(message.find("swap file " + path.string() + ": short read at offset "), std::string::npos) << message;
