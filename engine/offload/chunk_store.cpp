@@ -14,7 +14,7 @@ ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_b
     : chunk_bytes_(chunk_bytes), chunks_(chunks) {
   ENGINE_CHECK(chunk_bytes % kSwapAlignment == 0, "a chunk is a whole number of 4 KiB blocks");
   ENGINE_CHECK(tier != OffloadTier::none, "a chunk store lives in host memory or a swap file");
-  if (tier == OffloadTier::host) {
+  if (tier == OffloadTier::cpu) {
     memory_ = Buffer(bytes(), offload::kSwapAlignment);
     return;
   }

@@ -1,5 +1,5 @@
 // OffloadSpec: where a rank's offloaded state lives and how it moves, as the planner and the
-// offload stores see it (built from the recipe's offload section; no recipe types below here).
+// offload stores see it (built from the recipe's offload section; the tiers are core/offload_tier.h's).
 //
 //   OffloadSpec spec{.optimizer = OffloadTier::nvme, .directory = "/scratch/swap", .file_stem = "run-rank-00000"};
 //   if (spec.masters_offloaded(DType::bf16, /*stage=*/1)) ...  // the fp32 masters go with the optimizer state
@@ -10,14 +10,9 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "core/offload_tier.h"
 
 namespace engine {
-
-enum class OffloadTier {
-  none,  // in the memory the step computes in, as without offload
-  host,  // host memory, through the offload path (chunked updates, fetched shards)
-  nvme,  // a swap file, streamed through host memory
-};
 
 struct OffloadSpec {
   OffloadTier optimizer = OffloadTier::none;   // fp32 masters (where separate) and optimizer state

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "core/offload_tier.h"
+
 namespace engine::recipe {
 
 enum class RunDevice { auto_detect, cpu, cuda };
@@ -158,15 +160,14 @@ struct CheckpointSection {
 
 // Where a kind of state lives: in memory as today, in host memory through the offload path, or
 // in a swap file on a local disk (NVMe).
-enum class OffloadDevice { none, cpu, nvme };
 
 struct OffloadSection {
-  OffloadDevice optimizer;   // fp32 master weights and optimizer state
-  OffloadDevice parameters;  // zero_stage 3: each rank's parameter shard, fetched before its gather
-  std::string nvme_path;     // the swap directory (one file per rank and kind)
-  int64_t queue_depth;       // I/O requests in flight
-  int64_t block_size;        // bytes per I/O request
-  int64_t chunk_size;        // parameters per chunk of the streamed optimizer step
+  OffloadTier optimizer;   // fp32 master weights and optimizer state
+  OffloadTier parameters;  // zero_stage 3: each rank's parameter shard, fetched before its gather
+  std::string nvme_path;   // the swap directory (one file per rank and kind)
+  int64_t queue_depth;     // I/O requests in flight
+  int64_t block_size;      // bytes per I/O request
+  int64_t chunk_size;      // parameters per chunk of the streamed optimizer step
 };
 
 // What a run records about itself besides metrics.jsonl (docs/telemetry.md).

@@ -216,19 +216,19 @@ void check_precision(RuleContext& c) {
             std::string("gradients accumulate in fp32 or in the 16-bit type of precision.mode (") + mode + ")");
 }
 
-const char* device_name(OffloadDevice d) {
-  return d == OffloadDevice::nvme ? "nvme" : d == OffloadDevice::cpu ? "cpu" : "none";
+const char* device_name(OffloadTier d) {
+  return d == OffloadTier::nvme ? "nvme" : d == OffloadTier::cpu ? "cpu" : "none";
 }
 
 void check_offload(RuleContext& c) {
   const OffloadSection& o = c.r.offload;
-  if (o.parameters != OffloadDevice::none && c.r.distributed.zero_stage != 3)
+  if (o.parameters != OffloadTier::none && c.r.distributed.zero_stage != 3)
     c.error({"offload.parameters", "distributed.zero_stage"},
             std::string("offload.parameters ") + device_name(o.parameters) +
                 " moves each rank's parameter shard, which exists at zero_stage 3 (now " +
                 str(c.r.distributed.zero_stage) + ")",
             {"set distributed.zero_stage: 3, or offload only the optimizer state (offload.optimizer) at stages 0-2"});
-  if ((o.optimizer == OffloadDevice::nvme || o.parameters == OffloadDevice::nvme) && o.nvme_path.empty())
+  if ((o.optimizer == OffloadTier::nvme || o.parameters == OffloadTier::nvme) && o.nvme_path.empty())
     c.error({"offload.nvme_path", "offload.optimizer", "offload.parameters"},
             "offload to nvme needs offload.nvme_path, the directory of the swap files");
   if (o.block_size % 4096 != 0)
@@ -238,7 +238,7 @@ void check_offload(RuleContext& c) {
             "chunk_size " + str(o.chunk_size) + " is not a multiple of 2048 (a 4 KiB block of 16-bit parameters)");
   // This engine steps on the CPU: host memory is the memory the step computes in.
   for (auto [key, device] : {std::pair{"optimizer", o.optimizer}, std::pair{"parameters", o.parameters}})
-    if (device == OffloadDevice::cpu)
+    if (device == OffloadTier::cpu)
       c.note(std::string("offload.") + key +
              " cpu: on a CPU run that state already lives in host memory, so memory use does not change; it takes "
              "the offload path (the chunked CPU update a GPU run uses). Use nvme to hold it outside memory");
@@ -288,7 +288,7 @@ std::string cuda_limitation(const Recipe& r) {
   if (r.distributed.zero_stage >= 2)
     return "zero_stage " + str(r.distributed.zero_stage) +
            " (gradient and parameter partitioning) runs on the CPU only in this version";
-  if (r.offload.optimizer != OffloadDevice::none || r.offload.parameters != OffloadDevice::none)
+  if (r.offload.optimizer != OffloadTier::none || r.offload.parameters != OffloadTier::none)
     return "offload runs on the CPU only in this version";
   return "";
 }

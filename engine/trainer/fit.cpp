@@ -9,7 +9,6 @@ namespace engine {
 
 namespace fs = std::filesystem;
 using recipe::CheckpointPolicy;
-using recipe::OffloadDevice;
 
 int64_t host_bytes_needed(const MemoryPlan& memory, int ranks) {
   return (memory.total() + memory.checkpoint_snapshot) * ranks;
@@ -29,8 +28,8 @@ std::string FitRow::offload_name() const {
 
 namespace {
 
-const char* device_name(OffloadDevice d) {
-  return d == OffloadDevice::nvme ? "nvme" : d == OffloadDevice::cpu ? "cpu" : "none";
+const char* device_name(OffloadTier d) {
+  return d == OffloadTier::nvme ? "nvme" : d == OffloadTier::cpu ? "cpu" : "none";
 }
 
 // Loads the recipe with the row's overrides after the command line's and plans it.
@@ -42,8 +41,8 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   const int world = int(loaded.world.size);
   const CompiledStep c = compile_step(r, world);
   row.stage = int(r.distributed.zero_stage);
-  row.optimizer_nvme = r.offload.optimizer == OffloadDevice::nvme;
-  row.parameters_nvme = r.offload.parameters == OffloadDevice::nvme;
+  row.optimizer_nvme = r.offload.optimizer == OffloadTier::nvme;
+  row.parameters_nvme = r.offload.parameters == OffloadTier::nvme;
   row.policy = r.activation_checkpointing.policy;
   row.micro = *r.train.micro_batch_size;
   row.accumulation = *r.train.gradient_accumulation_steps;
@@ -83,8 +82,8 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
     for (int offload = 0; offload <= (stage == 3 ? 2 : 1); ++offload)
       for (CheckpointPolicy policy : policies)
         for (int64_t m : micros) {
-          const OffloadDevice optimizer = offload >= 1 ? OffloadDevice::nvme : OffloadDevice::none;
-          const OffloadDevice parameters = offload == 2 ? OffloadDevice::nvme : OffloadDevice::none;
+          const OffloadTier optimizer = offload >= 1 ? OffloadTier::nvme : OffloadTier::none;
+          const OffloadTier parameters = offload == 2 ? OffloadTier::nvme : OffloadTier::none;
           const int64_t accumulation = per_rank_rows / m;
           if (stage == r.distributed.zero_stage && optimizer == r.offload.optimizer &&
               parameters == r.offload.parameters && policy == r.activation_checkpointing.policy && m == micro)

@@ -7,7 +7,7 @@ namespace engine {
 namespace {
 
 const char* tier_name(OffloadTier t) {
-  return t == OffloadTier::nvme ? "nvme" : t == OffloadTier::host ? "cpu (host memory)" : "none";
+  return t == OffloadTier::nvme ? "nvme" : t == OffloadTier::cpu ? "cpu (host memory)" : "none";
 }
 
 }  // namespace

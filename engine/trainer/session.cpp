@@ -114,7 +114,7 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
     const auto kinds = int64_t(offloaded_kinds(r.optimizer, o.masters_offloaded(g.param_dtype(), stage)).size());
     const int64_t bytes = chunks * kinds * o.chunk_size * 4;
     m.optimizer_state = 0;  // the moments; offloaded masters were never in m.parameters
-    if (o.optimizer == OffloadTier::host) {
+    if (o.optimizer == OffloadTier::cpu) {
       m.optimizer_state = bytes;
     } else if (kinds > 0) {
       m.swap += bytes;
@@ -126,7 +126,7 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
   }
   if (stage == 3 && o.parameters != OffloadTier::none) {
     const int64_t bytes = chunks * o.chunk_size * psize;
-    if (o.parameters == OffloadTier::host) {
+    if (o.parameters == OffloadTier::cpu) {
       m.parameters += bytes;
     } else {
       m.swap += bytes;
@@ -232,14 +232,9 @@ void check_memory_available(const MemoryPlan& memory, int local_ranks) {
 }
 
 OffloadSpec offload_spec(const recipe::Recipe& r, int rank) {
-  auto tier = [](recipe::OffloadDevice d) {
-    return d == recipe::OffloadDevice::nvme  ? OffloadTier::nvme
-           : d == recipe::OffloadDevice::cpu ? OffloadTier::host
-                                             : OffloadTier::none;
-  };
   OffloadSpec spec;
-  spec.optimizer = tier(r.offload.optimizer);
-  spec.parameters = tier(r.offload.parameters);
+  spec.optimizer = r.offload.optimizer;
+  spec.parameters = r.offload.parameters;
   spec.directory = r.offload.nvme_path;
   char stem[32];
   std::snprintf(stem, sizeof stem, ".rank-%05d", rank);

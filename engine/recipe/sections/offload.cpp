@@ -4,8 +4,8 @@ namespace engine::recipe {
 
 namespace {
 
-const std::vector<std::pair<std::string, OffloadDevice>> kDevices = {
-    {"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}};
+const std::vector<std::pair<std::string, OffloadTier>> kDevices = {
+    {"none", OffloadTier::none}, {"cpu", OffloadTier::cpu}, {"nvme", OffloadTier::nvme}};
 
 }  // namespace
 
@@ -17,7 +17,7 @@ void declare_offload(Schema& schema) {
       "Training is bit-identical to no offload (docs/offload.md).");
   section.key("optimizer", &OffloadSection::optimizer)
       .choices(kDevices)
-      .def(OffloadDevice::none)
+      .def(OffloadTier::none)
       .help(
           "Where the fp32 master weights and the optimizer state live: none (with the parameters), cpu (host "
           "memory, updated by the CPU optimizer; on a CPU run that is where they already are) or nvme (a swap "
@@ -25,7 +25,7 @@ void declare_offload(Schema& schema) {
           "the master weights are the parameters the step computes with and stay in memory.");
   section.key("parameters", &OffloadSection::parameters)
       .choices(kDevices)
-      .def(OffloadDevice::none)
+      .def(OffloadTier::none)
       .help(
           "zero_stage 3: where each rank's shard of the parameters (in the compute type) lives between its "
           "gathers: none, cpu, or nvme (read back ahead of each wrap unit's gather, as distributed.prefetch "
