@@ -14,7 +14,7 @@
 #include "checkpoint/manifest.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine::cli {
 

@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "core/memory_limit.h"
 #include "trainer/fit.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine::cli {
 

@@ -20,7 +20,7 @@
 #include "telemetry/roofline.h"
 #include "trainer/device.h"
 #include "trainer/session.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 #include "trainer/train.h"
 
 namespace engine::cli {

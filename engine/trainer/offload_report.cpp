@@ -1,6 +1,6 @@
 #include "trainer/offload_report.h"
 
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine {
 

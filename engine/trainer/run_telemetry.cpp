@@ -11,7 +11,7 @@
 #include "linalg/matmul_probe.h"
 #include "telemetry/roofline.h"
 #include "telemetry/trace.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine {
 

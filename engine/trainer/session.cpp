@@ -17,7 +17,7 @@
 #include "graph/wrap.h"
 #include "offload/offloaded_optimizer.h"
 #include "trainer/fit.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine {
 

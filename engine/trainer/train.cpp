@@ -34,7 +34,7 @@
 #include "trainer/session.h"
 #include "trainer/step_decisions.h"
 #include "trainer/stop_signals.h"
-#include "trainer/telemetry.h"
+#include "trainer/progress_line.h"
 
 namespace engine {
 

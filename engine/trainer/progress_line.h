@@ -1,5 +1,5 @@
 // What a user sees while training: a live progress line on a terminal, plain periodic lines
-// otherwise, and this process's memory figures (the number formatting is core/format.h's).
+// otherwise (the number formatting is core/format.h's, the process's memory telemetry/process_memory.h's).
 //
 //   step 120/300 | loss 1.4821 | lr 2.1e-03 | 182.4k tok/s | elapsed 0:07 | ETA 0:10 | mem 142 MB
 #pragma once
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/format.h"
+#include "telemetry/process_memory.h"
 
 namespace engine {
 
