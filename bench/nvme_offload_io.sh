@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The NVMe tier's I/O on this machine: sequential write then read of a 2 GiB swap file through
-# engine::offload::SwapFile (bench/swap_io_bench.cpp), next to fio's io_uring engine at the same
+# engine::SwapFile (bench/swap_io_bench.cpp), next to fio's io_uring engine at the same
 # block size and queue depth, with O_DIRECT, in the same directory. The goal is SwapFile at >= 80%
 # of fio.
 #

@@ -1,5 +1,5 @@
 // swap_io_bench: sequential write, then sequential read, of a whole swap file through
-// engine::offload::SwapFile, timed; the engine's side of bench/nvme_offload_io.sh (fio is the peer).
+// engine::SwapFile, timed; the engine's side of bench/nvme_offload_io.sh (fio is the peer).
 //
 //   swap_io_bench --dir DIR [--bytes N] [--block-size N] [--queue-depth N] [--request N]
 //
@@ -22,7 +22,7 @@
 namespace {
 
 using engine::Buffer;
-using engine::offload::SwapFile;
+using engine::SwapFile;
 
 struct Options {
   std::string dir;
@@ -84,10 +84,10 @@ int main(int argc, char** argv) {
                    .bytes = options.bytes,
                    .queue_depth = options.queue_depth,
                    .block_size = options.block_size});
-    Buffer data(options.request, engine::offload::kSwapAlignment);
+    Buffer data(options.request, engine::kSwapAlignment);
     std::mt19937_64 rng(7);
     for (int64_t i = 0; i < options.request / 8; ++i) reinterpret_cast<uint64_t*>(data.data())[i] = rng();
-    Buffer back(options.request, engine::offload::kSwapAlignment);
+    Buffer back(options.request, engine::kSwapAlignment);
 
     drop_caches();
     const double write_s = pass(swap, true, data, options.bytes);

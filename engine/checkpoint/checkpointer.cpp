@@ -60,8 +60,7 @@ std::vector<fs::path> committed_checkpoints(const fs::path& dir) {
   return out;
 }
 
-Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir, dist::Communicator& comm,
-                           ZeroStep& zero)
+Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir, Communicator& comm, ZeroStep& zero)
     : config_(config), dir_(std::move(dir)), comm_(comm), zero_(zero) {
   if (comm_.rank() != 0) return;
   // Writes that a crash or a kill interrupted: never committed, never trusted, removed now.

@@ -44,8 +44,7 @@ std::vector<std::filesystem::path> committed_checkpoints(const std::filesystem::
 
 class Checkpointer {
  public:
-  Checkpointer(const recipe::CheckpointSection& config, std::filesystem::path dir, dist::Communicator& comm,
-               ZeroStep& zero);
+  Checkpointer(const recipe::CheckpointSection& config, std::filesystem::path dir, Communicator& comm, ZeroStep& zero);
   ~Checkpointer();  // waits for a write in flight, which stays uncommitted
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -84,7 +83,7 @@ class Checkpointer {
 
   recipe::CheckpointSection config_;
   std::filesystem::path dir_;
-  dist::Communicator& comm_;
+  Communicator& comm_;
   ZeroStep& zero_;
   std::thread writer_;
   bool pending_ = false;

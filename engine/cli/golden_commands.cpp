@@ -63,7 +63,7 @@ void write_trajectory(const fs::path& recipe_path, const fs::path& out, bool gra
   LoadOptions options;
   options.world = world_size_from_environment();
   LoadedRecipe loaded = load_recipe(recipe_path, options);
-  std::unique_ptr<dist::Communicator> comm = dist::make_communicator({loaded.recipe.distributed.timeout});
+  std::unique_ptr<Communicator> comm = make_communicator({loaded.recipe.distributed.timeout});
   if (comm->size() != loaded.world.size)
     throw UserError("world size " + std::to_string(loaded.world.size) + " (from " + loaded.world.source +
                     ") but this process is one of " + std::to_string(comm->size()));
@@ -88,9 +88,7 @@ void write_trajectory(const fs::path& recipe_path, const fs::path& out, bool gra
     const bool user = dynamic_cast<const UserError*>(&e) != nullptr;
     spdlog::error("{}{}", user ? "" : "internal error: ", e.what());
     spdlog::default_logger()->flush();
-    comm->abort_job(dynamic_cast<const dist::CommunicationError*>(&e) ? kExitRankLost
-                    : user                                            ? kExitUser
-                                                                      : kExitInternal);
+    comm->abort_job(dynamic_cast<const CommunicationError*>(&e) ? kExitRankLost : user ? kExitUser : kExitInternal);
   }
 }
 

@@ -19,8 +19,8 @@
 #include "recipe/rules.h"
 #include "telemetry/roofline.h"
 #include "trainer/device.h"
-#include "trainer/session.h"
 #include "trainer/progress_line.h"
+#include "trainer/session.h"
 #include "trainer/train.h"
 
 namespace engine::cli {
@@ -30,7 +30,7 @@ using namespace engine::recipe;
 namespace {
 
 int exit_status_of(const std::exception& e) {
-  if (dynamic_cast<const dist::CommunicationError*>(&e)) return kExitRankLost;
+  if (dynamic_cast<const CommunicationError*>(&e)) return kExitRankLost;
   return dynamic_cast<const UserError*>(&e) ? kExitUser : kExitInternal;
 }
 
@@ -65,7 +65,7 @@ int train(const RecipeArgs& args) {
       throw UserError("--dump-gradients-at " + std::to_string(step) + " is given twice (" + it->second.string() +
                       " and " + path + "): list each step once");
   LoadedRecipe loaded = load_recipe(args.recipe, load_options);
-  std::unique_ptr<dist::Communicator> comm = dist::make_communicator({loaded.recipe.distributed.timeout});
+  std::unique_ptr<Communicator> comm = make_communicator({loaded.recipe.distributed.timeout});
   if (comm->size() != loaded.world.size)
     throw UserError("world size " + std::to_string(loaded.world.size) + " (from " + loaded.world.source +
                     ") but this process is one of " + std::to_string(comm->size()) +

@@ -2,10 +2,10 @@
 // moved-from buffer is empty. The allocation is rounded up to the alignment (and is at least one
 // alignment unit), so a transfer of bytes() rounded up to it stays inside: the executor's arena
 // and inputs use the default 64 bytes (a cache line), the swap files' staging 4096
-// (offload::kSwapAlignment, what O_DIRECT asks).
+// (kSwapAlignment, what O_DIRECT asks).
 //
 //   Buffer arena(plan.arena_bytes);                        // 64-byte aligned, zeros
-//   Buffer staging(chunk_bytes, offload::kSwapAlignment);  // for O_DIRECT transfers
+//   Buffer staging(chunk_bytes, kSwapAlignment);  // for O_DIRECT transfers
 //   float* x = arena.f32();
 #pragma once
 

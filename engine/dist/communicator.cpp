@@ -8,7 +8,7 @@
 #include "dist/local_communicator.h"
 #include "dist/mpi_communicator.h"
 
-namespace engine::dist {
+namespace engine {
 
 namespace {
 
@@ -71,4 +71,4 @@ std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& optio
   return make_local_communicator();
 }
 
-}  // namespace engine::dist
+}  // namespace engine

@@ -35,7 +35,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
-namespace engine::dist {
+namespace engine {
 
 // An opaque device stream (cudaStream_t for NCCL); null for host memory.
 struct Stream {
@@ -115,4 +115,4 @@ std::unique_ptr<Communicator> make_local_communicator();
 // Element-wise `accumulator += addend` rounded to dtype (the step every reduction is made of).
 void add_into(void* accumulator, const void* addend, int64_t count, DType dtype);
 
-}  // namespace engine::dist
+}  // namespace engine

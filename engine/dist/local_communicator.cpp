@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace engine::dist {
+namespace engine {
 
 Work LocalCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, Reduction reduction,
                                        std::string what, Stream) {
@@ -37,4 +37,4 @@ void LocalCommunicator::abort_job(int exit_code) { std::exit(exit_code); }
 
 std::unique_ptr<Communicator> make_local_communicator() { return std::make_unique<LocalCommunicator>(); }
 
-}  // namespace engine::dist
+}  // namespace engine

@@ -8,7 +8,7 @@
 
 #include "dist/communicator.h"
 
-namespace engine::dist {
+namespace engine {
 
 class LocalCommunicator final : public Communicator {
  public:
@@ -29,4 +29,4 @@ class LocalCommunicator final : public Communicator {
   [[noreturn]] void abort_job(int exit_code) override;
 };
 
-}  // namespace engine::dist
+}  // namespace engine

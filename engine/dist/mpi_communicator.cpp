@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-namespace engine::dist {
+namespace engine {
 
 namespace {
 
@@ -442,4 +442,4 @@ std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions& o
   return std::make_unique<MpiCommunicator>(options);
 }
 
-}  // namespace engine::dist
+}  // namespace engine

@@ -20,10 +20,10 @@
 
 #include "dist/communicator.h"
 
-namespace engine::dist {
+namespace engine {
 
 // Initialises MPI (MPI_THREAD_MULTIPLE; SERIALIZED at least) unless it already is, and finalises
 // it when the communicator goes, if it initialised it.
 std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions& options);
 
-}  // namespace engine::dist
+}  // namespace engine

@@ -17,11 +17,11 @@ std::string unit_label(const ParameterStore& store, int unit) {
 
 }  // namespace
 
-WholeParameters::WholeParameters(const ParameterStore& store, dist::Communicator& comm) : store_(store) {
+WholeParameters::WholeParameters(const ParameterStore& store, Communicator& comm) : store_(store) {
   if (store.masters_whole()) return;
   const ShardLayout& layout = store.layout();
   std::vector<Buffer> shards;  // offloaded masters: this rank's, read for the gather
-  std::vector<dist::Work> works;
+  std::vector<Work> works;
   for (size_t u = 0; u < layout.units(); ++u) {
     gathered_.emplace_back(layout.padded(u) * 4);
     const float* mine = store.master(u);
@@ -33,7 +33,7 @@ WholeParameters::WholeParameters(const ParameterStore& store, dist::Communicator
     works.push_back(comm.all_gather(mine, gathered_.back().data(), layout.shard(u) * 4,
                                     "all-gather of " + unit_label(store, int(u)) + "'s weights"));
   }
-  for (dist::Work& w : works) w.wait();
+  for (Work& w : works) w.wait();
 }
 
 const float* WholeParameters::param(int index) const {
@@ -110,7 +110,7 @@ void ZeroStep::run(const StepAction& action, std::byte* buffer) {
       const std::byte* send = buffer ? buffer : store_.micro_grad(u);
       reductions_[action.unit] =
           comm_.reduce_scatter(send, store_.grad_shard(u), layout.shard(u), store_.grad_dtype(),
-                               first_micro_ ? dist::Reduction::overwrite : dist::Reduction::accumulate,
+                               first_micro_ ? Reduction::overwrite : Reduction::accumulate,
                                "reduce-scatter of " + unit_label(store_, action.unit) + "'s gradients");
       break;
     }
@@ -131,7 +131,7 @@ void ZeroStep::finish_gradients() {
   if (store_.sharding().stage == 0 && layout.world() > 1) {
     // Stage 0 keeps the whole gradient: the reduced shards are gathered back into it.
     const int64_t element = int64_t(dtype_size(store_.grad_dtype()));
-    std::vector<dist::Work> works;
+    std::vector<Work> works;
     for (size_t u = 0; u < layout.units(); ++u) {
       std::byte* whole = store_.micro_grad(u);
       std::byte* mine = whole + layout.begin(u) * element;
@@ -139,7 +139,7 @@ void ZeroStep::finish_gradients() {
       works.push_back(comm_.all_gather(mine, whole, layout.shard(u) * element,
                                        "all-gather of " + unit_label(store_, int(u)) + "'s reduced gradients"));
     }
-    for (dist::Work& w : works) w.wait();
+    for (Work& w : works) w.wait();
   }
   store_.widen_gradients();
 }
@@ -213,13 +213,13 @@ void ZeroStep::gather_parameters() {
   const int stage = store_.sharding().stage;
   if (layout.world() == 1 || stage == 0 || stage == 3) return;
   const int64_t element = int64_t(dtype_size(store_.param_dtype()));
-  std::vector<dist::Work> works;
+  std::vector<Work> works;
   for (size_t u = 0; u < layout.units(); ++u) {
     std::byte* whole = store_.compute(u);
     works.push_back(comm_.all_gather(whole + layout.begin(u) * element, whole, layout.shard(u) * element,
                                      "all-gather of " + unit_label(store_, int(u)) + "'s updated parameters"));
   }
-  for (dist::Work& w : works) w.wait();
+  for (Work& w : works) w.wait();
 }
 
 double ZeroStep::mean_loss(const std::vector<double>& local_losses) {

@@ -28,7 +28,7 @@ namespace engine {
 // rank are read a unit at a time, as param() asks for them.
 class WholeParameters {
  public:
-  WholeParameters(const ParameterStore& store, dist::Communicator& comm);
+  WholeParameters(const ParameterStore& store, Communicator& comm);
   const float* param(int index) const;
 
  private:
@@ -41,7 +41,7 @@ class WholeParameters {
 class ZeroStep : public StepCommunication {
  public:
   // prefetch: gathers in flight ahead of the one in use (distributed.prefetch).
-  ZeroStep(ParameterStore& store, dist::Communicator& comm, int64_t prefetch = 1)
+  ZeroStep(ParameterStore& store, Communicator& comm, int64_t prefetch = 1)
       : store_(store), comm_(comm), prefetch_(prefetch) {}
 
   void begin_micro_batch(int64_t local_micro) { first_micro_ = local_micro == 0; }
@@ -76,17 +76,17 @@ class ZeroStep : public StepCommunication {
   std::vector<double> gather(const std::vector<double>& values, const std::string& what);
   std::vector<double> gather(double value) { return gather(std::vector<double>{value}, "a value every rank needs"); }
 
-  dist::Communicator& communicator() { return comm_; }
+  Communicator& communicator() { return comm_; }
 
  private:
   std::vector<double> unit_gradient_norms_;
   std::vector<double> rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const;
   ParameterStore& store_;
-  dist::Communicator& comm_;
+  Communicator& comm_;
   int64_t prefetch_;
   bool first_micro_ = true;
-  std::map<ValueId, dist::Work> gathers_;
-  std::map<int, dist::Work> reductions_;
+  std::map<ValueId, Work> gathers_;
+  std::map<int, Work> reductions_;
   // The offloaded shard's reads: gather i of the pass reads into fetch slot i % slots.
   const std::byte* fetched_source(int unit);
   void fetch(size_t gather);

@@ -91,8 +91,7 @@ std::string weights_digest(Session& session) {
 
 }  // namespace
 
-Trajectory run_trajectory(const recipe::LoadedRecipe& original, const TrajectoryProbes& probes,
-                          dist::Communicator* comm) {
+Trajectory run_trajectory(const recipe::LoadedRecipe& original, const TrajectoryProbes& probes, Communicator* comm) {
   PluginDriver plugins(original, [](const std::string&) {});  // plugins act as in `engine train`, silently
   const recipe::LoadedRecipe& loaded = plugins.recipe();
   const recipe::Recipe& r = loaded.recipe;

@@ -33,9 +33,7 @@
 namespace engine {
 
 class Session;
-namespace dist {
 class Communicator;
-}
 
 struct StepMetrics {
   int64_t step = 0;
@@ -91,7 +89,7 @@ struct TrajectoryProbes {
 // Trains the recipe in-process exactly as `engine train` does, without writing anything: alone,
 // or as rank comm->rank() of comm->size() (every rank calls it; each returns the same trajectory).
 Trajectory run_trajectory(const recipe::LoadedRecipe& loaded, const TrajectoryProbes& probes = {},
-                          dist::Communicator* comm = nullptr);
+                          Communicator* comm = nullptr);
 
 GoldenFile read_golden(const std::filesystem::path& path);  // throws UserError
 void write_golden(const std::filesystem::path& path, const GoldenFile& golden);

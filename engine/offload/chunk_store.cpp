@@ -8,29 +8,27 @@
 
 namespace engine {
 
-using offload::kSwapAlignment;
-
-ChunkStore::ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_bytes, int64_t chunks)
+ChunkStore::ChunkStore(OffloadTier tier, SwapSpec swap, int64_t chunk_bytes, int64_t chunks)
     : chunk_bytes_(chunk_bytes), chunks_(chunks) {
   ENGINE_CHECK(chunk_bytes % kSwapAlignment == 0, "a chunk is a whole number of 4 KiB blocks");
   ENGINE_CHECK(tier != OffloadTier::none, "a chunk store lives in host memory or a swap file");
   if (tier == OffloadTier::cpu) {
-    memory_ = Buffer(bytes(), offload::kSwapAlignment);
+    memory_ = Buffer(bytes(), kSwapAlignment);
     return;
   }
   swap.bytes = bytes();
-  swap_ = std::make_unique<offload::SwapFile>(swap);
+  swap_ = std::make_unique<SwapFile>(swap);
 }
 
 ChunkStore::Span ChunkStore::aligned(int64_t offset, int64_t bytes) {
-  return {offset / kSwapAlignment * kSwapAlignment, offload::round_up_to_alignment(offset + bytes)};
+  return {offset / kSwapAlignment * kSwapAlignment, round_up_to_alignment(offset + bytes)};
 }
 
 void ChunkStore::check_range(int64_t offset, int64_t bytes) const {
   ENGINE_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= this->bytes(), "a range outside the chunk store");
 }
 
-void ChunkStore::wait_for(offload::SwapFile::Ticket ticket) {
+void ChunkStore::wait_for(SwapFile::Ticket ticket) {
   const auto start = std::chrono::steady_clock::now();
   swap_->wait(ticket);
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -43,7 +41,7 @@ void ChunkStore::stream(const std::function<void(int64_t, std::byte*)>& fn, bool
   }
   swap_->check_present();
   for (Buffer& slot : slots_)
-    if (slot.bytes() < chunk_bytes_) slot = Buffer(chunk_bytes_, offload::kSwapAlignment);
+    if (slot.bytes() < chunk_bytes_) slot = Buffer(chunk_bytes_, kSwapAlignment);
   auto start_read = [&](int64_t c) {
     const int s = int(c % kChunkSlots);
     if (slot_busy_[s]) wait_for(slot_ticket_[s]);  // its write-back, two chunks ago
@@ -91,7 +89,7 @@ void ChunkStore::read(int64_t offset, int64_t bytes, std::byte* out) {
     return;
   }
   wait();
-  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, offload::kSwapAlignment);
+  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, kSwapAlignment);
   while (bytes > 0) {
     const Span span = aligned(offset, std::min(bytes, kBounceBytes - kSwapAlignment));
     swap_->wait(swap_->read(span.begin, bounce_.data(), span.bytes()));
@@ -110,7 +108,7 @@ void ChunkStore::write(int64_t offset, int64_t bytes, const std::byte* in) {
     return;
   }
   wait();
-  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, offload::kSwapAlignment);
+  if (bounce_.bytes() == 0) bounce_ = Buffer(kBounceBytes, kSwapAlignment);
   while (bytes > 0) {
     const Span span = aligned(offset, std::min(bytes, kBounceBytes - kSwapAlignment));
     const int64_t n = std::min(bytes, span.end - offset);
@@ -129,7 +127,7 @@ std::byte* ChunkStore::put(int64_t chunk) {
   ENGINE_CHECK(chunk >= 0 && chunk < chunks_, "a chunk outside the store");
   if (!swap_) return memory_.data() + chunk * chunk_bytes_;
   const int s = int(chunk % kChunkSlots);
-  if (slots_[s].bytes() < chunk_bytes_) slots_[s] = Buffer(chunk_bytes_, offload::kSwapAlignment);
+  if (slots_[s].bytes() < chunk_bytes_) slots_[s] = Buffer(chunk_bytes_, kSwapAlignment);
   if (slot_busy_[s]) {
     slot_busy_[s] = false;
     wait_for(slot_ticket_[s]);
@@ -147,7 +145,7 @@ void ChunkStore::commit(int64_t chunk) {
 void ChunkStore::reserve_fetch_slots(int slots, int64_t largest) {
   fetches_.resize(size_t(slots));
   if (!swap_) return;
-  for (Fetch& f : fetches_) f.buffer = Buffer(fetch_slot_bytes(largest), offload::kSwapAlignment);
+  for (Fetch& f : fetches_) f.buffer = Buffer(fetch_slot_bytes(largest), kSwapAlignment);
 }
 
 void ChunkStore::fetch(int slot, int64_t offset, int64_t bytes) {

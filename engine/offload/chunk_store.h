@@ -23,13 +23,13 @@ namespace engine {
 class ChunkStore {
  public:
   // `tier` is host or nvme; `swap` names the file for nvme (its bytes are set here).
-  ChunkStore(OffloadTier tier, offload::SwapSpec swap, int64_t chunk_bytes, int64_t chunks);
+  ChunkStore(OffloadTier tier, SwapSpec swap, int64_t chunk_bytes, int64_t chunks);
 
   int64_t chunk_bytes() const { return chunk_bytes_; }
   int64_t chunks() const { return chunks_; }
   int64_t bytes() const { return chunk_bytes_ * chunks_; }
   bool in_memory() const { return !swap_; }
-  const offload::SwapFile* swap() const { return swap_.get(); }
+  const SwapFile* swap() const { return swap_.get(); }
   // Seconds the caller has waited for transfers (the part of the I/O the overlap did not hide).
   double wait_seconds() const { return wait_seconds_; }
 
@@ -53,9 +53,7 @@ class ChunkStore {
   // byte is (host: a pointer into the buffer, nothing moves).
   void reserve_fetch_slots(int slots, int64_t largest);
   // What one fetch slot allocates for ranges of up to `largest` bytes at any offset.
-  static int64_t fetch_slot_bytes(int64_t largest) {
-    return offload::round_up_to_alignment(largest) + offload::kSwapAlignment;
-  }
+  static int64_t fetch_slot_bytes(int64_t largest) { return round_up_to_alignment(largest) + kSwapAlignment; }
   void fetch(int slot, int64_t offset, int64_t bytes);
   const std::byte* view(int slot);
 
@@ -71,18 +69,18 @@ class ChunkStore {
 
  private:
   void check_range(int64_t offset, int64_t bytes) const;
-  void wait_for(offload::SwapFile::Ticket ticket);  // timed
+  void wait_for(SwapFile::Ticket ticket);  // timed
 
   int64_t chunk_bytes_, chunks_;
   Buffer memory_;  // host: the whole array
-  std::unique_ptr<offload::SwapFile> swap_;
+  std::unique_ptr<SwapFile> swap_;
   Buffer slots_[kChunkSlots];
-  offload::SwapFile::Ticket slot_ticket_[kChunkSlots] = {};
+  SwapFile::Ticket slot_ticket_[kChunkSlots] = {};
   bool slot_busy_[kChunkSlots] = {};
   Buffer bounce_;
   struct Fetch {
     Buffer buffer;
-    offload::SwapFile::Ticket ticket = 0;
+    SwapFile::Ticket ticket = 0;
     int64_t skip = 0;  // the range's first byte in the buffer
     const std::byte* host = nullptr;
     bool pending = false;

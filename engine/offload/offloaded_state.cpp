@@ -23,8 +23,8 @@ OffloadedState::OffloadedState(const OffloadSpec& spec, std::vector<int64_t> ran
     params_ = std::make_unique<ChunkStore>(spec_.parameters, swap_spec("parameters"), param_bytes(c), chunks_);
 }
 
-offload::SwapSpec OffloadedState::swap_spec(const std::string& what) const {
-  offload::SwapSpec s;
+SwapSpec OffloadedState::swap_spec(const std::string& what) const {
+  SwapSpec s;
   s.path = spec_.directory / (spec_.file_stem + "." + what + ".swap");
   s.queue_depth = spec_.queue_depth;
   s.block_size = spec_.block_size;
@@ -85,20 +85,20 @@ void OffloadedState::for_each_chunk(const std::function<void(const Chunk&)>& fn)
   for (int64_t index = 0; index < chunks_; ++index) fn(Chunk{index, index * c, std::min(c, elements_ - index * c), {}});
 }
 
-std::vector<const offload::SwapFile*> OffloadedState::swap_files() const {
-  std::vector<const offload::SwapFile*> files;
+std::vector<const SwapFile*> OffloadedState::swap_files() const {
+  std::vector<const SwapFile*> files;
   for (const auto* store : {optimizer_.get(), params_.get()})
     if (store && store->swap()) files.push_back(store->swap());
   return files;
 }
 
 void OffloadedState::check_present() const {
-  for (const offload::SwapFile* f : swap_files()) f->check_present();
+  for (const SwapFile* f : swap_files()) f->check_present();
 }
 
 int64_t OffloadedState::bytes_read() const {
   int64_t n = 0;
-  for (const offload::SwapFile* f : swap_files()) n += f->bytes_read();
+  for (const SwapFile* f : swap_files()) n += f->bytes_read();
   return n;
 }
 
@@ -111,7 +111,7 @@ double OffloadedState::wait_seconds() const {
 
 int64_t OffloadedState::bytes_written() const {
   int64_t n = 0;
-  for (const offload::SwapFile* f : swap_files()) n += f->bytes_written();
+  for (const SwapFile* f : swap_files()) n += f->bytes_written();
   return n;
 }
 

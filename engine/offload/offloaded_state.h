@@ -60,7 +60,7 @@ class OffloadedState {
   void retype_params(DType to) { param_dtype_ = to; }  // fp16 -> bf16: same size
 
   // The swap files in use, for the start-up report and the deletion check.
-  std::vector<const offload::SwapFile*> swap_files() const;
+  std::vector<const SwapFile*> swap_files() const;
   void check_present() const;
   int64_t bytes_read() const;
   int64_t bytes_written() const;
@@ -68,7 +68,7 @@ class OffloadedState {
   int64_t chunks_updated() const { return chunks_updated_; }  // chunks update() has handed out so far
 
  private:
-  offload::SwapSpec swap_spec(const std::string& what) const;
+  SwapSpec swap_spec(const std::string& what) const;
   // The runs of the optimizer store (byte offset, bytes) that hold elements [first, first + count)
   // of one kind of one unit: a kind's elements are contiguous within a chunk only.
   void for_each_run(size_t kind, size_t unit, int64_t first, int64_t count,

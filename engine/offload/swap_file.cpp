@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "telemetry/trace.h"
 
-namespace engine::offload {
+namespace engine {
 
 namespace {
 
@@ -338,4 +338,4 @@ void SwapFile::check_present() const {
     throw UserError("swap file " + path_.string() + " was replaced by another file while in use");
 }
 
-}  // namespace engine::offload
+}  // namespace engine

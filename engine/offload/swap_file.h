@@ -42,7 +42,7 @@
 struct io_uring;  // liburing's, kept out of this header
 struct io_uring_cqe;
 
-namespace engine::offload {
+namespace engine {
 
 // Offsets, sizes and buffer addresses of every request are multiples of this (the logical block
 // size O_DIRECT needs on any current device, and the page size).
@@ -137,4 +137,4 @@ class SwapFile {
   int64_t bytes_written_ = 0;
 };
 
-}  // namespace engine::offload
+}  // namespace engine

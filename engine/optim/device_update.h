@@ -34,7 +34,7 @@ void scale(float* x, int64_t n, const float* factor, void* stream);
 void norm_partials(const float* x, int64_t blocks, double* partials, void* stream);
 
 // sum[i] = sum[i] + micro[i], both of `type` (f32, bf16 or f16), added in fp32 and rounded to `type`
-// to nearest even: the CPU's micro-batch accumulation (dist::add_into).
+// to nearest even: the CPU's micro-batch accumulation (add_into).
 void accumulate_gradients(void* sum, const void* micro, DType type, int64_t n, void* stream);
 
 }  // namespace engine::cuda

@@ -18,7 +18,7 @@ void describe_offload(std::ostream& out, const Session& session, const TrafficPl
       << tier_name(o.optimizer);
   if (session.store.sharding().stage == 3) out << "; parameter shard -> " << tier_name(o.parameters);
   out << "\n";
-  for (const offload::SwapFile* f : session.offloaded->swap_files())
+  for (const SwapFile* f : session.offloaded->swap_files())
     out << "  swap file " << f->path().string() << ": " << format_bytes(f->bytes())
         << (f->direct() ? ", direct I/O" : ", through the page cache (no O_DIRECT here)") << "\n";
   if (traffic.swap_read || traffic.swap_written)

@@ -249,7 +249,7 @@ Session::Session(const recipe::Recipe& r) : Session(r, compile_step(r)) {}
 
 namespace {
 
-ShardingSpec rank_sharding(ShardingSpec spec, const dist::Communicator& comm) {
+ShardingSpec rank_sharding(ShardingSpec spec, const Communicator& comm) {
   ENGINE_CHECK(spec.world == comm.size(), "the step was compiled for world size " + std::to_string(spec.world) +
                                               ", the communicator has " + std::to_string(comm.size()) + " ranks");
   spec.rank = comm.rank();
@@ -279,9 +279,9 @@ std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, co
 
 }  // namespace
 
-Session::Session(const recipe::Recipe& r, CompiledStep compiled, dist::Communicator* communicator)
+Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* communicator)
     : recipe(r),
-      own_comm(communicator ? nullptr : dist::make_local_communicator()),
+      own_comm(communicator ? nullptr : make_local_communicator()),
       comm(communicator ? *communicator : *own_comm),
       rank(comm.rank()),
       world(comm.size()),

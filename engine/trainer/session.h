@@ -101,7 +101,7 @@ class Session {
   // One process (a local communicator), or rank comm->rank() of comm->size() with `compiled` made
   // for that world size.
   explicit Session(const recipe::Recipe& recipe);
-  Session(const recipe::Recipe& recipe, CompiledStep compiled, dist::Communicator* comm = nullptr);
+  Session(const recipe::Recipe& recipe, CompiledStep compiled, Communicator* comm = nullptr);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
@@ -143,8 +143,8 @@ class Session {
   MemoryPlan memory() const { return memory_; }
 
   const recipe::Recipe& recipe;
-  std::unique_ptr<dist::Communicator> own_comm;  // the local one, when none was given
-  dist::Communicator& comm;
+  std::unique_ptr<Communicator> own_comm;  // the local one, when none was given
+  Communicator& comm;
   int rank, world;
   std::unique_ptr<Dataset> data;
   ModelGraph model;

@@ -29,12 +29,12 @@
 #include "trainer/metrics_log.h"
 #include "trainer/offload_report.h"
 #include "trainer/plugin_driver.h"
+#include "trainer/progress_line.h"
 #include "trainer/run_state.h"
 #include "trainer/run_telemetry.h"
 #include "trainer/session.h"
 #include "trainer/step_decisions.h"
 #include "trainer/stop_signals.h"
-#include "trainer/progress_line.h"
 
 namespace engine {
 
@@ -54,7 +54,7 @@ void save_gradients(const fs::path& path, const ParameterStore& store, recipe::A
 }
 
 // Ranks that run different recipes or engines would issue different collectives: refuse at once.
-void require_same_run_on_every_rank(dist::Communicator& comm, const std::string& resolved_recipe) {
+void require_same_run_on_every_rank(Communicator& comm, const std::string& resolved_recipe) {
   const uint64_t mine = std::hash<std::string>{}(resolved_recipe + "\n" + kVersion + " " + kGitRevision);
   std::vector<uint64_t> all(size_t(comm.size()));
   comm.all_gather(&mine, all.data(), sizeof mine, "all-gather of the recipe's and the engine's identity").wait();
@@ -84,8 +84,7 @@ std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& optio
 
 // What the run is about to do: the device, the model and data, the ranks, the memory plan and
 // where offloaded state lives.
-void report_start(std::ostream& out, const Session& session, const dist::Communicator& comm,
-                  const TrafficPlan& traffic) {
+void report_start(std::ostream& out, const Session& session, const Communicator& comm, const TrafficPlan& traffic) {
   out << "device: " << describe_device(session.device) << "\n";
   if (!session.device_note.empty()) out << session.device_note << "\n";
   out << "model: " << session.model.graph.param_count() << " parameters in " << session.model.graph.units().size()
@@ -123,8 +122,8 @@ void report_device(std::ostream& out, const Session& session, int64_t trained, d
 }  // namespace
 
 TrainSummary train(const recipe::LoadedRecipe& original, std::ostream& console, const TrainOptions& options) {
-  std::unique_ptr<dist::Communicator> local;
-  dist::Communicator& comm = options.comm ? *options.comm : *(local = dist::make_local_communicator());
+  std::unique_ptr<Communicator> local;
+  Communicator& comm = options.comm ? *options.comm : *(local = make_local_communicator());
   const bool lead = comm.rank() == 0;
   std::ostream silent(nullptr);  // what the other ranks print to
   std::ostream& out = lead ? console : silent;

@@ -49,7 +49,7 @@ struct TrainOptions {
   // comparison a few steps in also covers the optimizer state and the schedule.
   std::map<int64_t, std::filesystem::path> gradients_at;
   // The ranks to train with (null: this process alone). Only rank 0 writes outputs and prints.
-  dist::Communicator* comm = nullptr;
+  Communicator* comm = nullptr;
   // "latest", a checkpoint or a directory of them; empty: checkpoint.resume decides.
   std::string resume;
   // Stop after this many steps (of train.steps) with a checkpoint, e.g. to train in slices (0: no).

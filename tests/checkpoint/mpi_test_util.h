@@ -16,7 +16,7 @@
 
 namespace engine::testing {
 
-inline dist::Communicator* comm = nullptr;
+inline Communicator* comm = nullptr;
 
 // A scratch directory every rank sees: rank 0 makes it and sends its name; it is removed after
 // every rank is done with it.
@@ -46,19 +46,19 @@ inline TrainSummary train_here(const recipe::LoadedRecipe& loaded, std::ostream&
 
 }  // namespace engine::testing
 
-#define ENGINE_MPI_TEST_MAIN                                                                                 \
-  int main(int argc, char** argv) {                                                                          \
-    ::testing::InitGoogleTest(&argc, argv);                                                                  \
-    auto owned = engine::dist::make_communicator(engine::dist::CommunicatorOptions{.timeout_seconds = 120}); \
-    engine::testing::comm = owned.get();                                                                     \
-    /* Only rank 0 reports, so the log reads as one run's. */                                                \
-    if (owned->rank() != 0) {                                                                                \
-      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                                     \
-      delete listeners.Release(listeners.default_result_printer());                                          \
-    }                                                                                                        \
-    int failed = RUN_ALL_TESTS();                                                                            \
-    /* A rank whose test failed fails the job: mpirun reports the highest exit status. */                    \
-    owned->barrier("end of tests").wait();                                                                   \
-    owned.reset(); /* MPI_Finalize */                                                                        \
-    return failed;                                                                                           \
+#define ENGINE_MPI_TEST_MAIN                                                                     \
+  int main(int argc, char** argv) {                                                              \
+    ::testing::InitGoogleTest(&argc, argv);                                                      \
+    auto owned = engine::make_communicator(engine::CommunicatorOptions{.timeout_seconds = 120}); \
+    engine::testing::comm = owned.get();                                                         \
+    /* Only rank 0 reports, so the log reads as one run's. */                                    \
+    if (owned->rank() != 0) {                                                                    \
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();                         \
+      delete listeners.Release(listeners.default_result_printer());                              \
+    }                                                                                            \
+    int failed = RUN_ALL_TESTS();                                                                \
+    /* A rank whose test failed fails the job: mpirun reports the highest exit status. */        \
+    owned->barrier("end of tests").wait();                                                       \
+    owned.reset(); /* MPI_Finalize */                                                            \
+    return failed;                                                                               \
   }

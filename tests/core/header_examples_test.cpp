@@ -56,7 +56,7 @@ TEST(HeaderExamples, GraphExecutorAndOptimizer) {
 
   // optim/optimizer.h, with one rank's ZeroStep (dist/zero_step.h)
   const recipe::Recipe recipe = quickstart({"train.gradient_clipping=0.5"});
-  const auto comm = dist::make_local_communicator();
+  const auto comm = make_local_communicator();
   ZeroStep zero(store, *comm);
   zero.finish_gradients();
   for (int64_t i = 0; i < store.numel(0); ++i) store.grad(0)[i] = 0.25f;  // as a backward would leave them

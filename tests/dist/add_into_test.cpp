@@ -7,7 +7,7 @@
 
 #include "dist/communicator.h"
 
-namespace engine::dist {
+namespace engine {
 namespace {
 
 // Values over many magnitudes, so a sum that is not rounded per element (or is rounded to the
@@ -64,4 +64,4 @@ TEST(AddInto, RefusesIntegerTypes) {
 }
 
 }  // namespace
-}  // namespace engine::dist
+}  // namespace engine

@@ -11,7 +11,7 @@
 
 #include "dist/communicator.h"
 
-namespace engine::dist {
+namespace engine {
 namespace {
 
 // Sets (or clears, with nullopt) environment variables for one scope.
@@ -124,4 +124,4 @@ TEST(LocalCommunicator, AbortJobEndsTheProcessWithTheCode) {
 }
 
 }  // namespace
-}  // namespace engine::dist
+}  // namespace engine

@@ -12,7 +12,7 @@
 
 #include "dist/communicator.h"
 
-namespace engine::dist {
+namespace engine {
 namespace {
 
 Communicator* comm = nullptr;  // one per process: MPI initialises once
@@ -205,12 +205,12 @@ TEST(MpiCommunicator, KnowsItsRanks) {
 }
 
 }  // namespace
-}  // namespace engine::dist
+}  // namespace engine
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  auto owned = engine::dist::make_communicator(engine::dist::CommunicatorOptions{.timeout_seconds = 120});
-  engine::dist::comm = owned.get();
+  auto owned = engine::make_communicator(engine::CommunicatorOptions{.timeout_seconds = 120});
+  engine::comm = owned.get();
   int failed = RUN_ALL_TESTS();
   owned->barrier("end of tests").wait();
   owned.reset();  // MPI_Finalize

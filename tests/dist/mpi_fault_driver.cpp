@@ -16,7 +16,7 @@
 
 #include "dist/communicator.h"
 
-using namespace engine::dist;
+using namespace engine;
 
 int main(int argc, char** argv) {
   if (argc != 3) return 2;

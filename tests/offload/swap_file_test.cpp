@@ -32,7 +32,7 @@
 #include "core/log.h"
 #include "temp_dir.h"
 
-namespace engine::offload {
+namespace engine {
 namespace {
 
 using engine::testing::TempDir;
@@ -61,7 +61,7 @@ class Mount {
 };
 
 Buffer random_buffer(int64_t bytes, std::mt19937_64& rng) {
-  Buffer buffer(bytes, offload::kSwapAlignment);
+  Buffer buffer(bytes, kSwapAlignment);
   for (int64_t i = 0; i < bytes / 8; ++i) reinterpret_cast<uint64_t*>(buffer.data())[i] = rng();
   return buffer;
 }
@@ -106,7 +106,7 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const auto [offset, bytes] = regions[i];
     if (i % 2 == 0) {
-      got[i] = Buffer(bytes, offload::kSwapAlignment);
+      got[i] = Buffer(bytes, kSwapAlignment);
       tickets.push_back(swap.read(offset, got[i].data(), bytes));
       read += bytes;
     } else {
@@ -120,7 +120,7 @@ void round_trip(const fs::path& dir, int queue_depth, int64_t block_size) {
 
   // Everything read back in reverse order, collected by wait_all.
   for (size_t i = regions.size(); i-- > 0;) {
-    got[i] = Buffer(regions[i].second, offload::kSwapAlignment);
+    got[i] = Buffer(regions[i].second, kSwapAlignment);
     swap.read(regions[i].first, got[i].data(), regions[i].second);
     read += regions[i].second;
   }
@@ -168,7 +168,7 @@ TEST(SwapFile, PreallocatesTheSizeRoundedUpAndRemovesTheFile) {
 TEST(SwapFile, TheDestructorWaitsForRequestsInFlightAndRemovesTheFile) {
   TempDir dir("swap");
   const fs::path path = dir / "busy.swap";
-  Buffer data(32 * MiB, offload::kSwapAlignment);
+  Buffer data(32 * MiB, kSwapAlignment);
   {
     SwapFile swap({.path = path, .bytes = 32 * MiB, .queue_depth = 4});
     swap.write(0, data.data(), data.bytes());  // never waited for
@@ -177,7 +177,7 @@ TEST(SwapFile, TheDestructorWaitsForRequestsInFlightAndRemovesTheFile) {
 }
 
 TEST(Buffer, IsAlignedZeroFilledAndMovable) {
-  Buffer buffer(10000, offload::kSwapAlignment);
+  Buffer buffer(10000, kSwapAlignment);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kSwapAlignment, 0u);
   EXPECT_EQ(buffer.bytes(), 10000);
   EXPECT_TRUE(std::all_of(buffer.data(), buffer.data() + 3 * kSwapAlignment, [](std::byte b) {
@@ -199,7 +199,7 @@ TEST(Buffer, IsAlignedZeroFilledAndMovable) {
 TEST(SwapFile, ZeroByteAndFinishedTicketsReturnAtOnce) {
   TempDir dir("swap");
   SwapFile swap({.path = dir / "z.swap", .bytes = MiB});
-  Buffer data(MiB, offload::kSwapAlignment);
+  Buffer data(MiB, kSwapAlignment);
   const SwapFile::Ticket empty = swap.read(0, data.data(), 0);
   swap.wait(empty);
   const SwapFile::Ticket t = swap.write(0, data.data(), MiB);
@@ -211,7 +211,7 @@ TEST(SwapFile, ZeroByteAndFinishedTicketsReturnAtOnce) {
 TEST(SwapFile, MisalignedOrOutOfRangeRequestsAreInternalErrors) {
   TempDir dir("swap");
   SwapFile swap({.path = dir / "a.swap", .bytes = MiB});
-  Buffer data(2 * MiB, offload::kSwapAlignment);
+  Buffer data(2 * MiB, kSwapAlignment);
   EXPECT_THROW(swap.read(512, data.data(), 4096), InternalError);
   EXPECT_THROW(swap.read(0, data.data(), 4000), InternalError);
   EXPECT_THROW(swap.write(0, data.data() + 512, 4096), InternalError);
@@ -309,7 +309,7 @@ TEST(SwapFileErrors, AShortReadNamesTheFileAndTheOffset) {
   const fs::path path = dir / "short.swap";
   SwapFile swap({.path = path, .bytes = 4 * MiB, .queue_depth = 2, .block_size = MiB});
   ASSERT_EQ(::truncate(path.c_str(), 2 * MiB), 0);  // something shortened the file under the run
-  Buffer data(4 * MiB, offload::kSwapAlignment);
+  Buffer data(4 * MiB, kSwapAlignment);
   const SwapFile::Ticket t = swap.read(0, data.data(), 4 * MiB);
   const std::string message = user_error([&] { swap.wait(t); });
   EXPECT_NE(message.find("swap file " + path.string() + ": short read at offset "), std::string::npos) << message;
@@ -385,4 +385,4 @@ TEST(SwapFileFileSystems, WithoutODirectFilesGoThroughThePageCacheWithOneWarning
 }
 
 }  // namespace
-}  // namespace engine::offload
+}  // namespace engine
