@@ -1,7 +1,6 @@
 // engine golden record|check|update|trajectory: golden-recipe regression tests as a CLI feature.
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -103,19 +102,12 @@ int recorded_world_size(const fs::path& path) {
   }
 }
 
-// Two trajectories with the same bits at every step and the same final weights.
-bool same_bits(const Trajectory& a, const Trajectory& b) {
-  if (a.weights_digest != b.weights_digest || a.steps.size() != b.steps.size()) return false;
-  for (size_t i = 0; i < a.steps.size(); ++i)
-    if (std::memcmp(&a.steps[i], &b.steps[i], sizeof(StepMetrics)) != 0) return false;
-  return true;
-}
-
 // `engine golden update`: the previous file's observed runs stay in the band while the recording
 // is unchanged; a changed trajectory makes them stale (they ran the engine's old behaviour).
 void carry_observed(const GoldenFile& previous, GoldenFile& golden, const fs::path& recipe_path) {
   if (previous.observed.empty()) return;
-  if (!same_bits(previous.trajectory, golden.trajectory)) {
+  // Checked as if here were the recording's environment: bitwise, final weights included.
+  if (!compare(previous, golden.trajectory, previous.environment).ok) {
     std::printf(
         "%s: %zu observed run(s) dropped with the old trajectory; run `engine golden trajectory` on those "
         "machines again and `engine golden observe` here\n",

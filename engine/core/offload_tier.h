@@ -10,4 +10,9 @@ namespace engine {
 
 enum class OffloadTier { none, cpu, nvme };
 
+// The tier's name in a recipe: "none", "cpu" or "nvme".
+inline const char* offload_tier_name(OffloadTier tier) {
+  return tier == OffloadTier::nvme ? "nvme" : tier == OffloadTier::cpu ? "cpu" : "none";
+}
+
 }  // namespace engine

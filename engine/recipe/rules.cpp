@@ -216,15 +216,11 @@ void check_precision(RuleContext& c) {
             std::string("gradients accumulate in fp32 or in the 16-bit type of precision.mode (") + mode + ")");
 }
 
-const char* device_name(OffloadTier d) {
-  return d == OffloadTier::nvme ? "nvme" : d == OffloadTier::cpu ? "cpu" : "none";
-}
-
 void check_offload(RuleContext& c) {
   const OffloadSection& o = c.r.offload;
   if (o.parameters != OffloadTier::none && c.r.distributed.zero_stage != 3)
     c.error({"offload.parameters", "distributed.zero_stage"},
-            std::string("offload.parameters ") + device_name(o.parameters) +
+            std::string("offload.parameters ") + offload_tier_name(o.parameters) +
                 " moves each rank's parameter shard, which exists at zero_stage 3 (now " +
                 str(c.r.distributed.zero_stage) + ")",
             {"set distributed.zero_stage: 3, or offload only the optimizer state (offload.optimizer) at stages 0-2"});

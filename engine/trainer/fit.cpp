@@ -28,10 +28,6 @@ std::string FitRow::offload_name() const {
 
 namespace {
 
-const char* device_name(OffloadTier d) {
-  return d == OffloadTier::nvme ? "nvme" : d == OffloadTier::cpu ? "cpu" : "none";
-}
-
 // Loads the recipe with the row's overrides after the command line's and plans it.
 void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& options, const CostModel& cost) {
   recipe::LoadOptions with_row = options;
@@ -94,8 +90,8 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
             if (differs) o.push_back(key + "=" + value);
           };
           set(stage != r.distributed.zero_stage, "distributed.zero_stage", std::to_string(stage));
-          set(optimizer != r.offload.optimizer, "offload.optimizer", device_name(optimizer));
-          set(parameters != r.offload.parameters, "offload.parameters", device_name(parameters));
+          set(optimizer != r.offload.optimizer, "offload.optimizer", offload_tier_name(optimizer));
+          set(parameters != r.offload.parameters, "offload.parameters", offload_tier_name(parameters));
           set(offload > 0 && !search.nvme_path_given, "offload.nvme_path", search.nvme_path.string());
           set(policy != r.activation_checkpointing.policy, "activation_checkpointing.policy", policy_name(policy));
           // Keys that only apply to some policies go with them.

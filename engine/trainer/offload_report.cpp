@@ -1,13 +1,15 @@
 #include "trainer/offload_report.h"
 
+#include <string>
+
 #include "trainer/progress_line.h"
 
 namespace engine {
 
 namespace {
 
-const char* tier_name(OffloadTier t) {
-  return t == OffloadTier::nvme ? "nvme" : t == OffloadTier::cpu ? "cpu (host memory)" : "none";
+std::string tier_name(OffloadTier t) {
+  return std::string(offload_tier_name(t)) + (t == OffloadTier::cpu ? " (host memory)" : "");
 }
 
 }  // namespace
