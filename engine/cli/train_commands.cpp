@@ -238,19 +238,25 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
         format_bytes(m.swap).c_str(), r.offload.nvme_path.c_str(), format_bytes(session.traffic.swap_read).c_str(),
         format_bytes(session.traffic.swap_written).c_str());
   }
-  if (r.run.device == recipe::RunDevice::cuda || (r.run.device == recipe::RunDevice::auto_detect && world == 1 &&
-                                                  cuda_device_count() > 0 && recipe::cuda_limitation(r).empty())) {
-    const DeviceMemoryPlan d = plan_device_memory(session, r);
-    std::cout << "\ndevice memory (run.device cuda: the step and the update on the GPU; exact but for cuDNN's "
-                 "attention workspace, which the device sizes):\n";
+  if (r.run.device == recipe::RunDevice::cuda ||
+      (r.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0)) {
+    const DeviceMemoryPlan d = plan_device_memory(session, r, world);
+    std::string staged;
+    if (device_resident(r, world, &staged))
+      std::cout << "\ndevice memory per rank (run.device cuda: the step and the update on the GPU; exact but for "
+                   "cuDNN's attention workspace, which the device sizes):\n";
+    else
+      std::cout << "\ndevice memory per rank (run.device cuda with " << staged
+                << ": the step on the GPU, the reductions, update and gathers on the host; exact but for cuDNN's "
+                   "attention workspace):\n";
     row("activation peak", d.activations);
     if (d.casts) row("fp32 cast copies", d.casts);
     row("inputs", d.inputs);
     row("parameters", d.parameters);
     row("gradients", d.gradients);
     if (d.masters) row("fp32 masters", d.masters);
-    row("optimizer state", d.optimizer_state);
-    row("gradient sum", d.gradient_sum);
+    if (d.optimizer_state) row("optimizer state", d.optimizer_state);
+    if (d.gradient_sum) row("gradient sum", d.gradient_sum);
     row("workspace", d.workspace);
     row("total", d.total());
   }

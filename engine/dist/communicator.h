@@ -17,9 +17,8 @@
 // reduce_scatter followed by all_gather bit for bit. So stage 0's all-reduced gradient, stage 2's
 // reduce-scattered shard and world 1's accumulation over the same micro-batches are the same bits.
 //
-// Buffers are host memory: the local and MPI implementations run on the CPU. `stream` is the seam
-// for a device implementation (NCCL, which would take device pointers and order its work on a
-// cudaStream_t); there is none yet, and the host implementations ignore it.
+// Buffers are host memory for the local and MPI implementations, which ignore `stream`; device
+// memory for NCCL's (dist/nccl_communicator.h), which orders its work after `stream`'s.
 //
 // Failure: when an operation does not complete within the timeout, wait() throws
 // CommunicationError naming this rank, the operation (its `what` label) and the peers that did not
@@ -54,6 +53,8 @@ class Work {
     virtual ~State() = default;
     virtual void wait() = 0;  // throws CommunicationError
     virtual bool done() = 0;  // true once complete (never throws)
+    // Orders `stream`'s later work after the operation; a host operation simply completes.
+    virtual void wait_on(Stream /*stream*/) { wait(); }
   };
   Work() = default;  // an already completed operation
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -61,6 +62,11 @@ class Work {
     if (state_) state_->wait();
   }
   bool done() const { return !state_ || state_->done(); }
+  // A device stream's later work waits for the operation, the host does not (NCCL); a host
+  // operation is waited for here.
+  void wait_on(Stream stream) {
+    if (state_) state_->wait_on(stream);
+  }
 
  private:
   std::shared_ptr<State> state_;

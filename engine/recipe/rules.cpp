@@ -232,26 +232,12 @@ void check_offload(RuleContext& c) {
   if (o.chunk_size % 2048 != 0)
     c.error({"offload.chunk_size"},
             "chunk_size " + str(o.chunk_size) + " is not a multiple of 2048 (a 4 KiB block of 16-bit parameters)");
-  // This engine steps on the CPU: host memory is the memory the step computes in.
+  // A CPU run computes in host memory already (a GPU run is what cpu offload is for).
   for (auto [key, device] : {std::pair{"optimizer", o.optimizer}, std::pair{"parameters", o.parameters}})
-    if (device == OffloadTier::cpu)
+    if (device == OffloadTier::cpu && c.r.run.device != RunDevice::cuda)
       c.note(std::string("offload.") + key +
              " cpu: on a CPU run that state already lives in host memory, so memory use does not change; it takes "
              "the offload path (the chunked CPU update a GPU run uses). Use nvme to hold it outside memory");
-}
-
-// run.device cuda with what a GPU run does not do yet is refused here, naming the keys, rather
-// than run some other way; auto then runs on the CPU (trainer/device.cpp says so).
-void check_device(RuleContext& c) {
-  if (c.r.run.device != RunDevice::cuda) return;
-  const std::string limitation = cuda_limitation(c.r);
-  if (limitation.empty()) return;
-  if (c.r.distributed.zero_stage >= 2)
-    c.error({"distributed.zero_stage", "run.device"}, "run.device cuda: " + limitation,
-            {"set run.device: cpu, or distributed.zero_stage: 0 or 1"});
-  else
-    c.error({"offload.optimizer", "offload.parameters", "run.device"}, "run.device cuda: " + limitation,
-            {"set run.device: cpu, or offload.optimizer/parameters: none"});
 }
 
 // Gradients are reduced in the type they accumulate in, so that every ZeRO stage and world size sums
@@ -280,15 +266,6 @@ void check_telemetry(RuleContext& c) {
 
 }  // namespace
 
-std::string cuda_limitation(const Recipe& r) {
-  if (r.distributed.zero_stage >= 2)
-    return "zero_stage " + str(r.distributed.zero_stage) +
-           " (gradient and parameter partitioning) runs on the CPU only in this version";
-  if (r.offload.optimizer != OffloadTier::none || r.offload.parameters != OffloadTier::none)
-    return "offload runs on the CPU only in this version";
-  return "";
-}
-
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
   // Each rule with the sections it reads; a rule runs only when all of them validated, so it never
   // reasons about a value that was rejected (and left unset) or reports a consequence of it.
@@ -309,7 +286,6 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"precision"}, check_precision},
       {{"precision"}, check_communication_dtype},
       {{"offload", "distributed"}, check_offload},
-      {{"run", "offload", "distributed"}, check_device},
       {{"telemetry", "train"}, check_telemetry},
   };
   RuleContext context{loaded, sink, loaded.recipe};

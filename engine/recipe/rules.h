@@ -19,7 +19,4 @@ namespace engine::recipe {
 // when they are real.
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections);
 
-// Why `r` cannot train on CUDA in this version, or "" when it can.
-std::string cuda_limitation(const Recipe& r);
-
 }  // namespace engine::recipe

@@ -6,10 +6,22 @@
 //   pinned   host values (cpu_checkpointing's activations moved out of the arena), the inputs'
 //            staging, and the ParameterStore's own buffers, registered so their copies run as DMA.
 // The ParameterStore on the host stays the owner of the model's state: the optimizer, ZeRO's host
-// side, checkpoints and plugins see the same buffers at every device. A step uploads the parameters
-// and the inputs (staged ahead: below), replays the plan's nodes on one stream (each node's CUDA kernel, with its
-// 16-bit values widened into the scratch and rounded back where its OpDef::cuda_16bit is unset), and downloads the
-// gradients a training plan wrote into the store's micro-batch gradients.
+// side, checkpoints and plugins see the same buffers at every device.
+//
+// Two ways to run (trainer/device.h device_resident):
+//   resident  one process, ZeRO 0-1, no offload: the parameters and gradients stay on the device
+//             between steps and the device optimizer updates them there; the plan's kernels replay
+//             on one stream, as CUDA graphs after the first runs.
+//   staged    every other run (several ranks, ZeRO-2/3, offload): each run uploads the store's
+//             compute-type parameters (ZeRO 0-2), replays the plan's nodes and carries out its
+//             actions on the host between them through page-locked mirrors of the arena's buffers:
+//             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
+//             downloaded where the plan reduce-scatters them (the host waits for the stream there),
+//             and the store's gradients (ZeRO 0-1) downloaded at the end and reduced in plan order.
+//             The host then reduces, updates (offloaded or not) and gathers as on a CPU run, so a
+//             staged run gives the bits of the same run on one process.
+// Each node runs its CUDA kernel, with its 16-bit values widened into the scratch and rounded back
+// where its OpDef::cuda_16bit is unset.
 //
 //   auto runner = make_device_runner(graph, store, /*device index*/ 0);   // UserError without CUDA
 //   runner->add_plan("train", plan);
@@ -22,9 +34,9 @@
 #include <memory>
 #include <string>
 
+#include "core/buffer.h"
 #include "graph/op.h"
 #include "plan/plan.h"
-#include "core/buffer.h"
 #include "runtime/parameters.h"
 
 namespace engine {
@@ -62,8 +74,8 @@ class DeviceRunner {
   // One replay of `plan`. `ctx` carries the step's identity (seed, step, micro_step, training,
   // loss scale); `inputs` the host values the trainer filled (by ValueId). With `op_totals`, every
   // kernel is timed with events and summed per op. Returns once the device is done.
-  // `communication` runs the plan's gradient reductions (one rank accumulating micro-batches: the
-  // sum into the store's gradient shard), in plan order once the gradients are on the host.
+  // `communication` carries out the plan's actions (staged runs; a resident run's device optimizer
+  // sums its micro-batches itself).
   virtual void run(const std::string& name, const Plan& plan, KernelContext ctx,
                    const std::map<ValueId, Buffer>& inputs, std::map<std::string, OpTotals>* op_totals,
                    StepCommunication* communication) = 0;

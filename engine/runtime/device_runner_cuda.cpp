@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <vector>
 
 #include "core/convert.h"
@@ -88,11 +89,64 @@ class PinnedBlock {
     tally_->pinned -= bytes_;
   }
   std::byte* data() const { return static_cast<std::byte*>(data_); }
+  int64_t bytes() const { return bytes_; }
 
  private:
   void* data_ = nullptr;
   int64_t bytes_ = 0;
   Tally* tally_;
+};
+
+// Page-locked copies of arena buffers for the host's collectives (a run that is not resident):
+// a buffer holds one from its gather or reduce-scatter until its use or wait, then the block goes
+// back to the pool, free for reuse once the stream's copy out of it (recorded as an event) is done.
+// The pool grows to the most buffers in flight at once, not to the model.
+class StagingMirrors {
+ public:
+  ~StagingMirrors() {
+    for (Entry& e : pool_)
+      if (e.copied) cudaEventDestroy(e.copied);
+  }
+  std::byte* acquire(ValueId buffer, int64_t bytes, Tally& tally) {
+    ENGINE_CHECK(!held_.count(buffer), "a staged buffer is reused before it was released");
+    size_t best = pool_.size();
+    for (size_t i = 0; i < pool_.size(); ++i)
+      if (!pool_[i].busy && pool_[i].block->bytes() >= bytes &&
+          (best == pool_.size() || pool_[i].block->bytes() < pool_[best].block->bytes()))
+        best = i;
+    if (best == pool_.size()) {
+      pool_.push_back(Entry{std::make_unique<PinnedBlock>(bytes, tally)});
+      check_cuda(cudaEventCreateWithFlags(&pool_.back().copied, cudaEventDisableTiming), "event");
+    } else {
+      check_cuda(cudaEventSynchronize(pool_[best].copied), "a staging copy");
+    }
+    pool_[best].busy = true;
+    held_[buffer] = best;
+    return pool_[best].block->data();
+  }
+  std::byte* held(ValueId buffer) const {
+    const auto found = held_.find(buffer);
+    ENGINE_CHECK(found != held_.end(), "a staged buffer is used before it was gathered");
+    return pool_[found->second].block->data();
+  }
+  // After the last copy out of the buffer's mirror was enqueued on `stream` (or none: null).
+  void release(ValueId buffer, cudaStream_t stream) {
+    const auto found = held_.find(buffer);
+    ENGINE_CHECK(found != held_.end(), "a staged buffer is released twice");
+    Entry& e = pool_[found->second];
+    if (stream) check_cuda(cudaEventRecord(e.copied, stream), "event record");
+    e.busy = false;
+    held_.erase(found);
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<PinnedBlock> block;
+    cudaEvent_t copied = nullptr;
+    bool busy = false;
+  };
+  std::vector<Entry> pool_;
+  std::map<ValueId, size_t> held_;
 };
 
 class CudaRunner final : public DeviceRunner {
@@ -117,10 +171,15 @@ class CudaRunner final : public DeviceRunner {
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
     workspace_ = DeviceBlock(kDeviceWorkspaceBytes, tally_, "the library workspace");
     const size_t units = graph.units().size();
+    // Stage 3 gathers each unit's parameters into the arena, stages 2-3 write the gradients into
+    // arena buffers: the device holds what the store holds whole.
+    const int stage = store.sharding().stage;
     for (size_t u = 0; u < units; ++u) {
-      compute_.emplace_back(unit_bytes(u, store.param_dtype()), tally_, "the parameters");
-      grads_.emplace_back(unit_bytes(u, store.grad_dtype()), tally_, "the gradients");
+      compute_.emplace_back(stage < 3 ? unit_bytes(u, store.param_dtype()) : 0, tally_, "the parameters");
+      grads_.emplace_back(stage < 2 ? unit_bytes(u, store.grad_dtype()) : 0, tally_, "the gradients");
     }
+    unit_params_.resize(units);
+    for (size_t i = 0; i < graph.params().size(); ++i) unit_params_[size_t(graph.params()[i].unit)].push_back(i);
     for (size_t i = 0; i < graph.values().size(); ++i) {
       const Value& v = graph.values()[i];
       if (v.placement == Placement::input) {
@@ -157,15 +216,7 @@ class CudaRunner final : public DeviceRunner {
     staged_ = true;
   }
 
-  void add_plan(const std::string& name, const Plan& plan) override {
-    // The gradient reductions of one rank accumulating micro-batches run on the host after the
-    // step; gathers and arena gradient buffers (ZeRO-2/3) do not exist on this path.
-    for (const auto& position : plan.actions)
-      for (const StepAction& action : position)
-        if ((action.kind != StepAction::Kind::reduce && action.kind != StepAction::Kind::wait) ||
-            action.buffer != kNoValue)
-          throw UserError("run.device: cuda runs one process at ZeRO stage 0-1 for now (plan '" + name +
-                          "' gathers parameters or partitions gradients); train on CPU for ZeRO-2/3 runs");
+  void add_plan(const std::string& /*name*/, const Plan& plan) override {
     reset_graphs();  // a captured graph holds the addresses of the blocks this may replace
     if (plan.arena_bytes > arena_.bytes()) arena_ = DeviceBlock(plan.arena_bytes, tally_, "the activations");
     int64_t workspace = kDeviceWorkspaceBytes;
@@ -201,10 +252,12 @@ class CudaRunner final : public DeviceRunner {
       check_cuda(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
+    ENGINE_CHECK(plan.actions.empty() || communication || resident_,
+                 "plan " + name + " communicates but has no communicator");
     if (graphs_.enabled() && resident_ && !op_totals && !traced)
-      graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr); });
+      graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr, nullptr); });
     else
-      enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr);
+      enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr, resident_ ? nullptr : communication);
     check_cuda(cudaEventRecord(inputs_consumed_, stream_), "event record");
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
@@ -217,11 +270,9 @@ class CudaRunner final : public DeviceRunner {
     if (op_totals) total_events(plan, events, *op_totals);
     destroy_events(events);
     if (resident_) return;  // the device optimizer sums the micro-batches
-    for (const auto& position : plan.actions)
-      for (const StepAction& action : position) {
-        ENGINE_CHECK(communication, "plan " + name + " reduces gradients but has no communicator");
-        communication->run(action, nullptr);
-      }
+    // The reductions of the store's gradients (ZeRO 0-1), now that they are on the host.
+    for (const StepAction& action : deferred_) communication->run(action, nullptr);
+    deferred_.clear();
   }
 
   const float* value_f32(const std::string& name, const Plan& plan, ValueId id) override {
@@ -281,8 +332,8 @@ class CudaRunner final : public DeviceRunner {
 
   void upload_parameters() {
     for (size_t u = 0; u < compute_.size(); ++u) {
+      if (!compute_[u].data()) continue;  // ZeRO-3: gathered where the plan uses it
       std::byte* host = store_.compute(u);
-      ENGINE_CHECK(host, "run.device: cuda needs every unit's parameters in the store (ZeRO-3 gathers them)");
       register_once(host, compute_[u].bytes());
       check_cuda(
           cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, stream_),
@@ -292,8 +343,8 @@ class CudaRunner final : public DeviceRunner {
 
   void download_gradients() {
     for (size_t u = 0; u < grads_.size(); ++u) {
+      if (!grads_[u].data()) continue;  // ZeRO-2/3: reduced from the arena where the plan says
       std::byte* host = store_.micro_grad(u);
-      ENGINE_CHECK(host, "run.device: cuda needs the store's micro-batch gradients (ZeRO-2/3 bind arena buffers)");
       register_once(host, grads_[u].bytes());
       check_cuda(cudaMemcpyAsync(host, grads_[u].data(), size_t(grads_[u].bytes()), cudaMemcpyDeviceToHost, stream_),
                  "gradient download");
@@ -301,13 +352,18 @@ class CudaRunner final : public DeviceRunner {
   }
 
   // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
-  // between two events where `events` is given.
-  void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events) {
+  // between two events where `events` is given, and with `communication` the plan's actions
+  // between them (staged: below).
+  void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events,
+                    StepCommunication* communication) {
     if (plan.training)
       for (DeviceBlock& g : grads_)
-        check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
-    for (size_t index : plan.nodes) {
-      const Node& node = graph_.nodes()[index];
+        if (g.data()) check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+    for (size_t position = 0; position <= plan.nodes.size(); ++position) {
+      if (communication && !plan.actions.empty())
+        for (const StepAction& action : plan.actions[position]) run_staged(plan, action, ctx, *communication);
+      if (position == plan.nodes.size()) break;
+      const Node& node = graph_.nodes()[plan.nodes[position]];
       cudaEvent_t start = nullptr, stop = nullptr;
       if (events) {
         check_cuda(cudaEventCreate(&start), "event");
@@ -319,6 +375,72 @@ class CudaRunner final : public DeviceRunner {
         check_cuda(cudaEventRecord(stop, stream_), "event record");
         events->emplace_back(start, stop);
       }
+    }
+  }
+
+  // One of the plan's actions on a run that is not resident: the communication runs on the host
+  // (ZeroStep over the host communicator), on page-locked mirrors of the arena's buffers:
+  //   gather      into a mirror; use_params waits for it, copies it into the arena buffer on the
+  //               stream and points the unit's parameters there;
+  //   grads_into  zeroes the arena buffer on the stream and points the unit's gradients there;
+  //   reduce      from an arena buffer: copied into a mirror once the stream has written it (the
+  //               host waits), then reduce-scattered from there; from the store's gradients (ZeRO
+  //               0-1): after the run, once they are downloaded, with the unit's wait.
+  void run_staged(const Plan& plan, const StepAction& action, KernelContext& ctx, StepCommunication& comm) {
+    using Kind = StepAction::Kind;
+    const bool deferred = (action.kind == Kind::reduce && action.buffer == kNoValue) ||
+                          (action.kind == Kind::wait && deferred_units_.count(action.unit));
+    if (deferred) {
+      if (action.kind == Kind::reduce) deferred_units_.insert(action.unit);
+      if (action.kind == Kind::wait) deferred_units_.erase(action.unit);
+      deferred_.push_back(action);
+      return;
+    }
+    std::byte* device = action.buffer == kNoValue ? nullptr : arena_.data() + plan.offsets[size_t(action.buffer)];
+    const int64_t bytes = action.buffer == kNoValue ? 0 : value_bytes(graph_.value(action.buffer));
+    switch (action.kind) {
+      case Kind::gather:
+        comm.run(action, mirrors_.acquire(action.buffer, bytes, tally_));
+        break;
+      case Kind::use_params: {
+        std::byte* mirror = mirrors_.held(action.buffer);
+        comm.run(action, mirror);
+        check_cuda(cudaMemcpyAsync(device, mirror, size_t(bytes), cudaMemcpyHostToDevice, stream_), "gathered upload");
+        mirrors_.release(action.buffer, stream_);
+        bind_unit(action.unit, device, false, ctx);
+        break;
+      }
+      case Kind::grads_into:
+        check_cuda(cudaMemsetAsync(device, 0, size_t(bytes), stream_), "zero gradient buffer");
+        bind_unit(action.unit, device, true, ctx);
+        break;
+      case Kind::reduce: {
+        std::byte* mirror = mirrors_.acquire(action.buffer, bytes, tally_);
+        check_cuda(cudaMemcpyAsync(mirror, device, size_t(bytes), cudaMemcpyDeviceToHost, stream_),
+                   "gradient download");
+        check_cuda(cudaStreamSynchronize(stream_), "the gradients of a reduce-scatter");
+        comm.run(action, mirror);
+        reducing_[action.unit] = action.buffer;
+        break;
+      }
+      case Kind::wait: {
+        comm.run(action, nullptr);
+        const auto found = reducing_.find(action.unit);
+        if (found != reducing_.end()) {
+          mirrors_.release(found->second, nullptr);
+          reducing_.erase(found);
+        }
+        break;
+      }
+    }
+  }
+
+  // Points unit `unit`'s parameters (or gradients) at `buffer`, laid out as the store's.
+  void bind_unit(int unit, std::byte* buffer, bool gradients, KernelContext& ctx) {
+    for (size_t index : unit_params_[size_t(unit)]) {
+      const Param& p = graph_.params()[index];
+      const ValueId id = gradients ? p.grad : p.value;
+      ctx.pointers[size_t(id)] = buffer + p.offset * int64_t(dtype_size(graph_.value(id).dtype));
     }
   }
 
@@ -347,6 +469,7 @@ class CudaRunner final : public DeviceRunner {
           const Param& p = graph_.params()[size_t(v.param)];
           const DeviceBlock& block =
               v.placement == Placement::parameter ? compute_[size_t(p.unit)] : grads_[size_t(p.unit)];
+          if (!block.data()) return nullptr;  // bound by the plan's actions (ZeRO-2/3)
           return block.data() + p.offset * int64_t(dtype_size(v.dtype));
         }
         case Placement::input:
@@ -439,6 +562,11 @@ class CudaRunner final : public DeviceRunner {
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
+  std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
+  StagingMirrors mirrors_;
+  std::map<int, ValueId> reducing_;   // unit -> the buffer its reduce-scatter's mirror holds
+  std::vector<StepAction> deferred_;  // the store's reductions and their waits, run after the plan
+  std::set<int> deferred_units_;
   DeviceTimes times_;
   F32Copies copies_;
 };

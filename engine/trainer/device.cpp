@@ -3,39 +3,40 @@
 #include "core/build_flags.h"
 #include "core/device_info.h"
 #include "core/error.h"
-#include "recipe/rules.h"
 #include "runtime/device_runner.h"
 #include "trainer/session.h"
 
 namespace engine {
 
-Device resolve_device(const recipe::Recipe& recipe, int world, std::string* note) {
-  const Device cpu{};
-  const Device cuda{Device::Kind::cuda, 0};
+Device resolve_device(const recipe::Recipe& recipe, int local_rank) {
   const int devices = cuda_device_count();
-  std::string limitation = recipe::cuda_limitation(recipe);
-  if (limitation.empty() && world > 1)
-    limitation = "runs of several processes (" + std::to_string(world) + " ranks) train on the CPU in this version";
+  const Device cuda{Device::Kind::cuda, devices > 0 ? local_rank % devices : 0};
   switch (recipe.run.device) {
     case recipe::RunDevice::cpu:
-      return cpu;
+      return Device{};
     case recipe::RunDevice::cuda:
       if (devices == 0)
         throw UserError(
             std::string("run.device: cuda, but ") +
             (kHaveCuda ? "no CUDA device is present on this machine" : "this engine was built without CUDA") +
             "; use run.device: cpu or auto");
-      if (!limitation.empty()) throw UserError("run.device: cuda: " + limitation + "; use run.device: cpu");
       return cuda;
     case recipe::RunDevice::auto_detect:
-      if (devices == 0) return cpu;
-      if (!limitation.empty()) {
-        if (note) *note = "run.device auto: a GPU is present, but " + limitation + ": training on the CPU";
-        return cpu;
-      }
-      return cuda;
+      return devices == 0 ? Device{} : cuda;
   }
-  return cpu;
+  return Device{};
+}
+
+bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
+  std::string reason;
+  if (world > 1)
+    reason = std::to_string(world) + " ranks";
+  else if (recipe.distributed.zero_stage >= 2)
+    reason = "zero_stage " + std::to_string(recipe.distributed.zero_stage);
+  else if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
+    reason = "offload";
+  if (why) *why = reason;
+  return reason.empty();
 }
 
 std::string describe_device(Device device) {
@@ -43,7 +44,7 @@ std::string describe_device(Device device) {
   return "cuda:" + std::to_string(device.index) + " (" + cuda_device_name(device.index) + ")";
 }
 
-DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe) {
+DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe, int world) {
   const Graph& g = step.model.graph;
   const ShardLayout layout(g.units(), 1, 0);
   int64_t elements = 0;
@@ -53,13 +54,19 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   m.activations = std::max(step.train.arena_bytes, step.eval.arena_bytes);
   m.casts = std::max(cuda_scratch_bytes(g, step.train), cuda_scratch_bytes(g, step.eval));
   m.inputs = step.memory.inputs;
+  m.workspace = kDeviceWorkspaceBytes;
+  const int stage = recipe.distributed.zero_stage;
+  if (!device_resident(recipe, world)) {
+    m.parameters = stage < 3 ? elements * param : 0;  // stage 3 gathers each unit into the arena
+    m.gradients = stage < 2 ? elements * grad : 0;    // stages 2-3 write them into arena buffers
+    return m;
+  }
   m.parameters = elements * param;
   m.gradients = elements * grad;
   m.masters = param == 4 ? 0 : elements * 4;
   m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * elements * 4;
   m.gradient_sum = (step.sharding.accumulation > 1 ? elements * grad : 0) + (grad == 4 ? 0 : elements * 4) +
                    elements / kShardBlock * 8;  // and the norm's partial sums
-  m.workspace = kDeviceWorkspaceBytes;
   return m;
 }
 

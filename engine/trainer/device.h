@@ -1,14 +1,16 @@
 // Where a run's step executes: run.device resolved against the build and the machine.
 //
 //   cpu   always the CPU;
-//   cuda  the first CUDA device, or a UserError (exit 2) where the build has no CUDA or the
-//         machine no device;
-//   auto  cuda when the build has CUDA, a device is present and the run is one the GPU path
-//         supports (one process, ZeRO stage 0-1, no offload), else cpu; `note` says why when a
-//         present GPU goes unused.
+//   cuda  a CUDA device (rank r of a machine's processes takes device r modulo the devices there),
+//         or a UserError (exit 2) where the build has no CUDA or the machine no device;
+//   auto  cuda when the build has CUDA and a device is present, else cpu.
 //
-//   std::string note;
-//   Device device = resolve_device(recipe, comm.size(), &note);
+// How a GPU run holds the model (device_resident): one process at ZeRO stage 0-1 without offload
+// keeps the whole model state on the device and updates it there; every other run (several ranks,
+// ZeRO-2/3, offload) computes the step on the device and leaves the reductions, the update and the
+// gathers to the host, staging each buffer through page-locked memory (runtime/device_runner.h).
+//
+//   Device device = resolve_device(recipe, comm.local_rank());
 #pragma once
 
 #include <string>
@@ -20,7 +22,11 @@ namespace engine {
 
 struct CompiledStep;
 
-Device resolve_device(const recipe::Recipe& recipe, int world, std::string* note = nullptr);
+Device resolve_device(const recipe::Recipe& recipe, int local_rank);
+
+// Whether a GPU run of `recipe` at `world` ranks keeps the model state on the device; when not,
+// `why` says what makes it staged.
+bool device_resident(const recipe::Recipe& recipe, int world, std::string* why = nullptr);
 
 // "cpu" or "cuda:0 (NVIDIA H200)".
 std::string describe_device(Device device);
@@ -38,6 +44,8 @@ struct DeviceMemoryPlan {
     return activations + casts + inputs + parameters + gradients + masters + optimizer_state + gradient_sum + workspace;
   }
 };
-DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe);
+// At `world` ranks: a resident run holds the whole state there; a staged one the parameters (ZeRO
+// 0-2) and the micro-batch gradients (ZeRO 0-1) beside the arena, which holds ZeRO-2/3's buffers.
+DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe, int world = 1);
 
 }  // namespace engine

@@ -292,7 +292,7 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
       store(model.graph, rank_sharding(compiled.sharding, comm), offload, offloaded.get()),
       optimizer(offload.optimizer != OffloadTier::none ? make_offloaded_optimizer(r.optimizer, store, *offloaded)
                                                        : make_optimizer(r.optimizer, store)),
-      device(resolve_device(r, comm.size(), &device_note)),
+      device(resolve_device(r, comm.local_rank())),
       executor(model.graph, store, uint64_t(r.run.seed), device),
       zero(store, comm, r.distributed.prefetch),
       micro_batch(*r.train.micro_batch_size),
@@ -303,9 +303,15 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
   eval_gathers_ = gather_sequence(compiled.eval);
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
-  if (DeviceRunner* runner = executor.runner()) {
-    // resolve_device put this run on the GPU only as one process without offload: the whole
-    // update happens there, and the model state stays there between steps.
+  DeviceRunner* runner = executor.runner();
+  std::string staged;
+  if (runner && !device_resident(r, world, &staged))
+    device_note = "run.device cuda with " + staged +
+                  ": the step computes on the GPU; gradient reductions, the update and ZeRO's gathers run on the "
+                  "host, through page-locked staging";
+  else if (runner) {
+    // One process without offload at ZeRO 0-1: the whole update happens on the device, and the
+    // model state stays there between steps.
     device_optimizer = make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation);
     runner->set_resident(true);
     runner->use_graphs(r.run.cuda_graphs);

@@ -152,7 +152,7 @@ class Session {
   std::unique_ptr<OffloadedState> offloaded;  // null without offload
   ParameterStore store;
   std::unique_ptr<Optimizer> optimizer;
-  std::string device_note;  // why a present GPU goes unused (run.device auto), or ""
+  std::string device_note;  // how a GPU run that is not resident (trainer/device.h) splits its work, or ""
   Device device;            // where the forward and backward run (trainer/device.h)
   Executor executor;
   ZeroStep zero;

@@ -19,12 +19,13 @@ TEST(DeviceSelection, AutoIsTheGpuOnlyWhereOneIsPresent) {
   EXPECT_EQ(d.kind, cuda_device_count() > 0 ? Device::Kind::cuda : Device::Kind::cpu);
 }
 
-TEST(DeviceSelection, AutoSaysWhyAPresentGpuGoesUnused) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: auto is the CPU without a word";
-  std::string note;
-  const Device d = resolve_device(quickstart({}).recipe, 2, &note);
-  EXPECT_EQ(d.kind, Device::Kind::cpu);
-  EXPECT_NE(note.find("2 ranks"), std::string::npos) << note;
+// Each rank of a machine takes its own GPU, round robin where there are more ranks than GPUs.
+TEST(DeviceSelection, AutoTakesTheLocalRanksGpu) {
+  const int devices = cuda_device_count();
+  const Device d = resolve_device(quickstart({}).recipe, 3);
+  if (devices == 0) GTEST_SKIP() << "no CUDA device here: auto is the CPU at every rank";
+  EXPECT_EQ(d.kind, Device::Kind::cuda);
+  EXPECT_EQ(d.index, 3 % devices);
 }
 
 TEST(DeviceSelection, CudaWithoutADeviceIsAClearError) {
@@ -39,14 +40,20 @@ TEST(DeviceSelection, CudaWithoutADeviceIsAClearError) {
   EXPECT_THROW(Session(quickstart({"run.device=cuda"}).recipe), UserError);
 }
 
-TEST(DeviceSelection, CudaWithWhatTheGpuPathLacksIsARecipeError) {
-  try {
-    quickstart({"run.device=cuda", "distributed.zero_stage=2"});
-    FAIL() << "loaded";
-  } catch (const recipe::RecipeError& e) {
-    EXPECT_NE(std::string(e.what()).find("run.device cuda"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("zero_stage"), std::string::npos) << e.what();
-  }
+// Every ZeRO stage and offload tier is a valid GPU recipe; what is not resident on the device says why.
+TEST(DeviceSelection, ZeroAndOffloadRunsAreStagedThroughTheHost) {
+  std::string why;
+  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 1, &why));
+  EXPECT_EQ(why, "");
+  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda"}).recipe, 2, &why));
+  EXPECT_EQ(why, "2 ranks");
+  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 1, &why));
+  EXPECT_EQ(why, "zero_stage 2");
+  const recipe::Recipe offload =
+      quickstart({"run.device=cuda", "distributed.zero_stage=3", "offload.optimizer=cpu", "offload.parameters=cpu"})
+          .recipe;
+  EXPECT_FALSE(device_resident(offload, 1, &why));
+  EXPECT_EQ(why, "zero_stage 3");
 }
 
 TEST(DeviceSelection, NamesTheDevice) {
@@ -72,6 +79,24 @@ TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
     EXPECT_GT(d.gradient_sum, 0) << mode;  // accumulation 2: the step's sum
     EXPECT_EQ(d.total(), d.activations + d.casts + d.inputs + d.parameters + d.gradients + d.masters +
                              d.optimizer_state + d.gradient_sum + d.workspace);
+  }
+}
+
+// A staged run holds on the device the parameters the store holds whole (ZeRO 0-2) and the
+// micro-batch gradients (ZeRO 0-1); the masters, the optimizer state and the sums stay on the host,
+// and ZeRO-2/3's gathered parameters and gradient buffers are the arena's.
+TEST(DeviceSelection, StagedDeviceMemoryPlanHoldsOnlyWhatTheStepReads) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const recipe::Recipe r =
+        quickstart({"precision.mode=bf16", "offload.optimizer=cpu", "distributed.zero_stage=" + std::to_string(stage)})
+            .recipe;
+    const CompiledStep step = compile_step(r);
+    const DeviceMemoryPlan resident = plan_device_memory(step, quickstart({"precision.mode=bf16"}).recipe);
+    const DeviceMemoryPlan d = plan_device_memory(step, r);
+    EXPECT_EQ(d.parameters, stage < 3 ? resident.parameters : 0) << stage;
+    EXPECT_EQ(d.gradients, stage < 2 ? resident.gradients : 0) << stage;
+    EXPECT_EQ(d.masters + d.optimizer_state + d.gradient_sum, 0) << stage;
+    EXPECT_EQ(d.activations, std::max(step.train.arena_bytes, step.eval.arena_bytes)) << stage;
   }
 }
 

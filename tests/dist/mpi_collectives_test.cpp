@@ -10,7 +10,10 @@
 #include <cstring>
 #include <vector>
 
+#include "core/build_flags.h"
+#include "core/device_info.h"
 #include "dist/communicator.h"
+#include "dist/nccl_communicator.h"
 
 namespace engine {
 namespace {
@@ -202,6 +205,34 @@ TEST(MpiCommunicator, KnowsItsRanks) {
   EXPECT_GE(comm->size(), 2);
   EXPECT_EQ(comm->local_size(), comm->size());  // mpirun on this one machine
   EXPECT_EQ(comm->local_rank(), comm->rank());
+}
+
+// NCCL's bootstrap over the MPI ranks, which needs no GPU: rank 0's unique id reaches every rank.
+// Where there is no device, the communicator itself is refused on every rank, saying why.
+TEST(NcclBootstrap, EveryRankReceivesRankZerosUniqueId) {
+  if (!kHaveNccl) {
+    try {
+      nccl_unique_id(*comm);
+      ADD_FAILURE() << "a build without NCCL made an id";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("without NCCL"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  const std::string id = nccl_unique_id(*comm);
+  ASSERT_EQ(id.size(), 128u);
+  EXPECT_NE(id, std::string(128, '\0'));
+  std::vector<char> all(id.size() * size_t(comm->size()));
+  comm->all_gather(id.data(), all.data(), int64_t(id.size()), "the ids").wait();
+  for (int r = 0; r < comm->size(); ++r)
+    EXPECT_EQ(std::string(all.data() + size_t(r) * id.size(), id.size()), id) << "rank " << r;
+  if (cuda_device_count() > comm->local_rank()) return;
+  try {
+    make_nccl_communicator(*comm, comm->local_rank(), CommunicatorOptions{});
+    ADD_FAILURE() << "an NCCL communicator without a device";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA device"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

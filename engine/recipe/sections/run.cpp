@@ -21,10 +21,11 @@ void declare_run(Schema& schema) {
       .choices({{"auto", RunDevice::auto_detect}, {"cpu", RunDevice::cpu}, {"cuda", RunDevice::cuda}})
       .def(RunDevice::auto_detect)
       .help(
-          "Where the step runs: cpu, cuda (the first GPU; an error where the build has no CUDA or the machine no "
-          "GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda the whole step runs "
-          "on the GPU (one process, ZeRO stage 0-1, no offload) and the model state stays there between steps; "
-          "checkpoints hold the same host record on either device, so a run resumes on the other.");
+          "Where the step runs: cpu, cuda (a GPU per rank of the machine; an error where the build has no CUDA or "
+          "the machine no GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda one "
+          "process at ZeRO stage 0-1 without offload runs the whole step on the GPU and keeps the model state there; "
+          "several ranks, ZeRO-2/3 and offload compute on the GPU and reduce, update and gather on the host, with "
+          "the same bits. Checkpoints hold the same host record on either device, so a run resumes on the other.");
   run.key("cuda_graphs", &RunSection::cuda_graphs)
       .def(true)
       .help(

@@ -1,0 +1,255 @@
+// The NCCL communicator (dist/nccl_communicator.h): host code over NCCL's and CUDA's runtime APIs;
+// the rank-order sum is optim/device_update.h's accumulate_gradients kernel.
+#include "dist/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "optim/device_update.h"
+
+namespace engine {
+namespace {
+
+void check_cuda_call(cudaError_t status, const std::string& what) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  throw CommunicationError("NCCL communicator: " + what + ": " + cudaGetErrorString(status));
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    default:
+      break;
+  }
+  ENGINE_CHECK(false, "reductions are defined for f32, bf16 and f16, not " + std::string(dtype_name(dtype)));
+  return ncclFloat32;
+}
+
+class NcclCommunicator;
+
+// An operation in flight: the event its stream records when it is done.
+class NcclWork final : public Work::State {
+ public:
+  NcclWork(NcclCommunicator& owner, std::string what);
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void wait() override;
+  bool done() override { return cudaEventQuery(done_) == cudaSuccess; }
+  void wait_on(Stream stream) override {
+    check_cuda_call(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), done_, 0), what_);
+  }
+  cudaEvent_t event() const { return done_; }
+
+ private:
+  NcclCommunicator& owner_;
+  std::string what_;
+  cudaEvent_t done_ = nullptr;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device, const CommunicatorOptions& options)
+      : bootstrap_(bootstrap), device_(device), timeout_seconds_(options.timeout_seconds) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices <= device) {
+      cudaGetLastError();
+      throw UserError("the NCCL communicator needs CUDA device " + std::to_string(device) + " on rank " +
+                      std::to_string(bootstrap.rank()) + ", and this machine has " + std::to_string(devices));
+    }
+    const std::string id = nccl_unique_id(bootstrap);
+    ncclUniqueId unique{};
+    std::memcpy(&unique, id.data(), sizeof unique);
+    check_cuda_call(cudaSetDevice(device), "set device");
+    check_cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check(ncclCommInitRank(&comm_, bootstrap.size(), unique, bootstrap.rank()), "initialisation");
+  }
+
+  ~NcclCommunicator() override {
+    cudaStreamSynchronize(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+    if (staging_) cudaFree(staging_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return bootstrap_.rank(); }
+  int size() const override { return bootstrap_.size(); }
+  int local_rank() const override { return bootstrap_.local_rank(); }
+  int local_size() const override { return bootstrap_.local_size(); }
+  std::string backend() const override { return "nccl"; }
+
+  Work reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, Reduction reduction, std::string what,
+                      Stream stream) override {
+    const int64_t chunk = count * int64_t(dtype_size(dtype));
+    const int world = size();
+    return start(std::move(what), stream, [&] {
+      std::byte* chunks = staging(chunk * world);
+      check(ncclGroupStart(), "group");
+      for (int peer = 0; peer < world; ++peer) {
+        check(ncclSend(static_cast<const std::byte*>(send) + peer * chunk, size_t(count), nccl_type(dtype), peer, comm_,
+                       stream_),
+              "send");
+        check(ncclRecv(chunks + peer * chunk, size_t(count), nccl_type(dtype), peer, comm_, stream_), "receive");
+      }
+      check(ncclGroupEnd(), "group");
+      // ((chunk_0 + chunk_1) + chunk_2) + ..., or recv + chunk_0 + ... when accumulating.
+      int first = 0;
+      if (reduction == Reduction::overwrite) {
+        check_cuda_call(cudaMemcpyAsync(recv, chunks, size_t(chunk), cudaMemcpyDeviceToDevice, stream_), "copy");
+        first = 1;
+      }
+      for (int peer = first; peer < world; ++peer)
+        cuda::accumulate_gradients(recv, chunks + peer * chunk, dtype, count, stream_);
+      bytes_sent_ += chunk * (world - 1);
+    });
+  }
+
+  Work all_gather(const void* send, void* recv, int64_t bytes, std::string what, Stream stream) override {
+    return start(std::move(what), stream, [&] {
+      check(ncclAllGather(send, recv, size_t(bytes), ncclUint8, comm_, stream_), "all-gather");
+      bytes_sent_ += bytes * (size() - 1);
+    });
+  }
+
+  Work all_reduce(void* data, int64_t count, DType dtype, std::string what, Stream stream) override {
+    ENGINE_CHECK(count % size() == 0, "all_reduce needs a count divisible by the world size");
+    const int64_t chunk = count / size();
+    const int64_t chunk_bytes = chunk * int64_t(dtype_size(dtype));
+    auto* mine = static_cast<std::byte*>(data) + rank() * chunk_bytes;
+    // The reduce-scatter reads `data` only through its all-to-all, which completes before the sum
+    // writes this rank's chunk in place; then every chunk is gathered in place.
+    reduce_scatter(data, mine, chunk, dtype, Reduction::overwrite, what, stream);
+    return all_gather(mine, data, chunk_bytes, std::move(what), Stream{});
+  }
+
+  Work broadcast(void* data, int64_t bytes, int root, std::string what, Stream stream) override {
+    return start(std::move(what), stream, [&] {
+      check(ncclBroadcast(data, data, size_t(bytes), ncclUint8, root, comm_, stream_), "broadcast");
+      if (rank() == root) bytes_sent_ += bytes * (size() - 1);
+    });
+  }
+
+  Work barrier(std::string what) override {
+    check_cuda_call(cudaStreamSynchronize(stream_), what);
+    return bootstrap_.barrier(std::move(what));
+  }
+
+  int64_t bytes_sent() const override { return bytes_sent_; }
+
+  [[noreturn]] void abort_job(int exit_code) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    bootstrap_.abort_job(exit_code);
+    std::abort();  // abort_job does not return; the attribute does not travel through the reference
+  }
+
+  // Blocks until `event` is recorded, polling NCCL's asynchronous error; past the timeout or on an
+  // error, aborts the NCCL communicator (so no rank stays inside a collective) and throws.
+  void wait_for(cudaEvent_t event, const std::string& what) {
+    const auto began = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) check_cuda_call(status, what);
+      ncclResult_t async = ncclSuccess;
+      if (comm_ && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        fail(what + " failed: " + ncclGetErrorString(async));
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      if (waited > timeout_seconds_)
+        fail(what + " did not complete within " + std::to_string(int(timeout_seconds_)) +
+             " s (distributed.timeout): a peer did not reach it");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+ private:
+  // Orders the operation after the caller's stream, enqueues it on the communicator's stream and
+  // records its completion.
+  template <class Enqueue>
+  Work start(std::string what, Stream caller, Enqueue enqueue) {
+    check_cuda_call(cudaSetDevice(device_), what);
+    if (caller.handle) {
+      cudaEvent_t ready = nullptr;
+      check_cuda_call(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
+      check_cuda_call(cudaEventRecord(ready, static_cast<cudaStream_t>(caller.handle)), what);
+      check_cuda_call(cudaStreamWaitEvent(stream_, ready, 0), what);
+      cudaEventDestroy(ready);  // released once the wait is done
+    }
+    auto work = std::make_shared<NcclWork>(*this, what);
+    current_ = what;
+    enqueue();
+    check_cuda_call(cudaEventRecord(work->event(), stream_), what);
+    return Work(work);
+  }
+
+  // The peers' chunks of a reduce-scatter, on the device (grown as needed, never while in use:
+  // the stream is drained first).
+  std::byte* staging(int64_t bytes) {
+    if (bytes > staging_bytes_) {
+      check_cuda_call(cudaStreamSynchronize(stream_), "reduce staging");
+      if (staging_) cudaFree(staging_);
+      staging_ = nullptr;
+      check_cuda_call(cudaMalloc(&staging_, size_t(bytes)), "reduce staging (" + std::to_string(bytes) + " bytes)");
+      staging_bytes_ = bytes;
+    }
+    return static_cast<std::byte*>(staging_);
+  }
+
+  void check(ncclResult_t result, const std::string& what) {
+    if (result == ncclSuccess || result == ncclInProgress) return;
+    fail(current_ + ": NCCL " + what + ": " + ncclGetErrorString(result) + " (" +
+         std::string(ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "") + ")");
+  }
+
+  [[noreturn]] void fail(const std::string& message) {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw CommunicationError("rank " + std::to_string(rank()) + ": " + message);
+  }
+
+  Communicator& bootstrap_;
+  int device_;
+  double timeout_seconds_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* staging_ = nullptr;
+  int64_t staging_bytes_ = 0;
+  int64_t bytes_sent_ = 0;
+  std::string current_ = "NCCL";
+};
+
+NcclWork::NcclWork(NcclCommunicator& owner, std::string what) : owner_(owner), what_(std::move(what)) {
+  check_cuda_call(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), what_);
+}
+
+void NcclWork::wait() { owner_.wait_for(done_, what_); }
+
+}  // namespace
+
+std::string nccl_unique_id(Communicator& bootstrap) {
+  ncclUniqueId id{};
+  if (bootstrap.rank() == 0) {
+    const ncclResult_t result = ncclGetUniqueId(&id);
+    if (result != ncclSuccess) throw CommunicationError(std::string("NCCL's unique id: ") + ncclGetErrorString(result));
+  }
+  bootstrap.broadcast(&id, sizeof id, 0, "broadcast of NCCL's unique id").wait();
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device,
+                                                     const CommunicatorOptions& options) {
+  return std::make_unique<NcclCommunicator>(bootstrap, device, options);
+}
+
+}  // namespace engine

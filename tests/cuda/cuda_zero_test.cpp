@@ -1,0 +1,166 @@
+// ZeRO and offload on a GPU, checked by running both sides with the engine binary: every staged
+// setting (trainer/device.h: ZeRO-2/3, ZeRO-Offload to host memory or NVMe, several ranks sharing
+// the GPU) trains to the same bits as the resident run on one process (stage 0, the update on the
+// device): its per-step losses, gradient norms and learning rates, and its final weights file.
+// fp32 and bf16 with accumulation, clipping and dropout. Skipped, saying so, without a device; the
+// two-rank case also without a working mpirun (ENGINE_MPIRUN, else the build's).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../equivalence/run_util.h"
+#include "../shell.h"
+#include "../temp_dir.h"
+#include "core/device_info.h"
+#include "telemetry/measurements.h"
+#include "trainer/device.h"
+
+namespace engine::testing {
+namespace {
+
+struct Trajectory {
+  std::vector<std::string> steps;  // the deterministic fields of each metrics line
+  std::string weights;             // the final model.safetensors, byte for byte
+  std::string output;
+};
+
+std::string read_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// `launcher` is empty for one process, else "mpirun ... -n 2 ".
+Trajectory train(const std::string& launcher, const std::string& overrides, const std::filesystem::path& dir) {
+  const std::string command = launcher + "'" ENGINE_BINARY "' train recipes/quickstart.yaml run.device=cuda " +
+                              "train.steps=4 train.log_every=1 train.eval_every=0 model.dropout=0.1 " +
+                              "train.gradient_clipping=0.5 run.name=run run.output_dir=" + dir.string() + " " +
+                              overrides;
+  const ShellResult result = run_shell(command, ENGINE_SOURCE_DIR);
+  Trajectory t;
+  t.output = command + "\n" + result.output;
+  EXPECT_EQ(result.status, 0) << t.output;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    t.steps.push_back(without_measurements(nlohmann::json::parse(line)).dump());
+  t.weights = read_bytes(dir / "run" / "model.safetensors");
+  EXPECT_FALSE(t.weights.empty()) << t.output;
+  return t;
+}
+
+// The fields `want`'s lines carry, from `got`'s (offload adds its own counters).
+std::vector<std::string> fields_of(const Trajectory& got, const Trajectory& want) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < got.steps.size() && i < want.steps.size(); ++i) {
+    const nlohmann::json wanted = nlohmann::json::parse(want.steps[i]), line = nlohmann::json::parse(got.steps[i]);
+    nlohmann::json kept = nlohmann::json::object();
+    for (auto it = wanted.begin(); it != wanted.end(); ++it)
+      if (line.contains(it.key())) kept[it.key()] = line[it.key()];
+    out.push_back(kept.dump());
+  }
+  return out;
+}
+
+void expect_same(const Trajectory& got, const Trajectory& want, const std::string& what) {
+  ASSERT_EQ(got.steps.size(), want.steps.size()) << what << "\n" << got.output;
+  EXPECT_EQ(fields_of(got, want), want.steps) << what << "\n" << got.output;
+  EXPECT_TRUE(got.weights == want.weights) << what << ": the final weights differ\n" << got.output;
+}
+
+#define REQUIRE_CUDA_DEVICE() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: the GPU ZeRO tests run on a GPU machine"
+
+const char* const kPrecisions[] = {"precision.mode=fp32", "precision.mode=bf16"};
+
+// One process: stage 0 resident (the device optimizer) against every staged setting.
+TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
+  REQUIRE_CUDA_DEVICE();
+  const TempDir dir("cuda_zero");
+  for (const char* precision : kPrecisions) {
+    const std::string common = std::string(precision) + " train.gradient_accumulation_steps=2 ";
+    const Trajectory resident = train("", common + "distributed.zero_stage=0", dir.path() / "resident");
+    ASSERT_EQ(resident.steps.size(), 4u) << resident.output;
+    EXPECT_NE(resident.output.find("device: cuda"), std::string::npos) << resident.output;
+    const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
+    for (const std::string& setting : std::vector<std::string>{
+             "distributed.zero_stage=2",
+             "distributed.zero_stage=3",
+             "offload.optimizer=cpu",
+             "distributed.zero_stage=2 offload.optimizer=cpu",
+             "distributed.zero_stage=3 offload.optimizer=cpu offload.parameters=cpu",
+             "distributed.zero_stage=1 offload.optimizer=nvme " + nvme,
+             "distributed.zero_stage=3 offload.optimizer=nvme offload.parameters=nvme " + nvme,
+         }) {
+      const Trajectory staged = train("", common + setting, dir.path() / "staged");
+      EXPECT_NE(staged.output.find("the step computes on the GPU"), std::string::npos) << staged.output;
+      expect_same(staged, resident, std::string(precision) + " " + setting);
+    }
+  }
+}
+
+// Two ranks sharing the one GPU (one micro-batch each), at every stage, against one process
+// accumulating the same two micro-batches.
+TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
+  REQUIRE_CUDA_DEVICE();
+  const char* configured = std::getenv("ENGINE_MPIRUN");
+  const std::string mpirun = configured ? configured : MPIEXEC;
+  const ShellResult probe = run_shell("'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 true");
+  if (probe.status != 0) GTEST_SKIP() << "mpirun (" << mpirun << ") does not start two ranks here:\n" << probe.output;
+  const std::string launcher = "'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 ";
+  const TempDir dir("cuda_zero_w2");
+  for (const char* precision : kPrecisions) {
+    const Trajectory one =
+        train("", std::string(precision) + " train.gradient_accumulation_steps=2", dir.path() / "one");
+    ASSERT_EQ(one.steps.size(), 4u) << one.output;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const Trajectory two =
+          train(launcher,
+                std::string(precision) +
+                    " train.gradient_accumulation_steps=1 distributed.zero_stage=" + std::to_string(stage),
+                dir.path() / ("two" + std::to_string(stage)));
+      EXPECT_NE(two.output.find("2 ranks"), std::string::npos) << two.output;
+      expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
+    }
+  }
+}
+
+// engine plan's device memory for staged runs against the allocator's high-water mark: within 5%
+// (the staging mirrors are page-locked host memory, not counted there).
+TEST(CudaZero, StagedDeviceMemoryIsThePlanWithinFivePercent) {
+  REQUIRE_CUDA_DEVICE();
+  for (const char* setting : {"distributed.zero_stage=2", "distributed.zero_stage=3 offload.optimizer=cpu"}) {
+    std::vector<std::string> overrides = {"precision.mode=bf16",
+                                          "model.n_embd=256",
+                                          "model.n_layer=4",
+                                          "train.micro_batch_size=32",
+                                          "train.gradient_accumulation_steps=2",
+                                          "run.device=cuda",
+                                          "train.eval_every=0"};
+    std::istringstream words(setting);
+    for (std::string word; words >> word;) overrides.push_back(word);
+    const recipe::Recipe r = quickstart(overrides).recipe;
+    const DeviceMemoryPlan plan = plan_device_memory(compile_step(r), r);
+    Session session(r);
+    session.store.initialize(1);
+    for (int64_t step = 0; step < 2; ++step)
+      session.train_step(step, [&, micro = int64_t(0)]() mutable {
+        Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+        session.data->fill(Split::train, 2 * step + micro++, batch);
+        return batch;
+      });
+    ASSERT_EQ(session.device_optimizer, nullptr) << setting << ": a staged run";
+    const DeviceMemory measured = session.executor.runner()->memory();
+    const double ratio = double(measured.device_peak) / double(plan.total());
+    std::printf("%s: planned %lld bytes, measured peak %lld (%.4f), pinned %lld\n", setting, (long long)plan.total(),
+                (long long)measured.device_peak, ratio, (long long)measured.pinned);
+    EXPECT_NEAR(ratio, 1.0, 0.05) << setting;
+  }
+}
+
+}  // namespace
+}  // namespace engine::testing
