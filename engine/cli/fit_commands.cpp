@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "cli/commands.h"
+#include "core/device_info.h"
 #include "core/memory_limit.h"
 #include "trainer/fit.h"
 #include "trainer/progress_line.h"
@@ -34,8 +35,11 @@ std::string shell_word(const std::string& word) {
 
 std::string fits_text(const FitRow& row, const FitBudgets& b) {
   if (row.fits(b)) return "yes";
-  if (!row.fits_host(b) && !row.fits_nvme(b)) return "no: host, nvme";
-  return row.fits_host(b) ? "no: nvme" : "no: host";
+  std::string missed;
+  for (auto [fits, name] : {std::pair{row.fits_host(b), "host"}, std::pair{row.fits_device(b), "device"},
+                            std::pair{row.fits_nvme(b), "nvme"}})
+    if (!fits) missed += std::string(missed.empty() ? "" : ", ") + name;
+  return "no: " + missed;
 }
 
 std::string describe(const FitRow& row) {
@@ -48,6 +52,9 @@ std::string describe(const FitRow& row) {
 
 std::string needs(const FitRow& row, const FitBudgets& b) {
   return format_bytes(row.host_needed) + " of host memory (budget " + budget_text(b.host) + ")" +
+         (row.device
+              ? ", " + format_bytes(row.device) + " of device memory per GPU (budget " + budget_text(b.device) + ")"
+              : "") +
          (row.swap_needed ? ", " + format_bytes(row.swap_needed) + " of swap (budget " + budget_text(b.nvme) + ")"
                           : "");
 }
@@ -63,13 +70,27 @@ FitBudgets budgets_from(const FitArgs& args, const FitSearch& search, std::ostre
   } else {
     b.host_source = "no memory limit found";
   }
-  if (!args.device_memory.empty()) {
+  if (args.device_memory == "auto") {
+    if (!search.device)
+      throw UserError(
+          "--device-memory auto: this run trains on the CPU (run.device), which has no "
+          "device memory of its own; give a size to budget host memory");
+    b.device = cuda_device_free_bytes(0);
+    if (b.device <= 0) throw UserError("--device-memory auto: no CUDA device here to read; give a size");
+    b.device_source = "free on " + cuda_device_name(0) + " now (cudaMemGetInfo)";
+  } else if (!args.device_memory.empty() && search.device) {
+    b.device = parse_byte_size(args.device_memory, "--device-memory");
+    b.device_source = "--device-memory";
+  } else if (!args.device_memory.empty()) {
     const int64_t device = parse_byte_size(args.device_memory, "--device-memory");
-    out << "note: this engine runs on the CPU: the device is the host, so --device-memory is a host budget\n";
+    out << "note: this run trains on the CPU (run.device): the device is the host, so --device-memory is a host "
+           "budget\n";
     if (args.host_memory.empty() || device < b.host) {
       b.host = device;
       b.host_source = "--device-memory";
     }
+  } else if (search.device) {
+    b.device_source = "no device budget given (--device-memory SIZE or auto)";
   }
   if (!args.nvme.empty()) {
     b.nvme = parse_byte_size(args.nvme, "--nvme");
@@ -88,14 +109,18 @@ FitBudgets budgets_from(const FitArgs& args, const FitSearch& search, std::ostre
 }
 
 void print_table(const FitSearch& search, const FitBudgets& b) {
-  std::printf("  %-5s %-26s %-9s %9s %10s %10s %10s %10s %10s %8s  %s\n", "stage", "offload", "ckpt", "micro", "host",
-              "needed", "swap", "swap/step", "recompute", "s/step", "fits");
+  std::printf("  %-5s %-26s %-9s %9s %10s %10s", "stage", "offload", "ckpt", "micro", "host", "needed");
+  if (search.device) std::printf(" %10s %10s", "device", "link/step");
+  std::printf(" %10s %10s %10s %8s  %s\n", "swap", "swap/step", "recompute", "s/step", "fits");
   for (const FitRow& row : search.rows) {
     const std::string micro = std::to_string(row.micro) + "x" + std::to_string(row.accumulation);
-    std::printf("%s %-5d %-26s %-9s %9s %10s %10s %10s %10s %10.3g %8.3g  %s\n", row.is_recipe ? "*" : " ", row.stage,
-                row.offload_name().c_str(), policy_name(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
-                format_bytes(row.host_needed).c_str(), format_bytes(row.swap).c_str(),
-                format_bytes(row.swap_moved).c_str(), row.extra_flops, row.seconds, fits_text(row, b).c_str());
+    std::printf("%s %-5d %-26s %-9s %9s %10s %10s", row.is_recipe ? "*" : " ", row.stage, row.offload_name().c_str(),
+                policy_name(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
+                format_bytes(row.host_needed).c_str());
+    if (search.device)
+      std::printf(" %10s %10s", format_bytes(row.device).c_str(), format_bytes(row.link_moved).c_str());
+    std::printf(" %10s %10s %10.3g %8.3g  %s\n", format_bytes(row.swap).c_str(), format_bytes(row.swap_moved).c_str(),
+                row.extra_flops, row.seconds, fits_text(row, b).c_str());
   }
 }
 
@@ -103,6 +128,10 @@ void print_table(const FitSearch& search, const FitBudgets& b) {
 
 void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& loaded) {
   CostModel cost;
+  const bool device = fit_on_device(loaded.recipe);
+  if (device)
+    cost.flops_per_second = CostModel::device_flops_per_second(
+        loaded.recipe.precision.mode == PrecisionMode::fp32 ? DType::f32 : DType::bf16);
   if (fit.flops_per_second > 0) cost.flops_per_second = fit.flops_per_second;
   if (!fit.swap_bandwidth.empty()) {
     cost.swap_bytes_per_second = double(parse_byte_size(fit.swap_bandwidth, "--swap-bandwidth"));
@@ -112,21 +141,31 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
   const std::pair<std::string, const char*> sizes[] = {
       {fit.host_memory, "--host-memory"}, {fit.device_memory, "--device-memory"}, {fit.nvme, "--nvme"}};
   for (const auto& [text, what] : sizes)
-    if (!text.empty()) parse_byte_size(text, what);
+    if (!text.empty() && text != "auto") parse_byte_size(text, what);
   const FitSearch search = fit_rows(args.recipe, args.load_options(), loaded, cost);
   const FitBudgets b = budgets_from(fit, search, std::cout);
   const int world = int(loaded.world.size);
 
   std::cout << "\nfitting to the machine (" << (world > 1 ? std::to_string(world) + " ranks on it" : "one rank")
-            << "):\n  host memory  " << budget_text(b.host) << "  (" << b.host_source << ")\n  nvme swap    "
-            << budget_text(b.nvme) << "  (" << b.nvme_source << ")\n";
-  std::printf("  cost model   s/step = FLOPs per step / %.3g FLOP/s + swap bytes moved per step / %.3g B/s\n\n",
+            << "):\n  host memory  " << budget_text(b.host) << "  (" << b.host_source << ")\n";
+  if (search.device)
+    std::cout << "  device       " << budget_text(b.device) << " per GPU  (" << b.device_source << ")\n";
+  std::cout << "  nvme swap    " << budget_text(b.nvme) << "  (" << b.nvme_source << ")\n";
+  std::printf("  cost model   s/step = FLOPs per step / %.3g FLOP/s + swap bytes moved per step / %.3g B/s\n",
               cost.flops_per_second, cost.swap_bytes_per_second);
+  if (search.device)
+    std::printf("               + (staged GPU runs) link bytes per step / %.3g B/s + the host's update / %.3g B/s\n",
+                cost.link_bytes_per_second, cost.host_update_bytes_per_second);
+  std::printf("\n");
   print_table(search, b);
   std::cout << "  (* the recipe as given; host: MemoryPlan total per rank; needed: with the checkpoint snapshot, for\n"
                "   all ranks, as `engine train` checks it; swap/step: bytes read and written per step; recompute:\n"
-               "   extra FLOPs per step; offload to cpu is left out: on a CPU run the state is already in host\n"
-               "   memory";
+               "   extra FLOPs per step; ";
+  if (search.device)
+    std::cout << "device: the GPU's plan per rank (engine plan's device memory); link/step: bytes\n"
+                 "   between host and GPU per step of a run staged through the host";
+  else
+    std::cout << "offload to cpu is left out: on a CPU run the state is already in host\n   memory";
   if (world == 1) std::cout << "; at world size 1 the stages shard nothing, their rows differ only by buffers";
   std::cout << ")\n";
   for (const std::string& note : search.notes) std::cout << "  " << note << "\n";

@@ -94,7 +94,7 @@ int help(const std::string& topic) {
                  "commands:\n"
                  "  engine train RECIPE [OVERRIDES...]      train; outputs in <run.output_dir>/<run.name>\n"
                  "  engine plan RECIPE [OVERRIDES...]       parameters, FLOPs and the exact memory plan\n"
-                 "    [--host-memory SIZE] [--device-memory SIZE] [--nvme SIZE] [--fit]\n"
+                 "    [--host-memory SIZE] [--device-memory SIZE|auto] [--nvme SIZE] [--fit]\n"
                  "                                          every stage/offload/checkpointing/micro-batch against\n"
                  "                                          the budgets; --fit: the fastest that fits as overrides\n"
                  "  engine export RUN_DIR OUT.safetensors   a run's final weights (or a checkpoint's)\n"

@@ -4,6 +4,7 @@
 // without it, device_info_no_cuda.cpp says the build is CPU-only. Either way the engine runs on CPU.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace engine {
@@ -17,5 +18,7 @@ int cuda_device_count();
 std::string cuda_device_name(int index);
 // Its PCI bus id ("0000:19:00.0"), which names it to NVML (telemetry/gpu_sensors.h); "" when none.
 std::string cuda_device_pci_bus_id(int index);
+// Bytes free on CUDA device `index` now (cudaMemGetInfo: other processes' use counted), 0 when none.
+int64_t cuda_device_free_bytes(int index);
 
 }  // namespace engine

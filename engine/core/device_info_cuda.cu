@@ -63,4 +63,14 @@ std::string cuda_device_pci_bus_id(int index) {
   return id;
 }
 
+int64_t cuda_device_free_bytes(int index) {
+  if (index >= cuda_device_count() || cudaSetDevice(index) != cudaSuccess) return 0;
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return int64_t(free);
+}
+
 }  // namespace engine

@@ -5,6 +5,10 @@
 #include <system_error>
 #include <tuple>
 
+#include "core/device_info.h"
+#include "optim/optimizer.h"
+#include "trainer/device.h"
+
 namespace engine {
 
 namespace fs = std::filesystem;
@@ -19,11 +23,18 @@ double FitRow::overshoot(const FitBudgets& b) const {
     if (need <= budget) return need == 0 ? 0.0 : double(need) / double(std::max<int64_t>(budget, 1));
     return budget <= 0 ? HUGE_VAL : double(need) / double(budget);
   };
-  return std::max(ratio(host_needed, b.host), ratio(swap_needed, b.nvme));
+  return std::max({ratio(host_needed, b.host), ratio(swap_needed, b.nvme), ratio(device, b.device)});
 }
 
 std::string FitRow::offload_name() const {
-  return parameters_nvme ? "optimizer+parameters nvme" : optimizer_nvme ? "optimizer nvme" : "none";
+  if (optimizer == OffloadTier::none) return "none";
+  return std::string(parameters != OffloadTier::none ? "optimizer+parameters " : "optimizer ") +
+         offload_tier_name(optimizer);
+}
+
+bool fit_on_device(const recipe::Recipe& recipe) {
+  return recipe.run.device == recipe::RunDevice::cuda ||
+         (recipe.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0);
 }
 
 namespace {
@@ -37,8 +48,8 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   const int world = int(loaded.world.size);
   const CompiledStep c = compile_step(r, world);
   row.stage = int(r.distributed.zero_stage);
-  row.optimizer_nvme = r.offload.optimizer == OffloadTier::nvme;
-  row.parameters_nvme = r.offload.parameters == OffloadTier::nvme;
+  row.optimizer = r.offload.optimizer;
+  row.parameters = r.offload.parameters;
   row.policy = r.activation_checkpointing.policy;
   row.micro = *r.train.micro_batch_size;
   row.accumulation = *r.train.gradient_accumulation_steps;
@@ -50,6 +61,19 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   row.flops = c.flops_per_micro_batch * double(row.accumulation);
   row.extra_flops = c.recompute.extra_flops * double(row.accumulation);
   row.seconds = row.flops / cost.flops_per_second + double(row.swap_moved) / cost.swap_bytes_per_second;
+  if (!fit_on_device(r)) return;
+  row.device = plan_device_memory(c, r, world).total();
+  if (device_resident(r, world)) return;
+  // Staged: each micro-batch uploads the parameters (ZeRO-3: gathered for the forward and again for
+  // the backward) and downloads the gradients; the host reduces and updates over its shard.
+  const Graph& g = c.model.graph;
+  const auto elements = double(g.param_count());
+  const double parameters = elements * double(dtype_size(g.param_dtype())) * (row.stage == 3 ? 2 : 1);
+  const double gradients = elements * double(dtype_size(g.grad_dtype()));
+  row.link_moved = int64_t((parameters + gradients) * double(row.accumulation));
+  const double shard = elements / (row.stage == 0 ? 1 : world);
+  const double update_bytes = shard * 4 * (2 + 2 * double(optimizer_state_tensors(r.optimizer)));
+  row.seconds += double(row.link_moved) / cost.link_bytes_per_second + update_bytes / cost.host_update_bytes_per_second;
 }
 
 }  // namespace
@@ -74,12 +98,22 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
                                             CheckpointPolicy::full};
   if (r.activation_checkpointing.policy == CheckpointPolicy::every_k) policies.push_back(CheckpointPolicy::every_k);
 
+  // Offload (optimizer, parameters): to nvme; on a GPU run also to host memory (ZeRO-Offload);
+  // the parameters at stage 3 only, with the optimizer state.
+  search.device = fit_on_device(r);
+  std::vector<OffloadTier> tiers = {OffloadTier::none, OffloadTier::nvme};
+  if (search.device) tiers.insert(tiers.begin() + 1, OffloadTier::cpu);
+  std::vector<std::pair<OffloadTier, OffloadTier>> offloads;
+  for (OffloadTier t : tiers) offloads.emplace_back(t, OffloadTier::none);
+  for (OffloadTier t : tiers)
+    if (t != OffloadTier::none) offloads.emplace_back(t, t);
+
   for (int stage = 0; stage <= 3; ++stage)
-    for (int offload = 0; offload <= (stage == 3 ? 2 : 1); ++offload)
+    for (auto [optimizer, parameters] : offloads)
       for (CheckpointPolicy policy : policies)
         for (int64_t m : micros) {
-          const OffloadTier optimizer = offload >= 1 ? OffloadTier::nvme : OffloadTier::none;
-          const OffloadTier parameters = offload == 2 ? OffloadTier::nvme : OffloadTier::none;
+          if (parameters != OffloadTier::none && stage != 3) continue;
+          const bool nvme = optimizer == OffloadTier::nvme;
           const int64_t accumulation = per_rank_rows / m;
           if (stage == r.distributed.zero_stage && optimizer == r.offload.optimizer &&
               parameters == r.offload.parameters && policy == r.activation_checkpointing.policy && m == micro)
@@ -92,7 +126,7 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
           set(stage != r.distributed.zero_stage, "distributed.zero_stage", std::to_string(stage));
           set(optimizer != r.offload.optimizer, "offload.optimizer", offload_tier_name(optimizer));
           set(parameters != r.offload.parameters, "offload.parameters", offload_tier_name(parameters));
-          set(offload > 0 && !search.nvme_path_given, "offload.nvme_path", search.nvme_path.string());
+          set(nvme && !search.nvme_path_given, "offload.nvme_path", search.nvme_path.string());
           set(policy != r.activation_checkpointing.policy, "activation_checkpointing.policy", policy_name(policy));
           // Keys that only apply to some policies go with them.
           if (policy != CheckpointPolicy::every_k && loaded.given("activation_checkpointing.k"))
@@ -120,7 +154,7 @@ namespace {
 // Among equally fast rows: fewer changes from the recipe, then the larger micro-batch (the cost
 // model counts FLOPs, not how much faster larger matmuls run them), then less memory.
 auto preference(const FitRow& row) {
-  return std::make_tuple(row.seconds, row.overrides.size(), -row.micro, row.host_needed, row.swap_needed);
+  return std::make_tuple(row.seconds, row.overrides.size(), -row.micro, row.host_needed, row.swap_needed, row.device);
 }
 
 }  // namespace

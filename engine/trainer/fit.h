@@ -1,16 +1,20 @@
 // Fitting a run to the machine: the memory-saving choices a recipe can make, each planned exactly,
-// against budgets for host memory and swap space, and the fastest one that fits.
+// against budgets for host memory, device memory and swap space, and the fastest one that fits.
 //
 // A row is the recipe with overrides for four settings: distributed.zero_stage (0-3), offload
-// (none; the optimizer state to nvme; at stage 3 the parameters too), activation_checkpointing.policy
-// (none, selective, full) and the micro-batch (the recipe's and its halvings down to 1, the global
-// batch kept by gradient accumulation). Each row is loaded through load_recipe with those overrides
-// appended to the command line's, and planned by compile_step: the numbers are what `engine plan`
-// says of that recipe, and what `engine train` checks.
+// (none; the optimizer state to nvme; at stage 3 the parameters too; on a GPU run also to cpu,
+// ZeRO-Offload), activation_checkpointing.policy (none, selective, full) and the micro-batch (the
+// recipe's and its halvings down to 1, the global batch kept by gradient accumulation). Each row
+// is loaded through load_recipe with those overrides appended to the command line's, and planned
+// by compile_step: the numbers are what `engine plan` says of that recipe, and what `engine train`
+// checks. A GPU run's rows also carry the device memory plan (trainer/device.h).
 //
 // The cost model ranks rows that fit (docs/offload.md, "Fitting a run to the machine"):
 //   seconds per step = FLOPs per step (recompute included) / flops_per_second
 //                    + swap bytes read and written per step / swap_bytes_per_second
+//   and on a GPU run that is staged through the host (trainer/device.h device_resident):
+//                    + bytes between host and device per step / link_bytes_per_second
+//                    + the host's update, optimizer bytes read and written / host_update_bytes_per_second
 // Ties go to the row with fewer changes from the recipe, then the one with less host memory.
 //
 //   std::vector<FitRow> rows = fit_rows(path, options, loaded, {});
@@ -37,16 +41,22 @@ struct FitBudgets {
   std::string host_source;         // "--host-memory", "ulimit -v (RLIMIT_AS)", ...
   int64_t nvme = kUnlimitedBytes;  // free space for the swap files of all the ranks
   std::string nvme_source;
+  int64_t device = kUnlimitedBytes;  // per rank's GPU (rows of a GPU run)
+  std::string device_source;
 };
 
 struct CostModel {
-  double flops_per_second = 50e9;      // a few cores of a CPU, fp32
-  double swap_bytes_per_second = 1e9;  // one NVMe drive through direct I/O, reads and writes together
+  double flops_per_second = 50e9;              // a few cores of a CPU, fp32
+  double swap_bytes_per_second = 1e9;          // one NVMe drive through direct I/O, reads and writes together
+  double link_bytes_per_second = 25e9;         // host <-> GPU copies through page-locked memory (PCIe)
+  double host_update_bytes_per_second = 20e9;  // the host's reductions and optimizer, memory-bound
+  // A GPU's default rate: an H100-class card's achieved matmul rate in the compute type.
+  static double device_flops_per_second(DType compute) { return compute == DType::f32 ? 40e12 : 400e12; }
 };
 
 struct FitRow {
   int stage = 0;
-  bool optimizer_nvme = false, parameters_nvme = false;
+  OffloadTier optimizer = OffloadTier::none, parameters = OffloadTier::none;
   recipe::CheckpointPolicy policy = recipe::CheckpointPolicy::none;
   int64_t micro = 1, accumulation = 1;
   // The overrides that make the recipe this row (only keys whose value changes).
@@ -58,16 +68,19 @@ struct FitRow {
   int64_t swap = 0;         // per rank
   int64_t swap_needed = 0;  // all ranks
   int64_t swap_moved = 0;   // bytes read and written per step, per rank
+  int64_t device = 0;       // a GPU run's device memory per rank (plan_device_memory), else 0
+  int64_t link_moved = 0;   // a staged GPU run's bytes between host and device per step and rank
   double flops = 0;         // per step and rank, recompute included
   double extra_flops = 0;   // of which recompute
   double seconds = 0;       // the cost model's step time
 
   bool fits_host(const FitBudgets& b) const { return host_needed <= b.host; }
   bool fits_nvme(const FitBudgets& b) const { return swap_needed <= b.nvme; }
-  bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b); }
+  bool fits_device(const FitBudgets& b) const { return device <= b.device; }
+  bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b) && fits_device(b); }
   // How far over the budgets the row is: the larger of need / budget (<= 1: it fits).
   double overshoot(const FitBudgets& b) const;
-  std::string offload_name() const;  // "none", "optimizer nvme", "optimizer+parameters nvme"
+  std::string offload_name() const;  // "none", "optimizer nvme", "optimizer+parameters cpu", ...
 };
 
 struct FitSearch {
@@ -75,9 +88,14 @@ struct FitSearch {
   std::filesystem::path nvme_path;  // where the nvme rows put their swap files
   bool nvme_path_given = false;     // the recipe's offload.nvme_path (else the temporary directory)
   std::vector<std::string> notes;   // rows that could not be planned, and why
+  bool device = false;              // rows of a GPU run (run.device cuda, or auto with a GPU here)
 };
 
-// Every row for `recipe` loaded with `options` (`loaded` is that recipe, already loaded).
+// Whether `recipe`'s rows are a GPU run's: run.device cuda, or auto where this machine has a GPU.
+bool fit_on_device(const recipe::Recipe& recipe);
+
+// Every row for `recipe` loaded with `options` (`loaded` is that recipe, already loaded), costed
+// with `cost` (its flops_per_second the rate of the device the rows run on).
 FitSearch fit_rows(const std::filesystem::path& recipe, const recipe::LoadOptions& options,
                    const recipe::LoadedRecipe& loaded, const CostModel& cost);
 

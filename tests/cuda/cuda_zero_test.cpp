@@ -129,11 +129,18 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
   }
 }
 
-// engine plan's device memory for staged runs against the allocator's high-water mark: within 5%
-// (the staging mirrors are page-locked host memory, not counted there).
+// engine plan's device memory for staged runs against the allocator's high-water mark, for every
+// staged setting `engine plan --fit` chooses among: within 5% (the staging mirrors are page-locked
+// host memory, not counted there). The resident run's: CudaTraining.MeasuredDeviceMemory...
+// And `engine plan --fit --device-memory auto` reads the GPU's free memory.
 TEST(CudaZero, StagedDeviceMemoryIsThePlanWithinFivePercent) {
   REQUIRE_CUDA_DEVICE();
-  for (const char* setting : {"distributed.zero_stage=2", "distributed.zero_stage=3 offload.optimizer=cpu"}) {
+  const TempDir dir("cuda_zero_memory");
+  const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
+  for (const std::string& setting : std::vector<std::string>{
+           "distributed.zero_stage=1 offload.optimizer=cpu", "distributed.zero_stage=2", "distributed.zero_stage=3",
+           "distributed.zero_stage=3 offload.optimizer=cpu offload.parameters=cpu",
+           "distributed.zero_stage=3 offload.optimizer=nvme offload.parameters=nvme " + nvme}) {
     std::vector<std::string> overrides = {"precision.mode=bf16",
                                           "model.n_embd=256",
                                           "model.n_layer=4",
@@ -156,10 +163,17 @@ TEST(CudaZero, StagedDeviceMemoryIsThePlanWithinFivePercent) {
     ASSERT_EQ(session.device_optimizer, nullptr) << setting << ": a staged run";
     const DeviceMemory measured = session.executor.runner()->memory();
     const double ratio = double(measured.device_peak) / double(plan.total());
-    std::printf("%s: planned %lld bytes, measured peak %lld (%.4f), pinned %lld\n", setting, (long long)plan.total(),
-                (long long)measured.device_peak, ratio, (long long)measured.pinned);
+    std::printf("%s: planned %lld bytes, measured peak %lld (%.4f), pinned %lld\n", setting.c_str(),
+                (long long)plan.total(), (long long)measured.device_peak, ratio, (long long)measured.pinned);
     EXPECT_NEAR(ratio, 1.0, 0.05) << setting;
   }
+  const ShellResult fit = run_shell("'" ENGINE_BINARY
+                                    "' plan recipes/quickstart.yaml run.device=cuda --fit "
+                                    "--device-memory auto --nvme 1TiB",
+                                    ENGINE_SOURCE_DIR);
+  EXPECT_EQ(fit.status, 0) << fit.output;
+  EXPECT_NE(fit.output.find("(cudaMemGetInfo)"), std::string::npos) << fit.output;
+  EXPECT_NE(fit.output.find("fastest that fits:"), std::string::npos) << fit.output;
 }
 
 }  // namespace

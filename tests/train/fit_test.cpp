@@ -172,10 +172,47 @@ TEST_F(Fit, SizesThatAreNotSizesAreUserErrors) {
 }
 
 TEST_F(Fit, DeviceMemoryIsAHostBudgetOnTheCpu) {
-  const Result r = run("plan " + kRecipe + " --fit --device-memory 1MiB --nvme 1TiB");
+  const Result r = run("plan " + kRecipe + " run.device=cpu --fit --device-memory 1MiB --nvme 1TiB");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "the device is the host")) << r.output;
   EXPECT_TRUE(contains(r.output, "nothing fits these budgets")) << r.output;
+  const Result automatic = run("plan " + kRecipe + " run.device=cpu --fit --device-memory auto");
+  EXPECT_EQ(automatic.status, 2) << automatic.output;
+  EXPECT_TRUE(contains(automatic.output, "--device-memory auto: this run trains on the CPU")) << automatic.output;
+}
+
+// A GPU run's rows (planned on any machine: planning needs no device) carry the device memory
+// plan: ZeRO-Offload (cpu) joins nvme, and a device budget that only the least device plan meets
+// gets that row proposed, which `engine plan` then confirms.
+TEST_F(Fit, OnAGpuTheDeviceBudgetPicksTheRowAndThePlanConfirmsIt) {
+  engine::recipe::LoadOptions options;
+  options.overrides = {"run.output_dir=unused", "run.device=cuda"};
+  const auto loaded = engine::recipe::load_recipe(kSource / kRecipe, options);
+  const engine::FitSearch search = engine::fit_rows(kSource / kRecipe, options, loaded, {});
+  ASSERT_TRUE(search.device);
+  int64_t least = INT64_MAX, resident = 0;
+  bool cpu_offload = false;
+  for (const engine::FitRow& row : search.rows) {
+    EXPECT_GT(row.device, 0) << row.offload_name();
+    least = std::min(least, row.device);
+    if (row.is_recipe) resident = row.device;
+    cpu_offload = cpu_offload || row.optimizer == engine::OffloadTier::cpu;
+  }
+  EXPECT_TRUE(cpu_offload) << "ZeRO-Offload rows";
+  ASSERT_LT(least, resident) << "a staged row holds less on the device than the resident recipe";
+
+  const std::string budgets = " --device-memory " + std::to_string(least) + " --host-memory 1TiB --nvme 1TiB";
+  const Result fit = run("plan " + kRecipe + " run.device=cuda --fit" + budgets);
+  ASSERT_EQ(fit.status, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "fastest that fits:")) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "of device memory per GPU")) << fit.output;
+  const std::string command = proposed_command(fit.output);
+  EXPECT_TRUE(contains(command, "distributed.zero_stage=3")) << command;
+  const Result confirm = run("plan" + command.substr(std::string("engine train").size()) + budgets);
+  ASSERT_EQ(confirm.status, 0) << confirm.output;
+  EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
+  const Result before = run("plan " + kRecipe + " run.device=cuda" + budgets);
+  EXPECT_TRUE(contains(before.output, "the recipe as given does not fit:")) << before.output;
 }
 
 }  // namespace
