@@ -31,8 +31,21 @@ double RandomStream::uniform() {
 }
 
 float RandomStream::normal() {
-  double u1 = 1.0 - uniform();  // (0, 1]: log is finite
-  double u2 = uniform();
+  // Two uniforms, four words: at a block boundary (as every draw of a stream of normals is) one
+  // Philox block gives all four, the words next_u32 would return one by one.
+  std::array<uint32_t, 4> w;
+  if ((position_ & 3) == 0) {
+    const uint64_t block = position_ >> 2;
+    w = philox4x32({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), purpose_, 0}, key_);
+    position_ += 4;
+  } else {
+    for (uint32_t& word : w) word = next_u32();
+  }
+  const auto uniform_of = [](uint32_t high, uint32_t low) {
+    return static_cast<double>((uint64_t(high >> 5) << 26) | (low >> 6)) * 0x1p-53;  // as uniform()
+  };
+  double u1 = 1.0 - uniform_of(w[0], w[1]);  // (0, 1]: log is finite
+  double u2 = uniform_of(w[2], w[3]);
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
 }
 

@@ -209,19 +209,30 @@ void ParameterStore::retype(DType from, DType to) {
 }
 
 void ParameterStore::initialize(uint64_t seed) {
-  RandomStream stream(seed, RandomPurpose::init);
+  // One init stream, drawn in parameter order. Each normal takes four words of it (two 53-bit
+  // uniforms), so draw j of a part starts at word position + 4 j: the stream is counter-based, and
+  // threads fill blocks of a part from their own positions with the sequential stream's values.
   // In parts, so that initialising a sharded model never holds a whole large parameter.
-  constexpr int64_t kPart = int64_t(1) << 18;
+  constexpr int64_t kPart = int64_t(1) << 20, kBlock = int64_t(1) << 14;
   std::vector<float> values(static_cast<size_t>(kPart));
+  uint64_t position = 0;
   for (size_t i = 0; i < graph_.params().size(); ++i) {
     const Param& p = graph_.params()[i];
     const int64_t n = numel(int(i));
     for (int64_t first = 0; first < n; first += kPart) {
       const int64_t count = std::min(kPart, n - first);
-      for (int64_t k = 0; k < count; ++k)
-        values[size_t(k)] = p.init.kind == ParamInit::Kind::normal ? float(p.init.std) * stream.normal()
-                            : p.init.kind == ParamInit::Kind::ones ? 1.0f
-                                                                   : 0.0f;
+      if (p.init.kind == ParamInit::Kind::normal) {
+        const auto scale = float(p.init.std);
+#pragma omp parallel for schedule(static)
+        for (int64_t block = 0; block < (count + kBlock - 1) / kBlock; ++block) {
+          RandomStream stream(seed, RandomPurpose::init, position + 4 * uint64_t(block * kBlock));
+          for (int64_t k = block * kBlock; k < std::min(count, (block + 1) * kBlock); ++k)
+            values[size_t(k)] = scale * stream.normal();
+        }
+        position += 4 * uint64_t(count);
+      } else {
+        std::fill_n(values.begin(), count, p.init.kind == ParamInit::Kind::ones ? 1.0f : 0.0f);
+      }
       set_param_part(int(i), first, values.data(), count);
     }
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 namespace engine {
@@ -40,6 +41,24 @@ TEST(RandomStream, ResumesFromASavedPosition) {
   for (int i = 0; i < 13; ++i) a.next_u32();
   RandomStream resumed(5, RandomPurpose::dropout, a.position());
   for (int i = 0; i < 100; ++i) ASSERT_EQ(a.next_u32(), resumed.next_u32());
+}
+
+// Each normal takes four words (two uniforms), so the k-th normal of a stream is the first of the
+// stream started at word 4 k: what the parallel initialisation relies on. Off a block boundary a
+// normal is still the two uniforms it is made of.
+TEST(RandomStream, TheKthNormalIsTheFirstAtWordFourK) {
+  RandomStream sequential(7, RandomPurpose::init);
+  for (uint64_t k = 0; k < 300; ++k) {
+    const float value = sequential.normal();
+    RandomStream at(7, RandomPurpose::init, 4 * k);
+    ASSERT_EQ(at.normal(), value) << k;
+    EXPECT_EQ(at.position(), 4 * (k + 1));
+  }
+  RandomStream offset(7, RandomPurpose::init, 1), words(7, RandomPurpose::init, 1);
+  const double u1 = 1.0 - words.uniform(), u2 = words.uniform();
+  EXPECT_EQ(offset.normal(),
+            static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2)));
+  EXPECT_EQ(offset.position(), 5u);
 }
 
 TEST(RandomStream, UniformAndNormalHaveTheRightMoments) {
