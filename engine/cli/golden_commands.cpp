@@ -33,7 +33,9 @@ GoldenFile recording_of(const fs::path& recipe_path, const LoadedRecipe& loaded,
           .recipe_hash = recipe_hash(loaded),
           .environment = current_environment(),
           .band = {},
-          .trajectory = run_trajectory(loaded)};
+          .trajectory = run_trajectory(loaded),
+          .world_size = 1,
+          .observed = {}};
 }
 
 // The recording, its environment, and (unless disabled) the band from reruns in forced environments.
@@ -77,7 +79,8 @@ void write_trajectory(const fs::path& recipe_path, const fs::path& out, bool gra
                       .environment = current_environment(),
                       .band = {},
                       .trajectory = run_trajectory(loaded, probes, comm.get()),
-                      .world_size = comm->size()};
+                      .world_size = comm->size(),
+                      .observed = {}};
     if (comm->rank() == 0) write_golden(out, golden);
   };
   if (comm->size() == 1) return run();
