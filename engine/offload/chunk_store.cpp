@@ -150,6 +150,7 @@ void ChunkStore::reserve_fetch_slots(int slots, int64_t largest) {
 
 void ChunkStore::fetch(int slot, int64_t offset, int64_t bytes) {
   check_range(offset, bytes);
+  fetched_bytes_ += bytes;
   Fetch& f = fetches_.at(size_t(slot));
   if (!swap_) {
     f.host = memory_.data() + offset;

@@ -56,6 +56,7 @@ class ChunkStore {
   static int64_t fetch_slot_bytes(int64_t largest) { return round_up_to_alignment(largest) + kSwapAlignment; }
   void fetch(int slot, int64_t offset, int64_t bytes);
   const std::byte* view(int slot);
+  int64_t fetched_bytes() const { return fetched_bytes_; }  // the ranges fetch() was asked for, so far
 
   // The aligned span of the file around [offset, offset + bytes): what a cold or fetched access of
   // that range transfers.
@@ -72,6 +73,7 @@ class ChunkStore {
   void wait_for(SwapFile::Ticket ticket);  // timed
 
   int64_t chunk_bytes_, chunks_;
+  int64_t fetched_bytes_ = 0;
   Buffer memory_;  // host: the whole array
   std::unique_ptr<SwapFile> swap_;
   Buffer slots_[kChunkSlots];

@@ -55,6 +55,7 @@ class OffloadedState {
 
   // The offloaded parameter shard (null when the shard stays in memory).
   ChunkStore* params() { return params_.get(); }
+  const ChunkStore* params() const { return params_.get(); }
   int64_t param_bytes(int64_t elements) const { return elements * int64_t(dtype_size(param_dtype_)); }
   DType param_dtype() const { return param_dtype_; }
   void retype_params(DType to) { param_dtype_ = to; }  // fp16 -> bf16: same size
@@ -66,6 +67,8 @@ class OffloadedState {
   int64_t bytes_written() const;
   double wait_seconds() const;  // waited for swap transfers in the streamed step and the fetches
   int64_t chunks_updated() const { return chunks_updated_; }  // chunks update() has handed out so far
+  // Bytes of the offloaded parameter shard the ZeRO-3 gathers have read so far (0 without one).
+  int64_t parameter_bytes_fetched() const { return params_ ? params_->fetched_bytes() : 0; }
 
  private:
   SwapSpec swap_spec(const std::string& what) const;

@@ -38,6 +38,7 @@ SwapWindow::SwapWindow(const OffloadedState* state, int64_t step) : step_(step) 
   written_ = state->bytes_written();
   wait_ = state->wait_seconds();
   chunks_ = state->chunks_updated();
+  fetched_ = state->parameter_bytes_fetched();
 }
 
 void SwapWindow::log(const OffloadedState& state, int64_t step, nlohmann::json& line) {
@@ -46,6 +47,8 @@ void SwapWindow::log(const OffloadedState& state, int64_t step, nlohmann::json& 
   line["swap_written_per_step"] = double(state.bytes_written() - written_) / steps;
   line["swap_wait_s_per_step"] = (state.wait_seconds() - wait_) / steps;
   line["offload_chunks_per_step"] = double(state.chunks_updated() - chunks_) / steps;
+  if (state.params())
+    line["offload_parameter_bytes_per_step"] = double(state.parameter_bytes_fetched() - fetched_) / steps;
   *this = SwapWindow(&state, step);
 }
 

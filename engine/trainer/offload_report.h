@@ -3,8 +3,10 @@
 //
 //   if (session.offloaded) describe_offload(out, session, compiled.traffic);
 //   SwapWindow window(session.offloaded.get());
-//   window.log(*session.offloaded, step, line);   // swap_read, swap_written, swap_wait_s and the
-//                                                  // offloaded update's chunks, per step
+//   window.log(*session.offloaded, step, line);   // swap_read, swap_written, swap_wait_s, the
+//                                                  // offloaded update's chunks and (ZeRO-3 with the
+//                                                  // parameters offloaded) the shard bytes the
+//                                                  // gathers read, per step
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,7 +25,7 @@ class SwapWindow {
   void log(const OffloadedState& state, int64_t step, nlohmann::json& line);
 
  private:
-  int64_t step_ = 0, read_ = 0, written_ = 0, chunks_ = 0;
+  int64_t step_ = 0, read_ = 0, written_ = 0, chunks_ = 0, fetched_ = 0;
   double wait_ = 0;
 };
 

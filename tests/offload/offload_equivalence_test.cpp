@@ -28,7 +28,9 @@ TEST_P(OffloadEquivalence, TrainsTheBitsOfNoOffload) {
                   "offloaded");
   expect_offloaded(dir / "offloaded" / "run", c);
   EXPECT_TRUE(fs::is_empty(dir / "swap")) << "swap files are removed at the end of the run";
-  if (c.optimizer == "nvme" || c.parameters == "nvme") EXPECT_NE(log.str().find("swap file"), std::string::npos);
+  if (c.optimizer == "nvme" || c.parameters == "nvme") {
+    EXPECT_NE(log.str().find("swap file"), std::string::npos);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Choices, OffloadEquivalence, ::testing::ValuesIn(offload_cases()), offload_case_name);

@@ -63,7 +63,9 @@ inline std::vector<std::string> offload_overrides(const OffloadCase& c, const st
 inline Trajectory offload_trajectory(const std::filesystem::path& run_dir) {
   Trajectory t = trajectory(run_dir);
   for (nlohmann::json& j : t.lines)
-    for (const char* key : {"swap_read_per_step", "swap_written_per_step", "offload_chunks_per_step"}) j.erase(key);
+    for (const char* key :
+         {"swap_read_per_step", "swap_written_per_step", "offload_chunks_per_step", "offload_parameter_bytes_per_step"})
+      j.erase(key);
   return t;
 }
 
@@ -73,7 +75,7 @@ inline Trajectory offload_trajectory(const std::filesystem::path& run_dir) {
 inline void expect_offloaded(const std::filesystem::path& run_dir, const OffloadCase& c) {
   std::ifstream metrics(run_dir / "metrics.jsonl");
   int steps = 0;
-  double chunks = 0, read = 0, written = 0;
+  double chunks = 0, read = 0, written = 0, parameter_bytes = 0;
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json j = nlohmann::json::parse(line);
     if (!j.contains("loss") || j.contains("event")) continue;
@@ -82,10 +84,19 @@ inline void expect_offloaded(const std::filesystem::path& run_dir, const Offload
     chunks += j.value("offload_chunks_per_step", 0.0);
     read += j.value("swap_read_per_step", 0.0);
     written += j.value("swap_written_per_step", 0.0);
+    parameter_bytes += j.value("offload_parameter_bytes_per_step", 0.0);
   }
   ASSERT_GT(steps, 0) << run_dir;
   const bool optimizer_offloaded = c.optimizer != "none";
-  if (optimizer_offloaded) EXPECT_GT(chunks, 0) << "the optimizer's update never ran chunked";
+  if (optimizer_offloaded) {
+    EXPECT_GT(chunks, 0) << "the optimizer's update never ran chunked";
+  }
+  // ZeRO-3's gathers read the parameter shard from the offloaded store, in memory or on disk.
+  if (c.parameters != "none") {
+    EXPECT_GT(parameter_bytes, 0) << "no gather read the offloaded parameter shard";
+  } else {
+    EXPECT_EQ(parameter_bytes, 0) << "a gather read an offloaded shard that should not exist";
+  }
   if (c.optimizer == "nvme" || c.parameters == "nvme") {
     EXPECT_GT(read, 0) << "nothing was read from a swap file";
     EXPECT_GT(written, 0) << "nothing was written to a swap file";

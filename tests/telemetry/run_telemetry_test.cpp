@@ -119,9 +119,10 @@ TEST(Trace, EventsFollowTheFormatAndAccountForEveryTracedStep) {
       }
       end = std::max(end, e.at("ts").get<double>() + e.at("dur").get<double>());
       categories.insert(e.at("cat"));
-      if (i + 1 < children.size())  // flat: no event on the step's lane holds another
+      if (i + 1 < children.size()) {  // flat: no event on the step's lane holds another
         EXPECT_LE(e.at("ts").get<double>() + e.at("dur").get<double>(), children[i + 1].at("ts").get<double>() + 1e-3)
             << e.dump() << " overlaps " << children[i + 1].dump();
+      }
       if (e.at("cat") == "op") {
         EXPECT_GT(e.at("args").at("bytes").get<double>(), 0) << e.dump();
         flops += e.at("args").at("flops").get<double>();
@@ -135,8 +136,9 @@ TEST(Trace, EventsFollowTheFormatAndAccountForEveryTracedStep) {
     EXPECT_GE(covered, 0.95 * duration) << step.at("name") << ": events cover " << covered << " of " << duration
                                         << " us; the largest gap, " << largest_gap << " us, is before " << before_gap;
     EXPECT_LE(covered, duration * 1.0001);
-    if (step.at("name") == "step 3")  // step 4 also evaluates, whose ops are one event
+    if (step.at("name") == "step 3") {  // step 4 also evaluates, whose ops are one event
       EXPECT_DOUBLE_EQ(flops, summary.at("hardware_flops_per_step").get<double>());
+    }
     EXPECT_DOUBLE_EQ(step.at("args").at("flops").get<double>(), summary.at("hardware_flops_per_step").get<double>());
   }
   for (const char* category : {"op", "data", "optimizer", "communication", "checkpoint", "other"})
