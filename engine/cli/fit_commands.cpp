@@ -75,9 +75,15 @@ FitBudgets budgets_from(const FitArgs& args, const FitSearch& search, std::ostre
       throw UserError(
           "--device-memory auto: this run trains on the CPU (run.device), which has no "
           "device memory of its own; give a size to budget host memory");
-    b.device = cuda_device_free_bytes(0);
-    if (b.device <= 0) throw UserError("--device-memory auto: no CUDA device here to read; give a size");
-    b.device_source = "free on " + cuda_device_name(0) + " now (cudaMemGetInfo)";
+    // The tightest of the GPUs the ranks take (local rank r: GPU r mod the GPUs here).
+    const int used = std::min(cuda_device_count(), search.world);
+    b.device = kUnlimitedBytes;
+    for (int d = 0; d < used; ++d) b.device = std::min(b.device, cuda_device_free_bytes(d));
+    if (used <= 0 || b.device <= 0) throw UserError("--device-memory auto: no CUDA device here to read; give a size");
+    b.device_source = "free on " + cuda_device_name(0) +
+                      (used > 1 ? " (the least of " + std::to_string(used) + ")" : "") + " now (cudaMemGetInfo)";
+    if (search.ranks_per_device > 1)
+      b.device_source += "; " + std::to_string(search.ranks_per_device) + " ranks share each GPU";
   } else if (!args.device_memory.empty() && search.device) {
     b.device = parse_byte_size(args.device_memory, "--device-memory");
     b.device_source = "--device-memory";

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "core/error.h"
@@ -37,14 +38,53 @@ ncclDataType_t nccl_type(DType dtype) {
   return ncclFloat32;
 }
 
-class NcclCommunicator;
+// What the communicator and its operations in flight share, so that waiting on a Work is safe
+// whatever outlives what: the NCCL communicator (null once aborted), this rank and the timeout.
+struct NcclShared {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  double timeout_seconds = 300;
+
+  void abort() {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  // Aborts, so that no rank stays inside a collective, and throws naming this rank.
+  [[noreturn]] void fail(const std::string& message) {
+    abort();
+    throw CommunicationError("rank " + std::to_string(rank) + ": " + message);
+  }
+  // Blocks until `event` is recorded, polling NCCL's asynchronous error; past the timeout, on an
+  // NCCL error or on a CUDA error, fails.
+  void wait_for(cudaEvent_t event, const std::string& what) {
+    const auto began = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) {
+        cudaGetLastError();
+        fail(what + ": " + cudaGetErrorString(status));
+      }
+      ncclResult_t async = ncclSuccess;
+      if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        fail(what + " failed: " + ncclGetErrorString(async));
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      if (waited > timeout_seconds)
+        fail(what + " did not complete within " + std::to_string(int(timeout_seconds)) +
+             " s (distributed.timeout): a peer did not reach it");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+};
 
 // An operation in flight: the event its stream records when it is done.
 class NcclWork final : public Work::State {
  public:
-  NcclWork(NcclCommunicator& owner, std::string what);
+  NcclWork(std::shared_ptr<NcclShared> shared, std::string what) : shared_(std::move(shared)), what_(std::move(what)) {
+    check_cuda_call(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), what_);
+  }
   ~NcclWork() override { cudaEventDestroy(done_); }
-  void wait() override;
+  void wait() override { shared_->wait_for(done_, what_); }
   bool done() override { return cudaEventQuery(done_) == cudaSuccess; }
   void wait_on(Stream stream) override {
     check_cuda_call(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream.handle), done_, 0), what_);
@@ -52,7 +92,7 @@ class NcclWork final : public Work::State {
   cudaEvent_t event() const { return done_; }
 
  private:
-  NcclCommunicator& owner_;
+  std::shared_ptr<NcclShared> shared_;
   std::string what_;
   cudaEvent_t done_ = nullptr;
 };
@@ -60,7 +100,9 @@ class NcclWork final : public Work::State {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Communicator& bootstrap, int device, const CommunicatorOptions& options)
-      : bootstrap_(bootstrap), device_(device), timeout_seconds_(options.timeout_seconds) {
+      : bootstrap_(bootstrap), device_(device), shared_(std::make_shared<NcclShared>()) {
+    shared_->rank = bootstrap.rank();
+    shared_->timeout_seconds = options.timeout_seconds;
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices <= device) {
       cudaGetLastError();
@@ -72,12 +114,23 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(&unique, id.data(), sizeof unique);
     check_cuda_call(cudaSetDevice(device), "set device");
     check_cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-    check(ncclCommInitRank(&comm_, bootstrap.size(), unique, bootstrap.rank()), "initialisation");
+    const ncclResult_t result = ncclCommInitRank(&shared_->comm, bootstrap.size(), unique, bootstrap.rank());
+    if (result != ncclSuccess) {
+      cudaStreamDestroy(stream_);
+      throw CommunicationError("rank " + std::to_string(bootstrap.rank()) +
+                               ": NCCL initialisation: " + ncclGetErrorString(result));
+    }
   }
 
+  // Waits (within the timeout) for what is still in flight; a communicator that cannot drain is
+  // aborted rather than waited on, so a dead peer never hangs the process here.
   ~NcclCommunicator() override {
-    cudaStreamSynchronize(stream_);
-    if (comm_) ncclCommDestroy(comm_);
+    try {
+      drain("the NCCL communicator's last operations");
+    } catch (const std::exception&) {
+    }
+    if (shared_->comm) ncclCommDestroy(shared_->comm);
+    shared_->comm = nullptr;
     if (staging_) cudaFree(staging_);
     cudaStreamDestroy(stream_);
   }
@@ -92,14 +145,15 @@ class NcclCommunicator final : public Communicator {
                       Stream stream) override {
     const int64_t chunk = count * int64_t(dtype_size(dtype));
     const int world = size();
+    const ncclDataType_t type = nccl_type(dtype);  // before the group: nothing may throw inside it
     return start(std::move(what), stream, [&] {
       std::byte* chunks = staging(chunk * world);
       check(ncclGroupStart(), "group");
       for (int peer = 0; peer < world; ++peer) {
-        check(ncclSend(static_cast<const std::byte*>(send) + peer * chunk, size_t(count), nccl_type(dtype), peer, comm_,
+        check(ncclSend(static_cast<const std::byte*>(send) + peer * chunk, size_t(count), type, peer, shared_->comm,
                        stream_),
               "send");
-        check(ncclRecv(chunks + peer * chunk, size_t(count), nccl_type(dtype), peer, comm_, stream_), "receive");
+        check(ncclRecv(chunks + peer * chunk, size_t(count), type, peer, shared_->comm, stream_), "receive");
       }
       check(ncclGroupEnd(), "group");
       // ((chunk_0 + chunk_1) + chunk_2) + ..., or recv + chunk_0 + ... when accumulating.
@@ -116,7 +170,7 @@ class NcclCommunicator final : public Communicator {
 
   Work all_gather(const void* send, void* recv, int64_t bytes, std::string what, Stream stream) override {
     return start(std::move(what), stream, [&] {
-      check(ncclAllGather(send, recv, size_t(bytes), ncclUint8, comm_, stream_), "all-gather");
+      check(ncclAllGather(send, recv, size_t(bytes), ncclUint8, shared_->comm, stream_), "all-gather");
       bytes_sent_ += bytes * (size() - 1);
     });
   }
@@ -134,43 +188,22 @@ class NcclCommunicator final : public Communicator {
 
   Work broadcast(void* data, int64_t bytes, int root, std::string what, Stream stream) override {
     return start(std::move(what), stream, [&] {
-      check(ncclBroadcast(data, data, size_t(bytes), ncclUint8, root, comm_, stream_), "broadcast");
+      check(ncclBroadcast(data, data, size_t(bytes), ncclUint8, root, shared_->comm, stream_), "broadcast");
       if (rank() == root) bytes_sent_ += bytes * (size() - 1);
     });
   }
 
   Work barrier(std::string what) override {
-    check_cuda_call(cudaStreamSynchronize(stream_), what);
+    drain(what);
     return bootstrap_.barrier(std::move(what));
   }
 
   int64_t bytes_sent() const override { return bytes_sent_; }
 
   [[noreturn]] void abort_job(int exit_code) override {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
+    shared_->abort();
     bootstrap_.abort_job(exit_code);
     std::abort();  // abort_job does not return; the attribute does not travel through the reference
-  }
-
-  // Blocks until `event` is recorded, polling NCCL's asynchronous error; past the timeout or on an
-  // error, aborts the NCCL communicator (so no rank stays inside a collective) and throws.
-  void wait_for(cudaEvent_t event, const std::string& what) {
-    const auto began = std::chrono::steady_clock::now();
-    for (;;) {
-      const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) check_cuda_call(status, what);
-      ncclResult_t async = ncclSuccess;
-      if (comm_ && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
-          async != ncclInProgress)
-        fail(what + " failed: " + ncclGetErrorString(async));
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-      if (waited > timeout_seconds_)
-        fail(what + " did not complete within " + std::to_string(int(timeout_seconds_)) +
-             " s (distributed.timeout): a peer did not reach it");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
   }
 
  private:
@@ -178,6 +211,9 @@ class NcclCommunicator final : public Communicator {
   // records its completion.
   template <class Enqueue>
   Work start(std::string what, Stream caller, Enqueue enqueue) {
+    if (!shared_->comm)
+      throw CommunicationError("rank " + std::to_string(rank()) + ": " + what +
+                               ": the NCCL communicator was aborted after an earlier failure");
     check_cuda_call(cudaSetDevice(device_), what);
     if (caller.handle) {
       cudaEvent_t ready = nullptr;
@@ -186,18 +222,32 @@ class NcclCommunicator final : public Communicator {
       check_cuda_call(cudaStreamWaitEvent(stream_, ready, 0), what);
       cudaEventDestroy(ready);  // released once the wait is done
     }
-    auto work = std::make_shared<NcclWork>(*this, what);
+    auto work = std::make_shared<NcclWork>(shared_, what);
     current_ = what;
     enqueue();
     check_cuda_call(cudaEventRecord(work->event(), stream_), what);
     return Work(work);
   }
 
+  // Everything enqueued so far, done (within the timeout).
+  void drain(const std::string& what) {
+    cudaEvent_t event = nullptr;
+    check_cuda_call(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), what);
+    check_cuda_call(cudaEventRecord(event, stream_), what);
+    try {
+      shared_->wait_for(event, what);
+    } catch (...) {
+      cudaEventDestroy(event);
+      throw;
+    }
+    cudaEventDestroy(event);
+  }
+
   // The peers' chunks of a reduce-scatter, on the device (grown as needed, never while in use:
   // the stream is drained first).
   std::byte* staging(int64_t bytes) {
     if (bytes > staging_bytes_) {
-      check_cuda_call(cudaStreamSynchronize(stream_), "reduce staging");
+      drain("reduce staging");
       if (staging_) cudaFree(staging_);
       staging_ = nullptr;
       check_cuda_call(cudaMalloc(&staging_, size_t(bytes)), "reduce staging (" + std::to_string(bytes) + " bytes)");
@@ -208,20 +258,14 @@ class NcclCommunicator final : public Communicator {
 
   void check(ncclResult_t result, const std::string& what) {
     if (result == ncclSuccess || result == ncclInProgress) return;
-    fail(current_ + ": NCCL " + what + ": " + ncclGetErrorString(result) + " (" +
-         std::string(ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "") + ")");
-  }
-
-  [[noreturn]] void fail(const std::string& message) {
-    if (comm_) ncclCommAbort(comm_);
-    comm_ = nullptr;
-    throw CommunicationError("rank " + std::to_string(rank()) + ": " + message);
+    const char* detail = ncclGetLastError(shared_->comm);
+    shared_->fail(current_ + ": NCCL " + what + ": " + ncclGetErrorString(result) + " (" +
+                  std::string(detail ? detail : "") + ")");
   }
 
   Communicator& bootstrap_;
   int device_;
-  double timeout_seconds_;
-  ncclComm_t comm_ = nullptr;
+  std::shared_ptr<NcclShared> shared_;
   cudaStream_t stream_ = nullptr;
   void* staging_ = nullptr;
   int64_t staging_bytes_ = 0;
@@ -229,22 +273,22 @@ class NcclCommunicator final : public Communicator {
   std::string current_ = "NCCL";
 };
 
-NcclWork::NcclWork(NcclCommunicator& owner, std::string what) : owner_(owner), what_(std::move(what)) {
-  check_cuda_call(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), what_);
-}
-
-void NcclWork::wait() { owner_.wait_for(done_, what_); }
-
 }  // namespace
 
 std::string nccl_unique_id(Communicator& bootstrap) {
+  // Rank 0 broadcasts whatever it has, so that a failure there reaches every rank at once rather
+  // than leaving them waiting: an all-zero id says rank 0 could not make one.
   ncclUniqueId id{};
-  if (bootstrap.rank() == 0) {
-    const ncclResult_t result = ncclGetUniqueId(&id);
-    if (result != ncclSuccess) throw CommunicationError(std::string("NCCL's unique id: ") + ncclGetErrorString(result));
-  }
+  ncclResult_t made = ncclSuccess;
+  if (bootstrap.rank() == 0) made = ncclGetUniqueId(&id);
+  if (made != ncclSuccess) id = ncclUniqueId{};
   bootstrap.broadcast(&id, sizeof id, 0, "broadcast of NCCL's unique id").wait();
-  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+  std::string bytes(reinterpret_cast<const char*>(&id), sizeof id);
+  if (bytes == std::string(sizeof id, '\0'))
+    throw CommunicationError(
+        "rank " + std::to_string(bootstrap.rank()) + ": NCCL's unique id: " +
+        (made != ncclSuccess ? std::string(ncclGetErrorString(made)) : std::string("rank 0 could not make one")));
+  return bytes;
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device,

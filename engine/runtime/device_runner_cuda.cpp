@@ -124,6 +124,7 @@ class StagingMirrors {
     held_[buffer] = best;
     return pool_[best].block->data();
   }
+  bool idle() const { return held_.empty(); }
   std::byte* held(ValueId buffer) const {
     const auto found = held_.find(buffer);
     ENGINE_CHECK(found != held_.end(), "a staged buffer is used before it was gathered");
@@ -233,6 +234,10 @@ class CudaRunner final : public DeviceRunner {
            std::map<std::string, OpTotals>* op_totals, StepCommunication* communication) override {
     const auto began = std::chrono::steady_clock::now();
     check_cuda(cudaSetDevice(index_), "set device");
+    // A staged run ends with no buffer held and nothing deferred; one that threw (and was caught)
+    // leaves them behind, and they must not leak into this run's collectives.
+    ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && mirrors_.idle(),
+                 "a staged run left collectives behind (an earlier run failed part-way)");
     if (!resident_) upload_parameters();
     if (staged_)
       times_.staged_ahead += 1;
@@ -252,8 +257,6 @@ class CudaRunner final : public DeviceRunner {
       check_cuda(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
-    ENGINE_CHECK(plan.actions.empty() || communication || resident_,
-                 "plan " + name + " communicates but has no communicator");
     if (graphs_.enabled() && resident_ && !op_totals && !traced)
       graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr, nullptr); });
     else

@@ -23,7 +23,7 @@ double FitRow::overshoot(const FitBudgets& b) const {
     if (need <= budget) return need == 0 ? 0.0 : double(need) / double(std::max<int64_t>(budget, 1));
     return budget <= 0 ? HUGE_VAL : double(need) / double(budget);
   };
-  return std::max({ratio(host_needed, b.host), ratio(swap_needed, b.nvme), ratio(device, b.device)});
+  return std::max({ratio(host_needed, b.host), ratio(swap_needed, b.nvme), ratio(device_needed, b.device)});
 }
 
 std::string FitRow::offload_name() const {
@@ -40,7 +40,8 @@ bool fit_on_device(const recipe::Recipe& recipe) {
 namespace {
 
 // Loads the recipe with the row's overrides after the command line's and plans it.
-void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& options, const CostModel& cost) {
+void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& options, const CostModel& cost,
+              int ranks_per_device) {
   recipe::LoadOptions with_row = options;
   with_row.overrides.insert(with_row.overrides.end(), row.overrides.begin(), row.overrides.end());
   const recipe::LoadedRecipe loaded = recipe::load_recipe(path, with_row);
@@ -63,6 +64,7 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   row.seconds = row.flops / cost.flops_per_second + double(row.swap_moved) / cost.swap_bytes_per_second;
   if (!fit_on_device(r)) return;
   row.device = plan_device_memory(c, r, world).total();
+  row.device_needed = row.device * ranks_per_device;
   if (device_resident(r, world)) return;
   // Staged: each micro-batch uploads the parameters (ZeRO-3: gathered for the forward and again for
   // the backward) and downloads the gradients; the host reduces and updates over its shard.
@@ -85,9 +87,13 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
   search.nvme_path_given = !r.offload.nvme_path.empty();
   search.nvme_path = search.nvme_path_given ? fs::path(r.offload.nvme_path) : fs::temp_directory_path();
 
+  search.device = fit_on_device(r);
+  const int devices = cuda_device_count();
+  search.world = int(loaded.world.size);
+  search.ranks_per_device = devices > 0 ? (search.world + devices - 1) / devices : 1;
   FitRow as_given;
   as_given.is_recipe = true;
-  plan_row(as_given, path, options, cost);
+  plan_row(as_given, path, options, cost, search.ranks_per_device);
   search.rows.push_back(as_given);
 
   const int64_t micro = *r.train.micro_batch_size, per_rank_rows = micro * *r.train.gradient_accumulation_steps;
@@ -100,7 +106,6 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
 
   // Offload (optimizer, parameters): to nvme; on a GPU run also to host memory (ZeRO-Offload);
   // the parameters at stage 3 only, with the optimizer state.
-  search.device = fit_on_device(r);
   std::vector<OffloadTier> tiers = {OffloadTier::none, OffloadTier::nvme};
   if (search.device) tiers.insert(tiers.begin() + 1, OffloadTier::cpu);
   std::vector<std::pair<OffloadTier, OffloadTier>> offloads;
@@ -138,7 +143,7 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
           set(accumulation != *r.train.gradient_accumulation_steps, "train.gradient_accumulation_steps",
               std::to_string(accumulation));
           try {
-            plan_row(row, path, options, cost);
+            plan_row(row, path, options, cost, search.ranks_per_device);
             search.rows.push_back(std::move(row));
           } catch (const UserError& e) {  // RecipeError included: a combination the rules refuse
             std::string overrides;

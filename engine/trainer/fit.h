@@ -41,7 +41,7 @@ struct FitBudgets {
   std::string host_source;         // "--host-memory", "ulimit -v (RLIMIT_AS)", ...
   int64_t nvme = kUnlimitedBytes;  // free space for the swap files of all the ranks
   std::string nvme_source;
-  int64_t device = kUnlimitedBytes;  // per rank's GPU (rows of a GPU run)
+  int64_t device = kUnlimitedBytes;  // per GPU (rows of a GPU run)
   std::string device_source;
 };
 
@@ -63,20 +63,21 @@ struct FitRow {
   std::vector<std::string> overrides;
   bool is_recipe = false;  // the recipe as given
 
-  int64_t host = 0;         // MemoryPlan::total() per rank
-  int64_t host_needed = 0;  // host_bytes_needed for the world's ranks (checkpoint snapshot included)
-  int64_t swap = 0;         // per rank
-  int64_t swap_needed = 0;  // all ranks
-  int64_t swap_moved = 0;   // bytes read and written per step, per rank
-  int64_t device = 0;       // a GPU run's device memory per rank (plan_device_memory), else 0
-  int64_t link_moved = 0;   // a staged GPU run's bytes between host and device per step and rank
-  double flops = 0;         // per step and rank, recompute included
-  double extra_flops = 0;   // of which recompute
-  double seconds = 0;       // the cost model's step time
+  int64_t host = 0;           // MemoryPlan::total() per rank
+  int64_t host_needed = 0;    // host_bytes_needed for the world's ranks (checkpoint snapshot included)
+  int64_t swap = 0;           // per rank
+  int64_t swap_needed = 0;    // all ranks
+  int64_t swap_moved = 0;     // bytes read and written per step, per rank
+  int64_t device = 0;         // a GPU run's device memory per rank (plan_device_memory), else 0
+  int64_t device_needed = 0;  // per GPU: device x the ranks that share one (local ranks over GPUs)
+  int64_t link_moved = 0;     // a staged GPU run's bytes between host and device per step and rank
+  double flops = 0;           // per step and rank, recompute included
+  double extra_flops = 0;     // of which recompute
+  double seconds = 0;         // the cost model's step time
 
   bool fits_host(const FitBudgets& b) const { return host_needed <= b.host; }
   bool fits_nvme(const FitBudgets& b) const { return swap_needed <= b.nvme; }
-  bool fits_device(const FitBudgets& b) const { return device <= b.device; }
+  bool fits_device(const FitBudgets& b) const { return device_needed <= b.device; }
   bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b) && fits_device(b); }
   // How far over the budgets the row is: the larger of need / budget (<= 1: it fits).
   double overshoot(const FitBudgets& b) const;
@@ -89,6 +90,8 @@ struct FitSearch {
   bool nvme_path_given = false;     // the recipe's offload.nvme_path (else the temporary directory)
   std::vector<std::string> notes;   // rows that could not be planned, and why
   bool device = false;              // rows of a GPU run (run.device cuda, or auto with a GPU here)
+  int world = 1;                    // the ranks the recipe trains on (one machine)
+  int ranks_per_device = 1;         // the world's ranks over this machine's GPUs (one when it has none)
 };
 
 // Whether `recipe`'s rows are a GPU run's: run.device cuda, or auto where this machine has a GPU.

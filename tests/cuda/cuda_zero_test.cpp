@@ -2,7 +2,8 @@
 // setting (trainer/device.h: ZeRO-2/3, ZeRO-Offload to host memory or NVMe, several ranks sharing
 // the GPU) trains to the same bits as the resident run on one process (stage 0, the update on the
 // device): its per-step losses, gradient norms and learning rates, and its final weights file.
-// fp32 and bf16 with accumulation, clipping and dropout. Skipped, saying so, without a device; the
+// fp32 and bf16 with accumulation, clipping, dropout and evaluation every other step (ZeRO-3 gathers
+// for the evaluation plan too). Skipped, saying so, without a device; the
 // two-rank case also without a working mpirun (ENGINE_MPIRUN, else the build's).
 #include <gtest/gtest.h>
 
@@ -38,7 +39,7 @@ std::string read_bytes(const std::filesystem::path& path) {
 // `launcher` is empty for one process, else "mpirun ... -n 2 ".
 Trajectory train(const std::string& launcher, const std::string& overrides, const std::filesystem::path& dir) {
   const std::string command = launcher + "'" ENGINE_BINARY "' train recipes/quickstart.yaml run.device=cuda " +
-                              "train.steps=4 train.log_every=1 train.eval_every=0 model.dropout=0.1 " +
+                              "train.steps=4 train.log_every=1 train.eval_every=2 model.dropout=0.1 " +
                               "train.gradient_clipping=0.5 run.name=run run.output_dir=" + dir.string() + " " +
                               overrides;
   const ShellResult result = run_shell(command, ENGINE_SOURCE_DIR);
@@ -84,7 +85,7 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
   for (const char* precision : kPrecisions) {
     const std::string common = std::string(precision) + " train.gradient_accumulation_steps=2 ";
     const Trajectory resident = train("", common + "distributed.zero_stage=0", dir.path() / "resident");
-    ASSERT_EQ(resident.steps.size(), 4u) << resident.output;
+    ASSERT_EQ(resident.steps.size(), 6u) << resident.output;
     EXPECT_NE(resident.output.find("device: cuda"), std::string::npos) << resident.output;
     const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
     for (const std::string& setting : std::vector<std::string>{
@@ -116,7 +117,7 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
   for (const char* precision : kPrecisions) {
     const Trajectory one =
         train("", std::string(precision) + " train.gradient_accumulation_steps=2", dir.path() / "one");
-    ASSERT_EQ(one.steps.size(), 4u) << one.output;
+    ASSERT_EQ(one.steps.size(), 6u) << one.output;
     for (int stage = 0; stage <= 3; ++stage) {
       const Trajectory two =
           train(launcher,
