@@ -1,8 +1,12 @@
 #include "checkpoint/weights.h"
 
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
+#include "core/convert.h"
 #include "core/error.h"
 
 namespace engine {
@@ -89,6 +93,84 @@ bool is_known_buffer(const std::string& name, const std::map<std::string, int>& 
          ends_with(name, ".rotary_emb.inv_freq") || name == "lm_head.weight";
 }
 
+// A file that is not safetensors, named for what it is (its first bytes), so that the user is not
+// told about a header length: PyTorch's zip or pickle checkpoints, a JSON file, a directory.
+void refuse_other_formats(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  in.read(head, 4);
+  const std::string what = path.string() + ": not a safetensors file but ";
+  if (in.gcount() >= 2 && head[0] == 'P' && head[1] == 'K')
+    throw UserError(what +
+                    "a zip archive (PyTorch's torch.save format, as in pytorch_model.bin): convert it to "
+                    "safetensors (safetensors.torch.save_file) or point at the model's directory");
+  if (in.gcount() >= 1 && static_cast<unsigned char>(head[0]) == 0x80)
+    throw UserError(what + "a Python pickle (a PyTorch .bin or .pt checkpoint): convert it to safetensors");
+  if (in.gcount() >= 1 && head[0] == '{')
+    throw UserError(what +
+                    "a JSON file: point at the model's directory (its config.json and safetensors) or at a "
+                    ".safetensors file");
+}
+
+// Every tensor of a weights source: a safetensors file, or a Hugging Face model directory holding
+// model.safetensors or the shards its model.safetensors.index.json lists (each tensor in the shard
+// the index names, and nowhere else).
+SafetensorsFile read_weights_source(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) {
+    refuse_other_formats(path);
+    return read_safetensors(path);
+  }
+  const fs::path index = path / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    if (fs::exists(path / "model.safetensors")) return read_safetensors(path / "model.safetensors");
+    throw UserError(path.string() + ": a directory without model.safetensors or model.safetensors.index.json" +
+                    (fs::exists(path / "pytorch_model.bin") ? " (it has pytorch_model.bin: convert it to safetensors)"
+                                                            : std::string()));
+  }
+  nlohmann::json map;
+  try {
+    std::ifstream in(index);
+    map = nlohmann::json::parse(in).at("weight_map");
+  } catch (const std::exception& e) {
+    throw UserError(index.string() + ": not a safetensors index (a JSON object with a weight_map): " + e.what());
+  }
+  std::map<std::string, std::set<std::string>> by_file;  // shard -> the tensors the index puts there
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    if (!it.value().is_string())
+      throw UserError(index.string() + ": weight_map['" + it.key() + "'] is not a file name");
+    by_file[it.value().get<std::string>()].insert(it.key());
+  }
+  SafetensorsFile merged;
+  for (const auto& [file, names] : by_file) {
+    const fs::path shard = path / file;
+    if (!fs::exists(shard))
+      throw UserError(index.string() + " names " + file + " (for '" + *names.begin() + "'), which is not in " +
+                      path.string());
+    SafetensorsFile part = read_safetensors(shard);
+    for (auto& [name, tensor] : part.tensors) {
+      if (!names.count(name))
+        throw UserError(shard.string() + ": holds '" + name + "', which " + index.filename().string() +
+                        " does not place in this shard");
+      merged.tensors.emplace(name, std::move(tensor));
+    }
+    for (const std::string& name : names)
+      if (!merged.tensors.count(name))
+        throw UserError(index.string() + " places '" + name + "' in " + file + ", which does not hold it");
+  }
+  return merged;
+}
+
+// bf16 and f16 tensors widened to f32 (published checkpoints are 16-bit; the masters are f32).
+void widen_to_f32(SafeTensor& t) {
+  if (t.dtype != DType::bf16 && t.dtype != DType::f16) return;
+  const auto n = int64_t(t.data.size() / 2);
+  std::vector<std::byte> wide(size_t(n) * 4);
+  widen(t.data.data(), t.dtype, reinterpret_cast<float*>(wide.data()), n);
+  t.data = std::move(wide);
+  t.dtype = DType::f32;
+}
+
 }  // namespace
 
 std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,
@@ -118,14 +200,17 @@ void save_weights(const std::filesystem::path& path, const ParameterStore& store
 
 void save_weights(const std::filesystem::path& path, const Graph& graph, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param) {
-  write_safetensors(path, hugging_face_tensors(graph, arch, param), metadata);
+  std::map<std::string, std::string> with_format = metadata;
+  with_format.emplace("format", "pt");  // what transformers' from_pretrained requires of a file
+  write_safetensors(path, hugging_face_tensors(graph, arch, param), with_format);
 }
 
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
-  SafetensorsFile file = read_safetensors(path);
+  SafetensorsFile file = read_weights_source(path);
   std::map<std::string, SafeTensor> renamed;
   for (auto& [name, tensor] : file.tensors) {
     std::string plain = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    widen_to_f32(tensor);
     renamed.emplace(plain, std::move(tensor));
   }
   const Graph& g = store.graph();
@@ -167,6 +252,17 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   for (const auto& [name, t] : renamed)
     if (!expected.count(name) && !is_known_buffer(name, expected))
       problems.push_back("unexpected tensor '" + name + "'");
+  // A tied model takes a file's lm_head.weight only when it is the embedding itself: a head of its
+  // own would be dropped, and a different model trained.
+  const std::string embedding = arch == recipe::Arch::llama ? "model.embed_tokens.weight" : "wte.weight";
+  const auto head = renamed.find("lm_head.weight"), embed = renamed.find(embedding);
+  if (!expected.count("lm_head.weight") && head != renamed.end() && embed != renamed.end() &&
+      head->second.data != embed->second.data)
+    problems.push_back("lm_head.weight differs from " + embedding +
+                       ": the checkpoint's head is untied; set model.tie_embeddings: false to load it");
+  if (expected.count("lm_head.weight") && head == renamed.end() && embed != renamed.end())
+    problems.push_back("no lm_head.weight: the checkpoint's head is tied to " + embedding +
+                       "; set model.tie_embeddings: true to load it");
   if (!problems.empty()) {
     std::string message = listing(path.string() + ": weights do not fit the model:", problems);
     if (arch == recipe::Arch::llama && renamed.count("model.layers.0.self_attn.qkv_proj.weight"))

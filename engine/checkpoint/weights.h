@@ -14,7 +14,12 @@
 // diverges at its first step, far from the cause). It accepts
 // Hugging Face's files as published: a "transformer." prefix and the attention-mask buffers
 // (h.N.attn.bias, h.N.attn.masked_bias) of GPT-2, the rotary buffers of older Llama files
-// (self_attn.rotary_emb.inv_freq), and an lm_head.weight when the head is tied to the embedding.
+// (self_attn.rotary_emb.inv_freq), and an lm_head.weight when the head is tied to the embedding
+// and the file's equals it (one that differs is an untied head: refused, naming tie_embeddings).
+// Import reads a safetensors file or a Hugging Face model directory (model.safetensors, or the
+// shards model.safetensors.index.json lists), in f32, bf16 or f16 (widened to f32), and names
+// other formats (PyTorch's .bin/.pt, JSON) for what they are. Every file written carries the
+// `format: pt` metadata transformers' from_pretrained requires.
 //
 //   save_weights("model.safetensors", store, recipe::Arch::llama, {{"steps", "100"}});
 //   load_weights("hf/model.safetensors", store, recipe::Arch::llama);

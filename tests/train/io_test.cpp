@@ -10,6 +10,7 @@
 #include "../temp_dir.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/weights.h"
+#include "core/convert.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/permutation.h"
@@ -198,7 +199,7 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
     hf.push_back(tensor);
   }
   hf.push_back({"transformer.h.0.attn.bias", DType::f32, {1, 1, 8, 8}, std::vector<std::byte>(256)});
-  hf.push_back({"lm_head.weight", DType::f32, {17, 8}, std::vector<std::byte>(17 * 8 * 4)});
+  hf.push_back({"lm_head.weight", DType::f32, {17, 8}, read_safetensors(path).tensors.at("wte.weight").data});
   fs::path hf_path = scratch("hf.safetensors");
   write_safetensors(hf_path, hf, {});
   b.store.initialize(3);
@@ -215,6 +216,95 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A Hugging Face model directory as published: bf16 or f16, one file or shards with their index.
+// Each is widened into the f32 masters; every file the engine writes says `format: pt`; and what
+// is not a loadable checkpoint says what it is.
+TEST(Weights, HuggingFaceDirectoriesInBf16F16AndShardsLoad) {
+  recipe::MemorySourceReader reader;
+  reader.add("r.yaml",
+             "model: {arch: gpt, vocab_size: 17, context_length: 8, n_layer: 2, n_head: 2, n_embd: 8}\n"
+             "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n");
+  recipe::LoadOptions options;
+  options.reader = &reader;
+  const auto r = recipe::load_recipe("r.yaml", options).recipe;
+  Session a(r), b(r);
+  a.store.initialize(1);
+  const fs::path path = scratch("w32.safetensors");
+  save_weights(path, a.store, r.model.arch, {});
+  const SafetensorsFile f32 = read_safetensors(path);
+  EXPECT_EQ(f32.metadata.at("format"), "pt");
+
+  for (DType type : {DType::bf16, DType::f16}) {
+    // The file's tensors rounded to `type`, split over two shards listed by an index.
+    std::vector<SafeTensor> first, second;
+    std::string map;
+    for (const auto& [name, t] : f32.tensors) {
+      const auto n = int64_t(t.data.size() / 4);
+      SafeTensor narrow_t{name, type, t.shape, std::vector<std::byte>(size_t(n) * 2)};
+      narrow(reinterpret_cast<const float*>(t.data.data()), narrow_t.data.data(), type, n);
+      const bool in_first = first.size() <= second.size();
+      (in_first ? first : second).push_back(narrow_t);
+      map += std::string(map.empty() ? "" : ",") + "\"" + name + "\": \"" +
+             (in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors") + "\"";
+    }
+    const fs::path dir = scratch("hf_" + std::string(dtype_name(type)));
+    fs::create_directories(dir);
+    write_safetensors(dir / "model-00001-of-00002.safetensors", first, {{"format", "pt"}});
+    write_safetensors(dir / "model-00002-of-00002.safetensors", second, {{"format", "pt"}});
+    std::ofstream(dir / "model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" << map << "}}";
+    b.store.initialize(7);
+    load_weights(dir, b.store, r.model.arch);
+    for (size_t i = 0; i < a.model.graph.params().size(); ++i) {
+      const int64_t n = a.store.numel(int(i));
+      std::vector<std::byte> rounded(static_cast<size_t>(n) * 2);
+      std::vector<float> want(static_cast<size_t>(n));
+      narrow(a.store.param(int(i)), rounded.data(), type, n);
+      widen(rounded.data(), type, want.data(), n);
+      EXPECT_EQ(std::memcmp(want.data(), b.store.param(int(i)), size_t(n) * 4), 0) << dtype_name(type) << " " << i;
+    }
+    // A shard the index names but the directory lacks, named with a tensor it should hold.
+    fs::rename(dir / "model-00002-of-00002.safetensors", dir / "moved.safetensors");
+    try {
+      load_weights(dir, b.store, r.model.arch);
+      ADD_FAILURE() << "loaded without a shard";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("names model-00002-of-00002.safetensors"), std::string::npos) << e.what();
+    }
+  }
+  // One file in a directory.
+  const fs::path single = scratch("hf_single");
+  fs::create_directories(single);
+  fs::copy_file(path, single / "model.safetensors");
+  b.store.initialize(8);
+  load_weights(single, b.store, r.model.arch);
+  EXPECT_EQ(std::memcmp(a.store.param(0), b.store.param(0), size_t(a.store.numel(0)) * 4), 0);
+
+  // Other formats, named for what they are.
+  const auto refused = [&](const fs::path& source, const std::string& expected) {
+    try {
+      load_weights(source, b.store, r.model.arch);
+      ADD_FAILURE() << source << " loaded";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  std::ofstream(scratch("pytorch_model.bin")) << "PK\x03\x04 a zip";
+  refused(scratch("pytorch_model.bin"), "a zip archive (PyTorch's torch.save format");
+  std::ofstream(scratch("config.json")) << "{\"model_type\": \"gpt2\"}";
+  refused(scratch("config.json"), "a JSON file");
+  const fs::path empty = scratch("hf_empty");
+  fs::create_directories(empty);
+  refused(empty, "a directory without model.safetensors or model.safetensors.index.json");
+
+  // An untied head (lm_head.weight other than the embedding) into a tied model is refused, naming
+  // the key that loads it.
+  std::vector<SafeTensor> untied;
+  for (const auto& [name, t] : f32.tensors) untied.push_back(t);
+  untied.push_back({"lm_head.weight", DType::f32, {17, 8}, std::vector<std::byte>(17 * 8 * 4)});
+  write_safetensors(scratch("untied.safetensors"), untied, {});
+  refused(scratch("untied.safetensors"), "set model.tie_embeddings: false");
 }
 
 TEST(Weights, NonFiniteInitialWeightsAreRefusedNamingTheFileAndTheTensor) {

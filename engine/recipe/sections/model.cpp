@@ -117,8 +117,10 @@ void declare_model(Schema& schema) {
       .derived_default("none: random initialisation")
       .help(
           "Initial weights: a safetensors file with Hugging Face tensor names and layouts (GPT-2's Conv1D "
-          "weights (in, out); Llama's separate q_proj, k_proj and v_proj), relative to the recipe. Every "
-          "parameter must be present with its shape.");
+          "weights (in, out); Llama's separate q_proj, k_proj and v_proj), or a Hugging Face model directory "
+          "(model.safetensors, or the shards of model.safetensors.index.json), relative to the recipe; f32, "
+          "bf16 or f16. Every parameter must be present with its shape; an untied lm_head needs "
+          "tie_embeddings: false.");
 }
 
 }  // namespace engine::recipe
