@@ -1,8 +1,13 @@
 #include "recipe/rules.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
+#include <type_traits>
 
 #include "recipe/schema.h"
 
@@ -41,6 +46,105 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 void resolve_run_name(RuleContext& c) {
   if (c.r.run.name.empty()) c.r.run.name = c.loaded.path.stem().string();
+}
+
+// A Hugging Face model directory as model.init_from: its config.json's sizes fill the model
+// section (GPT-2 and Llama families), a size the recipe gives that contradicts it is an error
+// naming both, and a configuration the engine's model cannot express is refused.
+void adopt_pretrained_config(RuleContext& c) {
+  namespace fs = std::filesystem;
+  ModelSection& m = c.r.model;
+  if (m.init_from.empty() || !fs::is_directory(m.init_from)) return;
+  const fs::path file = m.init_from / "config.json";
+  if (!fs::exists(file)) return;
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    c.error({"model.init_from"}, file.string() + " is not JSON: " + e.what());
+    return;
+  }
+  const std::string type = j.value("model_type", "");
+  const std::optional<Arch> arch = type == "gpt2"    ? std::optional(Arch::gpt)
+                                   : type == "llama" ? std::optional(Arch::llama)
+                                                     : std::nullopt;
+  if (!arch) {
+    c.error({"model.init_from"}, file.string() + ": model_type '" + type +
+                                     "' is not an architecture this engine trains (gpt2 and llama are)");
+    return;
+  }
+  if (m.arch != *arch) {
+    c.error({"model.arch", "model.init_from"},
+            "model.arch " + std::string(*arch == Arch::gpt ? "llama" : "gpt") + " but " + file.string() +
+                " describes model_type " + type,
+            {"set model.arch: " + std::string(*arch == Arch::gpt ? "gpt" : "llama")});
+    return;
+  }
+  bool refused = false;
+  const auto refuse = [&](const std::string& why) {
+    c.error({"model.init_from"}, file.string() + ": " + why + ", which this engine's " + type + " does not have");
+    refused = true;
+  };
+  // Each size from its config.json field; one the recipe gives must agree.
+  const auto adopt = [&](const char* key, const char* field, auto& target, auto value) {
+    using T = std::decay_t<decltype(value)>;
+    const std::string full = std::string("model.") + key;
+    T current{};
+    if constexpr (std::is_same_v<std::decay_t<decltype(target)>, std::optional<T>>)
+      current = target.value_or(T{});
+    else
+      current = target;
+    if (c.loaded.given(full) && current != value) {
+      std::ostringstream text;
+      text << std::boolalpha;
+      text << full << " is " << current << " but " << file.string() << " says " << field << " = " << value;
+      c.error({full.c_str()}, text.str(), {"leave " + full + " out to take the checkpoint's, or fix the recipe"});
+      refused = true;
+      return;
+    }
+    target = value;
+  };
+  try {
+    if (*arch == Arch::gpt) {
+      const int64_t width = j.at("n_embd").get<int64_t>();
+      adopt("vocab_size", "vocab_size", m.vocab_size, j.at("vocab_size").get<int64_t>());
+      adopt("context_length", "n_positions", m.context_length, j.at("n_positions").get<int64_t>());
+      adopt("n_layer", "n_layer", m.n_layer, j.at("n_layer").get<int64_t>());
+      adopt("n_head", "n_head", m.n_head, j.at("n_head").get<int64_t>());
+      adopt("n_embd", "n_embd", m.n_embd, width);
+      const nlohmann::json inner = j.value("n_inner", nlohmann::json());
+      adopt("ffn_dim", "n_inner", m.ffn_dim, inner.is_null() ? 4 * width : inner.get<int64_t>());
+      adopt("norm_eps", "layer_norm_epsilon", m.norm_eps, j.value("layer_norm_epsilon", 1e-5));
+      adopt("tie_embeddings", "tie_word_embeddings", m.tie_embeddings, j.value("tie_word_embeddings", true));
+      adopt("bias", "(GPT-2's biases)", m.bias, true);
+      const std::string act = j.value("activation_function", "gelu_new");
+      if (act != "gelu_new" && act != "gelu_pytorch_tanh") refuse("activation_function " + act);
+    } else {
+      const int64_t heads = j.at("num_attention_heads").get<int64_t>(), width = j.at("hidden_size").get<int64_t>();
+      adopt("vocab_size", "vocab_size", m.vocab_size, j.at("vocab_size").get<int64_t>());
+      adopt("context_length", "max_position_embeddings", m.context_length,
+            j.at("max_position_embeddings").get<int64_t>());
+      adopt("n_layer", "num_hidden_layers", m.n_layer, j.at("num_hidden_layers").get<int64_t>());
+      adopt("n_head", "num_attention_heads", m.n_head, heads);
+      adopt("kv_heads", "num_key_value_heads", m.kv_heads, j.value("num_key_value_heads", heads));
+      adopt("n_embd", "hidden_size", m.n_embd, width);
+      adopt("ffn_dim", "intermediate_size", m.ffn_dim, j.at("intermediate_size").get<int64_t>());
+      adopt("norm_eps", "rms_norm_eps", m.norm_eps, j.value("rms_norm_eps", 1e-6));
+      adopt("rope_theta", "rope_theta", m.rope_theta, j.value("rope_theta", 10000.0));
+      adopt("tie_embeddings", "tie_word_embeddings", m.tie_embeddings, j.value("tie_word_embeddings", false));
+      if (j.value("hidden_act", "silu") != "silu") refuse("hidden_act " + j.value("hidden_act", std::string()));
+      if (j.value("attention_bias", false)) refuse("attention_bias true");
+      if (j.value("mlp_bias", false)) refuse("mlp_bias true");
+      if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) refuse("rope_scaling");
+      if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"].get<int64_t>() * heads != width)
+        refuse("head_dim " + j["head_dim"].dump() + " other than hidden_size / num_attention_heads");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    c.error({"model.init_from"}, file.string() + ": " + e.what());
+    return;
+  }
+  if (!refused) c.note("model: sizes from " + file.string() + " (model_type " + type + ")");
 }
 
 void resolve_model_auto(RuleContext& c) {
@@ -275,6 +379,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
   };
   static const std::vector<Rule> rules = {
       {{"run"}, resolve_run_name},
+      {{"model"}, adopt_pretrained_config},
       {{"model"}, resolve_model_auto},
       {{"model"}, check_attention_shape},
       {{"model", "data"}, check_model_matches_data},

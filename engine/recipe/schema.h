@@ -71,6 +71,7 @@ struct KeySpec {
   std::vector<std::string> choices;   // Enum
   std::optional<size_t> list_length;  // FloatList
   bool must_exist = false;            // Path: the file must exist when the recipe is loaded
+  bool directory_allowed = false;     // Path: a directory is accepted too (must_exist)
   // The value names a file or directory the engine reads or writes (every Path key, and strings
   // declared with file_system()). Such keys belong to the user: only the recipe and the command
   // line set them, never a plugin's on_recipe.
@@ -251,6 +252,11 @@ class KeyDecl {
   }
   KeyDecl& must_exist() {
     spec_.must_exist = true;
+    return *this;
+  }
+  // Accepts a directory where a file is expected (a model directory for model.init_from).
+  KeyDecl& or_directory() {
+    spec_.directory_allowed = true;
     return *this;
   }
   // For a string that becomes part of a path (a directory, a file name); Path keys are already.

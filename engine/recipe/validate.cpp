@@ -159,7 +159,7 @@ class ValueParser {
                     " comes from the Debian package fortunes: run scripts/setup, which installs it";
         return std::nullopt;
       }
-      if (fs::is_directory(status)) {
+      if (fs::is_directory(status) && !spec_.directory_allowed) {
         error_ = "expected a file, found the directory " + path.string();
         return std::nullopt;
       }

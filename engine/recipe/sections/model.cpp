@@ -114,6 +114,7 @@ void declare_model(Schema& schema) {
           "scaled by 1/sqrt(2 x n_layer), as GPT-2 does).");
   model.key("init_from", &ModelSection::init_from)
       .must_exist()
+      .or_directory()
       .derived_default("none: random initialisation")
       .help(
           "Initial weights: a safetensors file with Hugging Face tensor names and layouts (GPT-2's Conv1D "

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Tiny random Hugging Face models, saved by transformers as published models are, and their loss
+on fixed tokens as transformers computes it: what tests/hf/hf_test.cpp starts the engine from.
+
+  make_models.py OUT_DIR
+
+Writes OUT_DIR/<name>/ (config.json and safetensors, from save_pretrained) for each model below,
+OUT_DIR/tokens.bin (raw uint16: two windows of SEQ tokens and the one after) and
+OUT_DIR/reference.json ({name: {"arch": gpt|llama, "loss": mean cross-entropy over both windows}}).
+The loss is computed in fp32 from the weights as saved (a bf16 model's rounded weights, widened)."""
+import json
+import os
+import sys
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+SEQ = 16
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+vocab = 96
+tokens = torch.randint(0, vocab, (2 * SEQ + 1,), dtype=torch.int64)
+tokens.numpy().astype("uint16").tofile(os.path.join(out, "tokens.bin"))
+windows = torch.stack([tokens[0:SEQ + 1], tokens[SEQ:2 * SEQ + 1]])  # the engine's first micro-batch of 2
+
+
+def gpt2(tied):
+    config = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                        tie_word_embeddings=tied, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def llama(tied, kv_heads):
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=32,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied)
+    return LlamaForCausalLM(config)
+
+
+models = {
+    "gpt2_tied_fp32": ("gpt", gpt2(True), torch.float32, None),
+    "gpt2_tied_bf16": ("gpt", gpt2(True), torch.bfloat16, None),
+    "llama_gqa_untied_fp32": ("llama", llama(False, 2), torch.float32, None),
+    "llama_gqa_untied_sharded": ("llama", llama(False, 2), torch.float32, "40KB"),
+    "llama_tied_fp16": ("llama", llama(True, 4), torch.float16, None),
+}
+reference = {}
+for name, (arch, model, dtype, shard) in models.items():
+    directory = os.path.join(out, name)
+    model = model.to(dtype)
+    model.save_pretrained(directory, safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
+    model = model.float().eval()
+    with torch.no_grad():
+        logits = model(windows).logits[:, :SEQ, :]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), windows[:, 1:].reshape(-1))
+    reference[name] = {"arch": arch, "loss": float(loss), "tied": bool(model.config.tie_word_embeddings)}
+with open(os.path.join(out, "reference.json"), "w") as f:
+    json.dump(reference, f, indent=1)
+print(json.dumps(reference))
