@@ -277,4 +277,50 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   for (size_t i = 0; i < values.size(); ++i) store.set_param(int(i), values[i].data());
 }
 
+std::string hugging_face_config(const recipe::ModelSection& m) {
+  nlohmann::json j;
+  if (m.arch == recipe::Arch::gpt) {
+    if (!m.bias)
+      throw UserError(
+          "model.bias false: GPT-2's Hugging Face class has biases in every linear layer and LayerNorm, "
+          "so no config.json can describe this model");
+    const int64_t ffn = m.ffn_dim.value_or(4 * m.n_embd);
+    j = {{"model_type", "gpt2"},
+         {"architectures", {"GPT2LMHeadModel"}},
+         {"vocab_size", m.vocab_size},
+         {"n_positions", m.context_length},
+         {"n_embd", m.n_embd},
+         {"n_layer", m.n_layer},
+         {"n_head", m.n_head},
+         {"n_inner", ffn == 4 * m.n_embd ? nlohmann::json() : nlohmann::json(ffn)},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", m.norm_eps},
+         {"resid_pdrop", m.dropout},
+         {"embd_pdrop", m.dropout},
+         {"attn_pdrop", 0.0},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"torch_dtype", "float32"}};
+  } else if (m.arch == recipe::Arch::llama) {
+    j = {{"model_type", "llama"},
+         {"architectures", {"LlamaForCausalLM"}},
+         {"vocab_size", m.vocab_size},
+         {"hidden_size", m.n_embd},
+         {"intermediate_size", m.ffn_dim.value_or(0)},
+         {"num_hidden_layers", m.n_layer},
+         {"num_attention_heads", m.n_head},
+         {"num_key_value_heads", m.kv_heads.value_or(m.n_head)},
+         {"max_position_embeddings", m.context_length},
+         {"rms_norm_eps", m.norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"hidden_act", "silu"},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"torch_dtype", "float32"}};
+  } else {
+    throw UserError("model.arch mlp has no Hugging Face class: no config.json can describe it");
+  }
+  return j.dump(2) + "\n";
+}
+
 }  // namespace engine

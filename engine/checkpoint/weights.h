@@ -46,6 +46,11 @@ void save_weights(const std::filesystem::path& path, const Graph& graph, recipe:
                   const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param);
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
 
+// The config.json transformers' from_pretrained reads beside the weights, for a gpt (GPT2LMHeadModel)
+// or llama (LlamaForCausalLM) model section; a UserError for what transformers' class cannot
+// express (an mlp, a GPT without biases).
+std::string hugging_face_config(const recipe::ModelSection& model);
+
 // The file tensors, in Hugging Face's names and layouts, of one value per parameter: `data(i)` is
 // parameter i's weights, or its gradient (fp32, the parameter's shape).
 std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,

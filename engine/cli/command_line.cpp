@@ -154,7 +154,11 @@ void add_export_and_generate(CLI::App& app, Commands& commands) {
                    "Run directory (<output_dir>/<name>: its final weights, else its latest checkpoint), a "
                    "checkpoint (a step-N directory) or a directory of checkpoints (the latest)")
       ->required();
-  export_command->add_option("destination", paths->second, "Output .safetensors file")->required();
+  export_command
+      ->add_option("destination", paths->second,
+                   "Output: a .safetensors file, or a model directory (model.safetensors and config.json, which "
+                   "transformers' from_pretrained loads as it is)")
+      ->required();
   commands.push_back({export_command, [paths] { return export_weights(paths->first, paths->second); }});
 
   auto args = owned<GenerateArgs>();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
@@ -10,6 +11,7 @@
 #include "checkpoint/sharded_state.h"
 #include "checkpoint/weights.h"
 #include "cli/commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
@@ -39,8 +41,7 @@ namespace {
 // recipe stored in its manifest (only its model section matters, so no data file needs to exist);
 // each parameter's pieces are gathered from whichever rank files hold them, at any world size and
 // ZeRO stage the checkpoint was written with, and every file read is checked against its checksum.
-void export_checkpoint(const fs::path& checkpoint, const fs::path& destination) {
-  const Manifest manifest = read_manifest(checkpoint);
+Recipe recipe_of_checkpoint(const fs::path& checkpoint, const Manifest& manifest) {
   MemorySourceReader reader;
   const fs::path recipe_path = checkpoint / (std::string(kManifestName) + "#recipe");
   reader.add(recipe_path, manifest.recipe);
@@ -48,7 +49,12 @@ void export_checkpoint(const fs::path& checkpoint, const fs::path& destination) 
   options.reader = &reader;
   options.check_files = false;
   options.world = {manifest.world_size, "the checkpoint's world size"};
-  const Recipe r = load_recipe(recipe_path, options).recipe;
+  return load_recipe(recipe_path, options).recipe;
+}
+
+Recipe export_checkpoint(const fs::path& checkpoint, const fs::path& destination) {
+  const Manifest manifest = read_manifest(checkpoint);
+  const Recipe r = recipe_of_checkpoint(checkpoint, manifest);
   ModelGraph model = build_model(r, 1, 1.0);
   // One rank at stage 0 holds every parameter whole; the masters are all it needs.
   ParameterStore store(model.graph);
@@ -59,32 +65,62 @@ void export_checkpoint(const fs::path& checkpoint, const fs::path& destination) 
   save_weights(destination, store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(manifest.step)}});
   std::cout << "exported step " << manifest.step << " of " << checkpoint.string() << " to " << destination.string()
             << "\n";
+  return r;
+}
+
+// A destination without the .safetensors extension is a model directory: the weights go in as
+// model.safetensors beside the config.json of the run's model, which from_pretrained loads as it is.
+void write_model_directory(const fs::path& directory, const Recipe& r) {
+  write_file_atomically(directory / "config.json", [&](std::ostream& out) { out << hugging_face_config(r.model); });
+  std::cout << "wrote " << (directory / "config.json").string() << " ("
+            << (r.model.arch == Arch::gpt ? "gpt2" : "llama") << "): transformers' from_pretrained loads "
+            << directory.string() << "\n";
 }
 
 }  // namespace
 
 int export_weights(const fs::path& source, const fs::path& destination) {
+  const bool directory = destination.extension() != ".safetensors";
+  const fs::path file = directory ? destination / "model.safetensors" : destination;
+  fs::path checkpoint;
   if (fs::exists(source / kManifestName)) {
-    export_checkpoint(source, destination);
-    return kExitOk;
-  }
-  if (!fs::exists(source / "model.safetensors") && fs::is_directory(source)) {
+    checkpoint = source;
+  } else if (!fs::exists(source / "model.safetensors") && fs::is_directory(source)) {
     // A directory of checkpoints, or a run without final weights (preempted): its latest checkpoint.
     const std::vector<fs::path> found = committed_checkpoints(checkpoints_in(source));
-    if (!found.empty()) {
-      export_checkpoint(found.back(), destination);
-      return kExitOk;
-    }
-    throw UserError(source.string() + ": neither a finished run (no model.safetensors), a checkpoint (no " +
-                    kManifestName + ") nor a directory of complete checkpoints");
+    if (found.empty())
+      throw UserError(source.string() + ": neither a finished run (no model.safetensors), a checkpoint (no " +
+                      kManifestName + ") nor a directory of complete checkpoints");
+    checkpoint = found.back();
   }
-  // Read (which validates every tensor) and write atomically: a bad or truncated run file is
-  // refused rather than copied.
-  SafetensorsFile file = read_safetensors(weights_of(source));
-  std::vector<SafeTensor> tensors;
-  for (auto& [name, tensor] : file.tensors) tensors.push_back(std::move(tensor));
-  write_safetensors(destination, tensors, file.metadata);
-  std::cout << "exported " << tensors.size() << " tensors to " << destination.string() << "\n";
+  std::optional<Recipe> recipe;
+  if (directory) {
+    // The recipe first, so that a model no config.json can describe is refused before anything is written.
+    if (!checkpoint.empty()) {
+      recipe = recipe_of_checkpoint(checkpoint, read_manifest(checkpoint));
+    } else {
+      LoadOptions options;
+      options.check_files = false;
+      recipe = load_recipe(source / "recipe.yaml", options).recipe;
+    }
+    hugging_face_config(recipe->model);
+    std::error_code error;
+    fs::create_directories(destination, error);
+    if (error) throw UserError(destination.string() + ": cannot create the directory: " + error.message());
+  }
+  if (!checkpoint.empty()) {
+    export_checkpoint(checkpoint, file);
+  } else {
+    // Read (which validates every tensor) and write atomically: a bad or truncated run file is
+    // refused rather than copied.
+    SafetensorsFile weights = read_safetensors(weights_of(source));
+    std::vector<SafeTensor> tensors;
+    for (auto& [name, tensor] : weights.tensors) tensors.push_back(std::move(tensor));
+    weights.metadata.emplace("format", "pt");
+    write_safetensors(file, tensors, weights.metadata);
+    std::cout << "exported " << tensors.size() << " tensors to " << file.string() << "\n";
+  }
+  if (directory) write_model_directory(destination, *recipe);
   return kExitOk;
 }
 

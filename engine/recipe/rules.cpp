@@ -91,11 +91,14 @@ void adopt_pretrained_config(RuleContext& c) {
     using T = std::decay_t<decltype(value)>;
     const std::string full = std::string("model.") + key;
     T current{};
-    if constexpr (std::is_same_v<std::decay_t<decltype(target)>, std::optional<T>>)
+    bool set = true;  // an optional key written as auto is not a contradiction
+    if constexpr (std::is_same_v<std::decay_t<decltype(target)>, std::optional<T>>) {
+      set = target.has_value();
       current = target.value_or(T{});
-    else
+    } else {
       current = target;
-    if (c.loaded.given(full) && current != value) {
+    }
+    if (c.loaded.given(full) && set && current != value) {
       std::ostringstream text;
       text << std::boolalpha;
       text << full << " is " << current << " but " << file.string() << " says " << field << " = " << value;

@@ -2,14 +2,17 @@
 // GPT-2 and Llama models (tied and untied heads, GQA; saved in fp32, bf16, fp16 and as shards) made
 // by save_pretrained (make_models.py, run with .venv-hf's transformers), trained by the engine from
 // their directories with sizes from config.json alone: the first step's loss equals transformers'
-// on the same tokens within 1e-6 relative. And a recipe that contradicts config.json, or a config
-// the engine cannot express, is refused naming the key and the file.
+// on the same tokens within 1e-6 relative; `engine export` to a directory loads back into
+// transformers with the engine's loss. A recipe that contradicts config.json, or a config the
+// engine cannot express, is refused naming the key and the file.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../shell.h"
 #include "../temp_dir.h"
@@ -64,6 +67,37 @@ TEST_F(HuggingFace, EveryModelDirectoryTrainsFromTransformersLoss) {
     std::getline(metrics, first);
     const double loss = nlohmann::json::parse(first).at("loss"), want = it.value().at("loss");
     EXPECT_NEAR(loss, want, 1e-6 * want) << name << ": the engine's first loss against transformers'";
+  }
+}
+
+// engine export to a directory writes what from_pretrained loads as it is (config.json, and the
+// weights with format: pt): no missing, unexpected or mis-shaped keys, and transformers' loss of the
+// exported model (trained one step) equals the engine's second step's loss on the same windows.
+TEST_F(HuggingFace, AnExportedDirectoryLoadsInTransformersWithTheEnginesLoss) {
+  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt2_tied_fp32", "gpt"}, {"llama_gqa_untied_fp32", "llama"}, {"llama_tied_fp16", "llama"}}) {
+    ASSERT_EQ(train(name, arch, "run.name=one_" + name).status, 0) << name;
+    const ShellResult two = train(name, arch, "train.steps=2 run.name=two_" + name);
+    ASSERT_EQ(two.status, 0) << two.output;
+    std::ifstream metrics(dir_->path() / "runs" / ("two_" + name) / "metrics.jsonl");
+    std::string line;
+    std::getline(metrics, line);
+    std::getline(metrics, line);
+    const double engine_loss = nlohmann::json::parse(line).at("loss");
+    const fs::path exported = dir_->path() / ("exported_" + name);
+    const ShellResult exported_run = run_shell(
+        "'" ENGINE_BINARY "' export " + (dir_->path() / "runs" / ("one_" + name)).string() + " " + exported.string(),
+        kSource);
+    ASSERT_EQ(exported_run.status, 0) << exported_run.output;
+    const ShellResult loaded = run_shell("'" + kPython.string() + "' tests/hf/loss_of.py " + exported.string() + " " +
+                                             (dir_->path() / "tokens.bin").string() + " 16 2>/dev/null",
+                                         kSource);
+    ASSERT_EQ(loaded.status, 0) << loaded.output;
+    const nlohmann::json result = nlohmann::json::parse(loaded.output);
+    EXPECT_TRUE(result.at("missing").empty()) << name << ": " << loaded.output;
+    EXPECT_TRUE(result.at("unexpected").empty()) << name << ": " << loaded.output;
+    EXPECT_TRUE(result.at("mismatched").empty()) << name << ": " << loaded.output;
+    EXPECT_NEAR(result.at("loss").get<double>(), engine_loss, 1e-6 * engine_loss) << name;
   }
 }
 

@@ -57,7 +57,9 @@ TEST(Cli, ValidateWithOverrides) {
 TEST(Cli, MistakesGetOneClearErrorAndLeaveNothingBehind) {
   const engine::testing::TempDir dir("mistakes");
   ASSERT_EQ(run("train recipes/quickstart.yaml train.steps=2 run.output_dir=" + dir.path().string()).status, 0);
-  const fs::path finished = dir / "quickstart", some_dir = dir / "some_dir";
+  // A .safetensors destination names a file (any other is a model directory: engine export
+  // writes model.safetensors and config.json into it), so a directory by that name is a mistake.
+  const fs::path finished = dir / "quickstart", some_dir = dir / "some_dir.safetensors";
   fs::create_directories(some_dir);
   std::ofstream(dir / "bad.safetensors") << "not a safetensors file";
   struct Mistake {
@@ -67,10 +69,7 @@ TEST(Cli, MistakesGetOneClearErrorAndLeaveNothingBehind) {
   const std::vector<Mistake> mistakes = {
       {"export " + finished.string() + " " + some_dir.string(),
        "is a directory: name the file to write",
-       {dir / "some_dir.tmp", some_dir / ".tmp"}},
-      {"export " + finished.string() + " " + some_dir.string() + "/",
-       "is a directory: name the file to write",
-       {dir / "some_dir.tmp", some_dir / ".tmp"}},
+       {dir / "some_dir.safetensors.tmp", some_dir / ".tmp"}},
       {"train recipes/quickstart.yaml model.init_from=" + (dir / "bad.safetensors").string() +
            " run.output_dir=" + (dir / "b").string(),
        "bad.safetensors",
