@@ -134,7 +134,7 @@ void print_table(const FitSearch& search, const FitBudgets& b) {
 
 void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& loaded) {
   CostModel cost;
-  const bool device = fit_on_device(loaded.recipe);
+  const bool device = planned_for_cuda(loaded.recipe);
   if (device)
     cost.flops_per_second = CostModel::device_flops_per_second(
         loaded.recipe.precision.mode == PrecisionMode::fp32 ? DType::f32 : DType::bf16);

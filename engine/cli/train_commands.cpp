@@ -238,8 +238,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
         format_bytes(m.swap).c_str(), r.offload.nvme_path.c_str(), format_bytes(session.traffic.swap_read).c_str(),
         format_bytes(session.traffic.swap_written).c_str());
   }
-  if (r.run.device == recipe::RunDevice::cuda ||
-      (r.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0)) {
+  if (planned_for_cuda(r)) {
     const DeviceMemoryPlan d = plan_device_memory(session, r, world);
     std::string staged;
     if (device_resident(r, world, &staged))

@@ -27,6 +27,11 @@ Device resolve_device(const recipe::Recipe& recipe, int local_rank) {
   return Device{};
 }
 
+bool planned_for_cuda(const recipe::Recipe& recipe) {
+  return recipe.run.device == recipe::RunDevice::cuda ||
+         (recipe.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0);
+}
+
 bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
   std::string reason;
   if (world > 1)

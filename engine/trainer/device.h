@@ -24,6 +24,10 @@ struct CompiledStep;
 
 Device resolve_device(const recipe::Recipe& recipe, int local_rank);
 
+// Whether `recipe` is planned as a GPU run here: run.device cuda (wherever it is planned), or auto
+// on a machine with a GPU. What `engine plan` prints and fits device memory for.
+bool planned_for_cuda(const recipe::Recipe& recipe);
+
 // Whether a GPU run of `recipe` at `world` ranks keeps the model state on the device; when not,
 // `why` says what makes it staged.
 bool device_resident(const recipe::Recipe& recipe, int world, std::string* why = nullptr);

@@ -32,11 +32,6 @@ std::string FitRow::offload_name() const {
          offload_tier_name(optimizer);
 }
 
-bool fit_on_device(const recipe::Recipe& recipe) {
-  return recipe.run.device == recipe::RunDevice::cuda ||
-         (recipe.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0);
-}
-
 namespace {
 
 // Loads the recipe with the row's overrides after the command line's and plans it.
@@ -62,7 +57,7 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   row.flops = c.flops_per_micro_batch * double(row.accumulation);
   row.extra_flops = c.recompute.extra_flops * double(row.accumulation);
   row.seconds = row.flops / cost.flops_per_second + double(row.swap_moved) / cost.swap_bytes_per_second;
-  if (!fit_on_device(r)) return;
+  if (!planned_for_cuda(r)) return;
   row.device = plan_device_memory(c, r, world).total();
   row.device_needed = row.device * ranks_per_device;
   if (device_resident(r, world)) return;
@@ -87,7 +82,7 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
   search.nvme_path_given = !r.offload.nvme_path.empty();
   search.nvme_path = search.nvme_path_given ? fs::path(r.offload.nvme_path) : fs::temp_directory_path();
 
-  search.device = fit_on_device(r);
+  search.device = planned_for_cuda(r);
   const int devices = cuda_device_count();
   search.world = int(loaded.world.size);
   search.ranks_per_device = devices > 0 ? (search.world + devices - 1) / devices : 1;

@@ -94,9 +94,6 @@ struct FitSearch {
   int ranks_per_device = 1;         // the world's ranks over this machine's GPUs (one when it has none)
 };
 
-// Whether `recipe`'s rows are a GPU run's: run.device cuda, or auto where this machine has a GPU.
-bool fit_on_device(const recipe::Recipe& recipe);
-
 // Every row for `recipe` loaded with `options` (`loaded` is that recipe, already loaded), costed
 // with `cost` (its flops_per_second the rate of the device the rows run on).
 FitSearch fit_rows(const std::filesystem::path& recipe, const recipe::LoadOptions& options,

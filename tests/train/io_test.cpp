@@ -172,14 +172,19 @@ TEST(Safetensors, BadTensorEntriesAreRefused) {
             std::string::npos);
 }
 
-TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
+// A GPT small enough to write by hand: vocabulary 17, width 8, two blocks of two heads.
+recipe::Recipe tiny_gpt() {
   recipe::MemorySourceReader reader;
   reader.add("r.yaml",
              "model: {arch: gpt, vocab_size: 17, context_length: 8, n_layer: 2, n_head: 2, n_embd: 8}\n"
              "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n");
   recipe::LoadOptions options;
   options.reader = &reader;
-  auto r = recipe::load_recipe("r.yaml", options).recipe;
+  return recipe::load_recipe("r.yaml", options).recipe;
+}
+
+TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
+  auto r = tiny_gpt();
   Session a(r), b(r);
   a.store.initialize(1);
   b.store.initialize(2);
@@ -222,13 +227,7 @@ TEST(Weights, SaveAndLoadRoundTripExactlyAndCheckShapes) {
 // Each is widened into the f32 masters; every file the engine writes says `format: pt`; and what
 // is not a loadable checkpoint says what it is.
 TEST(Weights, HuggingFaceDirectoriesInBf16F16AndShardsLoad) {
-  recipe::MemorySourceReader reader;
-  reader.add("r.yaml",
-             "model: {arch: gpt, vocab_size: 17, context_length: 8, n_layer: 2, n_head: 2, n_embd: 8}\n"
-             "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n");
-  recipe::LoadOptions options;
-  options.reader = &reader;
-  const auto r = recipe::load_recipe("r.yaml", options).recipe;
+  const auto r = tiny_gpt();
   Session a(r), b(r);
   a.store.initialize(1);
   const fs::path path = scratch("w32.safetensors");
