@@ -5,8 +5,11 @@
 // fp32 and bf16 with accumulation, clipping, dropout and evaluation every other step (ZeRO-3 gathers
 // for the evaluation plan too). Skipped, saying so, without a device; the
 // two-rank case also without a working mpirun (ENGINE_MPIRUN, else the build's).
+// A rank stopped mid-step on the GPU is named within distributed.timeout.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "../equivalence/run_util.h"
+#include "../rank_signal.h"
 #include "../shell.h"
 #include "../temp_dir.h"
 #include "core/device_info.h"
@@ -78,6 +82,19 @@ void expect_same(const Trajectory& got, const Trajectory& want, const std::strin
 
 const char* const kPrecisions[] = {"precision.mode=fp32", "precision.mode=bf16"};
 
+// The launcher the two-rank tests use (ENGINE_MPIRUN, else the build's), or empty where it does
+// not start two ranks.
+std::string configured_mpirun() {
+  const char* configured = std::getenv("ENGINE_MPIRUN");
+  return configured ? configured : MPIEXEC;
+}
+std::string two_rank_mpirun() {
+  const std::string mpirun = configured_mpirun();
+  const ShellResult probe = run_shell("'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 true");
+  if (probe.status != 0) std::fprintf(stderr, "%s", probe.output.c_str());
+  return probe.status == 0 ? mpirun : std::string();
+}
+
 // One process: stage 0 resident (the device optimizer) against every staged setting.
 TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
   REQUIRE_CUDA_DEVICE();
@@ -108,10 +125,8 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
 // accumulating the same two micro-batches.
 TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
   REQUIRE_CUDA_DEVICE();
-  const char* configured = std::getenv("ENGINE_MPIRUN");
-  const std::string mpirun = configured ? configured : MPIEXEC;
-  const ShellResult probe = run_shell("'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 true");
-  if (probe.status != 0) GTEST_SKIP() << "mpirun (" << mpirun << ") does not start two ranks here:\n" << probe.output;
+  const std::string mpirun = two_rank_mpirun();
+  if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   const std::string launcher = "'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 ";
   const TempDir dir("cuda_zero_w2");
   for (const char* precision : kPrecisions) {
@@ -128,6 +143,25 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
       expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
     }
   }
+}
+
+// Hang handling on the GPU as on CPU ranks: with two ranks sharing the GPU (a staged run, its
+// collectives on the host communicator), a rank stopped mid-step is named by the other with the
+// collective it did not reach, and the job ends non-zero within distributed.timeout (plus the
+// launcher's teardown).
+TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
+  REQUIRE_CUDA_DEVICE();
+  const std::string mpirun = two_rank_mpirun();
+  if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
+  constexpr double kTimeout = 3.0, kTeardownSlack = 3.0;
+  const RankSignalOutcome o =
+      signal_rank_mid_training({mpirun, ENGINE_BINARY, ENGINE_SOURCE_DIR "/recipes/quickstart.yaml",
+                                "run.device=cuda distributed.zero_stage=2", kTimeout},
+                               1, SIGSTOP);
+  EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0) << o.output;
+  EXPECT_LT(o.seconds_after_signal, 1.1 * kTimeout + kTeardownSlack) << o.output;
+  EXPECT_NE(o.output.find("device: cuda"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("did not complete within 3 s; rank 1 did not reach it"), std::string::npos) << o.output;
 }
 
 // engine plan's device memory for staged runs against the allocator's high-water mark, for every

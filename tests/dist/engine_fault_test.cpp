@@ -3,89 +3,30 @@
 // rank and the collective that did not complete; one that only one rank hears a stop signal from
 // stops on every rank. The test starts `mpirun -n 2 engine train`, waits until steps are being
 // logged, signals a rank and watches the clock.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <cstdio>
 #include <string>
-#include <thread>
 
+#include "../rank_signal.h"
 #include "../temp_dir.h"
 
 namespace {
 
+using engine::testing::RankSignalOutcome;
+
 constexpr double kTimeout = 3.0;
 constexpr double kTeardownSlack = 3.0;  // mpirun reaping the ranks after the abort
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct Outcome {
-  int status = 0;
-  double seconds_after_signal = 0;
-  std::string output;
-};
-
-Outcome signal_rank_mid_training(int rank, int signal_number) {
-  const engine::testing::TempDir dir("engine_fault");
-  const std::string pid_file = (dir / "rank.pid").string(), output = (dir / "output").string();
-  // The rank records its pid and becomes the engine (exec keeps the pid).
-  const std::string rank_script = "if [ \"$OMPI_COMM_WORLD_RANK\" = " + std::to_string(rank) + " ]; then echo $$ > '" +
-                                  pid_file +
-                                  "'; fi; exec '" ENGINE_BINARY "' train " SOURCE_DIR
-                                  "/recipes/golden/gpt_markov.yaml train.steps=100000 train.log_every=1 "
-                                  "run.name=run distributed.timeout=" +
-                                  std::to_string(kTimeout) + " run.output_dir='" + dir.path().string() + "'";
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("OMP_NUM_THREADS", "1", 1);
-    int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    const char* argv[] = {
-        MPIEXEC, "--allow-run-as-root", "--oversubscribe", MPIEXEC_NUMPROC_FLAG, "2", "sh", "-c", rank_script.c_str(),
-        nullptr};
-    execv(MPIEXEC, const_cast<char* const*>(argv));
-    _exit(127);
-  }
-  Outcome outcome;
-  const std::filesystem::path metrics = dir / "run" / "metrics.jsonl";
-  const auto launched = std::chrono::steady_clock::now();
-  // Training is under way once a few steps are logged.
-  while (std::count(std::istreambuf_iterator<char>(*std::make_unique<std::ifstream>(metrics)),
-                    std::istreambuf_iterator<char>(), '\n') < 3) {
-    if (std::chrono::steady_clock::now() - launched > std::chrono::seconds(60)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const pid_t signalled_rank = std::stoi(read_file(pid_file));
-  kill(signalled_rank, signal_number);
-  const auto signalled = std::chrono::steady_clock::now();
-  while (waitpid(pid, &outcome.status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() - signalled > std::chrono::seconds(60)) {
-      kill(signalled_rank, SIGKILL);
-      kill(pid, SIGKILL);
-      waitpid(pid, &outcome.status, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  outcome.seconds_after_signal = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
-  outcome.output = read_file(output);
-  return outcome;
+RankSignalOutcome signal_rank_mid_training(int rank, int signal_number) {
+  return engine::testing::signal_rank_mid_training(
+      {MPIEXEC, ENGINE_BINARY, SOURCE_DIR "/recipes/golden/gpt_markov.yaml", "", kTimeout}, rank, signal_number);
 }
 
 TEST(EngineFault, AStoppedRankEndsTheJobWithinTheTimeoutNamingItAndTheCollective) {
-  const Outcome o = signal_rank_mid_training(1, SIGSTOP);
+  const RankSignalOutcome o = signal_rank_mid_training(1, SIGSTOP);
   EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0) << o.output;
   EXPECT_LT(o.seconds_after_signal, 1.1 * kTimeout + kTeardownSlack) << o.output;
   EXPECT_NE(o.output.find("rank 0:"), std::string::npos) << o.output;
@@ -93,7 +34,7 @@ TEST(EngineFault, AStoppedRankEndsTheJobWithinTheTimeoutNamingItAndTheCollective
 }
 
 TEST(EngineFault, AKilledRankEndsTheJob) {
-  const Outcome o = signal_rank_mid_training(1, SIGKILL);
+  const RankSignalOutcome o = signal_rank_mid_training(1, SIGKILL);
   EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0) << o.output;
   EXPECT_LT(o.seconds_after_signal, 1.1 * kTimeout + kTeardownSlack) << o.output;
 }
@@ -104,7 +45,7 @@ TEST(EngineFault, AKilledRankEndsTheJob) {
 // alone stopped rank 0 and left rank 1 waiting in the next step's collectives.
 TEST(EngineFault, AStopSignalToOneRankStopsEveryRank) {
   for (int rank : {0, 1}) {
-    const Outcome o = signal_rank_mid_training(rank, SIGTERM);
+    const RankSignalOutcome o = signal_rank_mid_training(rank, SIGTERM);
     EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) == 75) << "rank " << rank << ":\n" << o.output;
     EXPECT_NE(o.output.find("preempted after step"), std::string::npos) << "rank " << rank << ":\n" << o.output;
   }
