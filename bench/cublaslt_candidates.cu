@@ -4,7 +4,8 @@
 // the heuristic's candidates (up to 16, in its order) are timed, each with its tile, split-K and
 // reduction scheme; then the first candidate again with split-K forced to 2, 4 and 8 (in-place
 // reduction). The engine runs the first candidate today: the table says what choosing otherwise
-// would gain, per product.
+// would gain, per product. Each weight gradient is timed once more with the bias gradient in its
+// epilogue (BGRADB), as the engine issues it.
 //
 //   build/cublaslt_candidates [ROWS]   (default 32768 = 32 x 1024; exit 77 without a device)
 #include <cublasLt.h>
@@ -189,8 +190,38 @@ int main(int argc, char** argv) {
         row(("k" + std::to_string(splits)).c_str(), algo, ms);
         if (ms > 0 && ms < best) best = ms, best_at = 100 + splits;
       }
-      std::printf("%-22s first %.3f ms, best %.3f ms (%s%d): %.2fx\n\n", label.c_str(), first, best,
+      std::printf("%-22s first %.3f ms, best %.3f ms (%s%d): %.2fx\n", label.c_str(), first, best,
                   best_at >= 100 ? "split-K " : "candidate ", best_at >= 100 ? best_at - 100 : best_at, first / best);
+      if (p.tb) {
+        // The weight gradient with the bias gradient in its epilogue (BGRADB: op(B)'s column sums
+        // in f32), as the engine issues it: the heuristic's first, timed against the plain first.
+        const Setup with_sums = describe(p);
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+        const void* sums = c;  // any device memory of out floats: timing only
+        const cudaDataType_t sums_type = CUDA_R_32F;
+        cublasLtMatmulDescSetAttribute(with_sums.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+        cublasLtMatmulDescSetAttribute(with_sums.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &sums, sizeof(sums));
+        cublasLtMatmulDescSetAttribute(with_sums.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &sums_type,
+                                       sizeof(sums_type));
+        cublasLtMatmulHeuristicResult_t offered{};
+        int offers = 0;
+        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+            handle, with_sums.op, with_sums.a, with_sums.b, with_sums.c, with_sums.c, preference, 1, &offered, &offers);
+        if (status != CUBLAS_STATUS_SUCCESS || offers == 0) {
+          std::printf("%-22s with BGRADB: no algorithm offered (status %d)\n", label.c_str(), int(status));
+        } else {
+          const double ms = time_ms(handle, with_sums, p, offered.algo, a, b, static_cast<char*>(c) + out * 4,
+                                    workspace, workspace_bytes - (size_t(1) << 20), stream);
+          row("bgrd", offered.algo, ms);
+          std::printf("%-22s with BGRADB: %.3f ms against %.3f ms plain (+%.3f ms for the column sums)\n",
+                      label.c_str(), ms, first, ms - first);
+        }
+        cublasLtMatrixLayoutDestroy(with_sums.a);
+        cublasLtMatrixLayoutDestroy(with_sums.b);
+        cublasLtMatrixLayoutDestroy(with_sums.c);
+        cublasLtMatmulDescDestroy(with_sums.op);
+      }
+      std::printf("\n");
       cublasLtMatmulPreferenceDestroy(preference);
       cublasLtMatrixLayoutDestroy(setup.a);
       cublasLtMatrixLayoutDestroy(setup.b);

@@ -212,4 +212,25 @@ __device__ inline void store_pack(T* p, int64_t i, const float (&v)[kPack<T>]) {
 }
 inline bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The row programs' pack access (nn/row_programs.h) on a typed array: one 16-byte access where the
+// pack is 16 bytes (the caller checked the row's alignment), else element by element.
+template <int P, class T>
+__device__ inline void row_load_pack(const FloatArray<T>& a, int64_t pack, float (&v)[P]) {
+  if constexpr (!std::is_void_v<T> && P == kPack<T>) {
+    load_pack(a.p, pack * P, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) v[j] = a.load(pack * P + j);
+  }
+}
+template <int P, class T>
+__device__ inline void row_store_pack(const FloatArray<T>& a, int64_t pack, const float (&v)[P]) {
+  if constexpr (!std::is_void_v<T> && P == kPack<T>) {
+    store_pack(a.p, pack * P, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < P; ++j) a.store(pack * P + j, v[j]);
+  }
+}
+
 }  // namespace engine::cuda

@@ -16,5 +16,6 @@ ENGINE_CUDA_KERNELS(ENGINE_NO_CUDA_KERNEL)
 #undef ENGINE_NO_CUDA_KERNEL
 
 double measure_matmul_flops(DType, int64_t) { throw UserError("this engine was built without CUDA: no GPU to probe"); }
+double measure_copy_bandwidth(int64_t) { throw UserError("this engine was built without CUDA: no GPU to probe"); }
 
 }  // namespace engine::cuda

@@ -98,7 +98,10 @@ RunTelemetry::RunTelemetry(TelemetrySetup setup, std::ostream& out)
     out << "note: this CPU has no " << dtype_name(compute) << " matmul (oneDNN), so the linears compute in fp32 on "
         << "widened copies: " << dtype_name(compute)
         << " saves memory here, not time (engine plan shows each op's path)\n";
-  if (config_.op_table) bandwidth_ = memory_bandwidth(omp_get_max_threads());  // the roofline's
+  if (config_.op_table)  // the roofline's: the device memory's on a GPU, the host's on a CPU
+    bandwidth_ = session.device.kind == Device::Kind::cuda
+                     ? MemoryBandwidth{cuda::measure_copy_bandwidth(), "measured (device-to-device copy)", -1}
+                     : memory_bandwidth(omp_get_max_threads());
   if (config_.monitor_interval > 0) {
     std::unique_ptr<GpuSensors> gpu;
     if (session.device.kind == Device::Kind::cuda) {

@@ -1,13 +1,18 @@
 // CUDA kernels of linear (ops/linalg/linear.h) and matmul (ops/linalg/matmul.h): every product
 // through cuBLASLt, fp32 with pure fp32 compute (CUBLAS_COMPUTE_32F: no TF32, so fp32 runs track
-// the CPU), bf16 and fp16 with fp32 accumulation. The forward adds the bias in cuBLASLt's epilogue;
-// the bias gradient is a column sum of dy in a fixed row order, in double, as the CPU sums it.
+// the CPU), bf16 and fp16 with fp32 accumulation. The forward adds the bias in cuBLASLt's epilogue.
+// The bias gradient is summed by the weight gradient's product as it reads dy (cuBLASLt's BGRADB
+// epilogue: float column sums, in the algorithm's fixed order, so the same bits on every run of a
+// card and library) and added to db; where cuBLASLt offers no algorithm with that epilogue (fp32's
+// pure fp32 compute, say), a column sum of dy of its own in a fixed row order, in double, as the
+// CPU sums it.
 //
 // Row-major operands are column-major transposes, so each row-major product C = A B is issued as
 // C^T = B^T A^T with the operands swapped (m and n swap with them).
 #include <cublasLt.h>
 
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "cuda_kernels.h"
@@ -48,16 +53,19 @@ struct Product {
   DType c_type = DType::f32;
   int64_t ldc = 0;
   float beta = 0;
-  const void* bias = nullptr;  // (m) added to every column: the BIAS epilogue
+  const void* bias = nullptr;      // (m) added to every column: the BIAS epilogue
+  float* bias_gradient = nullptr;  // (n) op(B)'s sums over k, written: the BGRADB epilogue
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  size_t workspace_bytes = 0;  // of the context's workspace cuBLASLt may use (0: all of it)
 };
 
-using PlanKey =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool, int64_t>;
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool,
+                           int64_t, bool>;
 
-// The heuristic's first algorithm per shape, asked once: a step repeats the same few products.
-std::map<PlanKey, cublasLtMatmulAlgo_t>& algorithm_cache() {
-  static std::map<PlanKey, cublasLtMatmulAlgo_t> cache;
+// The heuristic's first algorithm per shape, asked once: a step repeats the same few products
+// (none: the heuristic offered nothing for that epilogue).
+std::map<PlanKey, std::optional<cublasLtMatmulAlgo_t>>& algorithm_cache() {
+  static std::map<PlanKey, std::optional<cublasLtMatmulAlgo_t>> cache;
   return cache;
 }
 
@@ -86,7 +94,9 @@ cublasLtMatrixLayout_t layout(DType type, int64_t rows, int64_t cols, int64_t ld
   return out;
 }
 
-void run_product(const KernelContext& ctx, const Product& p) {
+// Runs the product; false, having run nothing, where it asks for the bias gradient's epilogue and
+// cuBLASLt has no algorithm for it.
+bool run_product(const KernelContext& ctx, const Product& p) {
   if (p.a_type != p.b_type) throw InternalError("cuBLASLt product of operands of different types");
   auto handle = static_cast<cublasLtHandle_t>(ctx.blas);
   Layouts l;
@@ -105,18 +115,41 @@ void run_product(const KernelContext& ctx, const Product& p) {
     check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
                "bias type");
   }
+  if (p.bias_gradient) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+               "epilogue");
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias_gradient,
+                                              sizeof(p.bias_gradient)),
+               "bias gradient");
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+               "bias gradient type");
+  }
   l.a = layout(p.a_type, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
   l.b = layout(p.b_type, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
   l.c = layout(p.c_type, p.m, p.n, p.ldc, p.batch, p.stride_c);
-  const PlanKey key{p.transpose_a, p.transpose_b,    p.m,   p.n,   p.k,   int(p.a_type),
-                    int(p.c_type), int(p.batch > 1), p.lda, p.ldb, p.ldc, p.bias != nullptr,
-                    p.beta != 0,   p.batch};
+  const PlanKey key{p.transpose_a,
+                    p.transpose_b,
+                    p.m,
+                    p.n,
+                    p.k,
+                    int(p.a_type),
+                    int(p.c_type),
+                    int(p.batch > 1),
+                    p.lda,
+                    p.ldb,
+                    p.ldc,
+                    p.bias != nullptr,
+                    p.beta != 0,
+                    p.batch,
+                    p.bias_gradient != nullptr};
   auto& cache = algorithm_cache();
   auto found = cache.find(key);
   if (found == cache.end()) {
     cublasLtMatmulPreference_t preference = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&preference), "preference");
-    const uint64_t workspace = ctx.workspace_bytes;
+    const uint64_t workspace = p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                          sizeof(workspace));
     cublasLtMatmulHeuristicResult_t result{};
@@ -124,14 +157,20 @@ void run_product(const KernelContext& ctx, const Product& p) {
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(handle, l.op, l.a, l.b, l.c, l.c, preference, 1, &result, &count);
     cublasLtMatmulPreferenceDestroy(preference);
+    if (p.bias_gradient && (status != CUBLAS_STATUS_SUCCESS || count == 0)) {
+      cache.emplace(key, std::nullopt);
+      return false;
+    }
     check_blas(status, "heuristic");
     if (count == 0) throw InternalError("cuBLASLt has no algorithm for a product of this shape");
     found = cache.emplace(key, result.algo).first;
   }
+  if (!found->second) return false;
   const float alpha = 1.0f;
-  check_blas(cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &found->second,
-                            ctx.workspace, ctx.workspace_bytes, stream(ctx)),
+  check_blas(cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &*found->second,
+                            ctx.workspace, p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes, stream(ctx)),
              "matmul");
+  return true;
 }
 
 // db[j] (+)= sum over rows of dy[r, j], in a fixed order whatever the device: rows in chunks of
@@ -248,6 +287,12 @@ void bias_gradient(const KernelContext& ctx, const void* dy, DType dy_type, int6
   check_launch("bias_add_spans");
 }
 
+// db[j] (+)= sums[j], once in float (as core/convert.h add_float).
+__global__ void add_column_sums(const float* sums, int64_t cols, void* db, DType db_type) {
+  for (int64_t j = thread_index(); j < cols; j += thread_stride())
+    store_float(db, db_type, j, load_float(db, db_type, j) + sums[j]);
+}
+
 }  // namespace
 
 // y (rows, M) = x (rows, K) W^T + b: C^T (M, rows) = W (M, K) x^T, W stored (K, M) column-major.
@@ -294,12 +339,28 @@ void linear_backward_weight(const Node& node, const KernelContext& ctx) {
   p.b = ctx.data(dy), p.b_type = ctx.dtype(dy), p.ldb = m;
   p.c = ctx.data(dw), p.c_type = ctx.dtype(dw), p.ldc = k;
   p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
-  run_product(ctx, p);
-  if (node.outputs.size() > 1) {
-    const ValueId db = node.outputs[1];
-    if (!ctx.accumulates(node, 1)) throw InternalError("linear_backward_weight: the bias gradient always accumulates");
-    bias_gradient(ctx, ctx.data(dy), ctx.dtype(dy), rows, m, ctx.data(db), ctx.dtype(db));
+  if (node.outputs.size() == 1) {
+    run_product(ctx, p);
+    return;
   }
+  const ValueId db = node.outputs[1];
+  if (!ctx.accumulates(node, 1)) throw InternalError("linear_backward_weight: the bias gradient always accumulates");
+  // The product's epilogue sums dy's columns into the workspace's last bytes (cuBLASLt has the
+  // rest); then they are added to db.
+  const size_t sums_bytes = (size_t(m) * sizeof(float) + 255) / 256 * 256;
+  if (ctx.workspace_bytes > 2 * sums_bytes) {
+    p.workspace_bytes = ctx.workspace_bytes - sums_bytes;
+    p.bias_gradient = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + p.workspace_bytes);
+    if (run_product(ctx, p)) {
+      add_column_sums<<<blocks_for(m, 128), 128, 0, stream(ctx)>>>(p.bias_gradient, m, ctx.data(db), ctx.dtype(db));
+      check_launch("add_column_sums");
+      return;
+    }
+    p.workspace_bytes = 0;
+    p.bias_gradient = nullptr;
+  }
+  run_product(ctx, p);
+  bias_gradient(ctx, ctx.data(dy), ctx.dtype(dy), rows, m, ctx.data(db), ctx.dtype(db));
 }
 
 // C[b] (M, N) = op(A[b]) op(B[b]) row-major: C^T (N, M) = op(B)^T op(A)^T, the stored operands swapped.
@@ -375,6 +436,33 @@ double measure_matmul_flops(DType type, int64_t n) {
   cudaStreamDestroy(s);
   cudaFree(a), cudaFree(b), cudaFree(c), cudaFree(workspace);
   return 2.0 * double(n) * double(n) * double(n) * kRuns / (double(ms) * 1e-3);
+}
+
+double measure_copy_bandwidth(int64_t bytes) {
+  void *from = nullptr, *to = nullptr;
+  check(cudaMalloc(&from, size_t(bytes)), "probe allocation");
+  check(cudaMalloc(&to, size_t(bytes)), "probe allocation");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreate(&s), "probe stream");
+  check(cudaMemsetAsync(from, 1, size_t(bytes), s), "probe fill");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  float best = 0;
+  for (int run = 0; run < 6; ++run) {  // the first a warm-up
+    check(cudaEventRecord(start, s), "event");
+    check(cudaMemcpyAsync(to, from, size_t(bytes), cudaMemcpyDeviceToDevice, s), "probe copy");
+    check(cudaEventRecord(stop, s), "event");
+    check(cudaEventSynchronize(stop), "probe");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "event time");
+    if (run > 0 && (best == 0 || ms < best)) best = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(s);
+  cudaFree(from), cudaFree(to);
+  return 2.0 * double(bytes) / (double(best) * 1e-3);
 }
 
 }  // namespace engine::cuda

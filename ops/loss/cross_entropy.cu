@@ -4,7 +4,8 @@
 // of kLanes threads per row runs the row program (nn/row_programs.h) that writes the row's loss and
 // overwrites its logits with scale * (softmax - onehot), scale = the op's scale times the step's
 // loss scale (read from the step's scalars in device memory). Two reads of the row (an online max
-// and sum of exponentials per thread, then the gradient) and one write; no atomics.
+// and sum of exponentials per thread, then the gradient) and one write, 16 bytes a thread at a time
+// where the rows allow (vocab a multiple of the pack, the logits 16-byte aligned); no atomics.
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "nn/block_lanes.cuh"
@@ -16,7 +17,7 @@ namespace {
 
 constexpr int kLanes = ops::kCrossEntropyLanes;
 
-template <class T>
+template <class T, int P>
 __global__ void __launch_bounds__(kLanes) cross_entropy_kernel(FloatArray<T> logits,     // (rows, vocab), overwritten
                                                                const int32_t* targets,   // (rows)
                                                                FloatArray<void> losses,  // (rows)
@@ -24,7 +25,7 @@ __global__ void __launch_bounds__(kLanes) cross_entropy_kernel(FloatArray<T> log
   ops::BlockLanes<kLanes> lanes;
   const int64_t r = blockIdx.x;
   const float scale = op_scale * step->loss_scale;
-  const float loss = ops::cross_entropy_row(lanes, logits + r * vocab, vocab, targets[r], scale);
+  const float loss = ops::cross_entropy_row<P>(lanes, logits + r * vocab, vocab, targets[r], scale);
   if (threadIdx.x == 0) losses.store(r, loss);
 }
 
@@ -39,9 +40,16 @@ void cross_entropy(const Node& node, const KernelContext& ctx) {
   if (!ctx.step_scalars) throw InternalError("cross_entropy on CUDA: the context has no step scalars");
   with_float_type(ctx, {node.inputs[0]}, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    cross_entropy_kernel<T><<<unsigned(rows), kLanes, 0, stream(ctx)>>>(
-        float_array<T>(ctx, node.inputs[0]), ctx.i32(node.inputs[1]), float_array<void>(ctx, node.outputs[0]), vocab,
-        float(node.attrs.floats[0]), ctx.step_scalars);
+    constexpr int P = kPack<T>;
+    const auto launch = [&](auto kernel) {
+      kernel<<<unsigned(rows), kLanes, 0, stream(ctx)>>>(float_array<T>(ctx, node.inputs[0]), ctx.i32(node.inputs[1]),
+                                                         float_array<void>(ctx, node.outputs[0]), vocab,
+                                                         float(node.attrs.floats[0]), ctx.step_scalars);
+    };
+    if (P > 1 && vocab % P == 0 && pack_aligned(ctx.data(node.inputs[0])))
+      launch(cross_entropy_kernel<T, P>);
+    else
+      launch(cross_entropy_kernel<T, 1>);
   });
   check_launch("cross_entropy_kernel");
 }

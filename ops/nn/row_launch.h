@@ -3,11 +3,15 @@
 // test of the programs (tests/ops/row_program_test.cpp) runs SerialLanes with the same ones.
 //
 //   layernorm / rmsnorm   forward: one warp per row (WarpLanes, nn/block_lanes.cuh), kNormRowsPerBlock
-//                         rows side by side; backward: one block of kNormBackwardLanes threads per
-//                         group of kNormGroupRows rows (BlockLanes: the group's running sums of the
-//                         scale and shift gradients are spread over more lanes, so fewer per lane)
+//                         rows side by side, in packs of 16 bytes where the row allows; backward,
+//                         where a warp's registers hold the group's running sums of the scale and
+//                         shift gradients (norm_backward_rows_in_registers): one warp per group of
+//                         kNormRegisterGroupRows rows, in packs; else one block of kNormBackwardLanes
+//                         threads per group of kNormGroupRows rows (BlockLanes, the running sums in
+//                         the workspace)
 //   softmax               one block of kSoftmaxLanes threads per row (BlockLanes)
-//   cross-entropy         one block of kCrossEntropyLanes threads per row (BlockLanes)
+//   cross-entropy         one block of kCrossEntropyLanes threads per row (BlockLanes), in packs of
+//                         16 bytes where the vocabulary allows
 #pragma once
 
 #include <cstdint>
@@ -18,6 +22,7 @@ inline constexpr int kNormLanes = 32;
 inline constexpr int kNormRowsPerBlock = 8;
 inline constexpr int kNormBackwardLanes = 256;
 inline constexpr int64_t kNormGroupRows = 32;  // at least; more where the workspace is short (as the CPU's blocks)
+inline constexpr int64_t kNormRegisterGroupRows = 8;
 inline constexpr int kSoftmaxLanes = 256;
 inline constexpr int kCrossEntropyLanes = 512;
 

@@ -15,6 +15,12 @@
 // device's bits, except where the CPU build contracts a*b+c into an FMA (CUDA sources are compiled
 // with -fmad=false) and where a double exp/log of libm and of CUDA differ in their last bit.
 //
+// Packs: a program instantiated with P > 1 gives lane l the packs l, l + N, l + 2N, ... of P
+// consecutive elements (P = 1: the elements themselves), read and written a pack at a time
+// through row_load_pack<P> / row_store_pack<P>, so that a CUDA thread moves 16 bytes in one access;
+// a lane's own sums run over its packs' elements in order. The row's length is a multiple of P (the
+// caller's check; P = 1 otherwise).
+//
 // Rows are read and written through row_load(row, i) / row_store(row, i, v), in float: float
 // pointers here; the CUDA kernels pass their typed arrays (cuda::FloatArray, cuda_util.cuh: 16-bit
 // elements widened exactly and rounded once to nearest even), found by argument-dependent lookup.
@@ -59,6 +65,17 @@ struct RowMax {
 
 ENGINE_HOST_DEVICE inline float row_load(const float* p, int64_t i) { return p[i]; }
 ENGINE_HOST_DEVICE inline void row_store(float* p, int64_t i, float v) { p[i] = v; }
+
+// Pack `pack` (elements pack * P ... pack * P + P - 1) of a row, element by element; the CUDA
+// arrays overload these with one 16-byte access (cuda_util.cuh).
+template <int P, class R>
+ENGINE_HOST_DEVICE void row_load_pack(const R& row, int64_t pack, float (&v)[P]) {
+  for (int j = 0; j < P; ++j) v[j] = row_load(row, pack * P + j);
+}
+template <int P, class R>
+ENGINE_HOST_DEVICE void row_store_pack(const R& row, int64_t pack, const float (&v)[P]) {
+  for (int j = 0; j < P; ++j) row_store(row, pack * P + j, v[j]);
+}
 
 // ---- The CPU policy ------------------------------------------------------------------------------
 
@@ -107,25 +124,31 @@ struct SerialLanes {
 
 // One row of the forward: y = (x - mean) rstd w (+ b), mean 0 for rmsnorm; rstd from the float sum
 // of squared deviations, or from double sums where the float ones overflow (as norm_cpu does).
-template <class L, class X, class W, class B, class Y, class S>
+template <int P = 1, class L, class X, class W, class B, class Y, class S>
 ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, double eps, W w, B b, Y y, S mean_out,
                                          S rstd_out) {
   constexpr int n = L::kCount;
+  const int64_t packs = c / P;
   typename L::template Local<float> acc;
   float mean = 0.0f;
   if (!rms) {
     lanes.each([&](int l) {
       float s = 0.0f;
-      for (int64_t i = l; i < c; i += n) s += row_load(x, i);
+      for (int64_t p = l; p < packs; p += n) {
+        float v[P];
+        row_load_pack<P>(x, p, v);
+        for (int j = 0; j < P; ++j) s += v[j];
+      }
       acc[l] = s;
     });
     mean = lanes.sum(acc) / float(c);
   }
   lanes.each([&](int l) {
     float s = 0.0f;
-    for (int64_t i = l; i < c; i += n) {
-      const float v = row_load(x, i);
-      s += (v - mean) * (v - mean);
+    for (int64_t p = l; p < packs; p += n) {
+      float v[P];
+      row_load_pack<P>(x, p, v);
+      for (int j = 0; j < P; ++j) s += (v[j] - mean) * (v[j] - mean);
     }
     acc[l] = s;
   });
@@ -137,17 +160,19 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, dou
     if (!rms) {
       lanes.each([&](int l) {
         double s = 0.0;
-        for (int64_t i = l; i < c; i += n) s += row_load(x, i);
+        for (int64_t p = l; p < packs; p += n)
+          for (int j = 0; j < P; ++j) s += row_load(x, p * P + j);
         wide[l] = s;
       });
       wide_mean = lanes.sum(wide) / double(c);
     }
     lanes.each([&](int l) {
       double s = 0.0;
-      for (int64_t i = l; i < c; i += n) {
-        const float v = row_load(x, i);
-        s += (v - wide_mean) * (v - wide_mean);
-      }
+      for (int64_t p = l; p < packs; p += n)
+        for (int j = 0; j < P; ++j) {
+          const float v = row_load(x, p * P + j);
+          s += (v - wide_mean) * (v - wide_mean);
+        }
       wide[l] = s;
     });
     squares = lanes.sum(wide);
@@ -155,11 +180,19 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, dou
   }
   const float rstd = float(1.0 / ::sqrt(squares / double(c) + eps));
   lanes.each([&](int l) {
-    if (b)
-      for (int64_t i = l; i < c; i += n)
-        row_store(y, i, (row_load(x, i) - mean) * rstd * row_load(w, i) + row_load(b, i));
-    else
-      for (int64_t i = l; i < c; i += n) row_store(y, i, (row_load(x, i) - mean) * rstd * row_load(w, i));
+    for (int64_t p = l; p < packs; p += n) {
+      float v[P], wv[P], out[P];
+      row_load_pack<P>(x, p, v);
+      row_load_pack<P>(w, p, wv);
+      if (b) {
+        float bv[P];
+        row_load_pack<P>(b, p, bv);
+        for (int j = 0; j < P; ++j) out[j] = (v[j] - mean) * rstd * wv[j] + bv[j];
+      } else {
+        for (int j = 0; j < P; ++j) out[j] = (v[j] - mean) * rstd * wv[j];
+      }
+      row_store_pack<P>(y, p, out);
+    }
     if (l == 0) {
       row_store(mean_out, 0, mean);
       row_store(rstd_out, 0, rstd);
@@ -210,6 +243,85 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
       }
     });
   }
+}
+
+// The same backward with each lane's share of the scale and shift gradients' running sums in
+// registers (K packs of P columns per lane at most: c <= K N P, a multiple of P), each lane's
+// columns of w held there too, and dy and x read a pack at a time. The sums run in row order as
+// above, so the two give the same bits for the same rows; this one moves no running sum through
+// memory between rows.
+template <int P, int K>
+struct PackRegisters {
+  float v[K][P];
+};
+template <int P, int K, class L, class DY, class X, class W, class S, class DX>
+ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
+                                                        int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx,
+                                                        bool accumulate) {
+  constexpr int n = L::kCount;
+  const int64_t packs = c / P;
+  typename L::template Local<PackRegisters<P, K>> wr, dw_acc, db_acc;
+  lanes.each([&](int l) {
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = l + int64_t(k) * n;
+      if (p < packs) row_load_pack<P>(w, p, wr[l].v[k]);
+      for (int j = 0; j < P; ++j) dw_acc[l].v[k][j] = db_acc[l].v[k][j] = 0.0f;
+    }
+  });
+  typename L::template Local<float> sum_g, sum_gx;
+  const float inv_c = 1.0f / float(c);
+  for (int64_t r = begin; r < end; ++r) {
+    const auto dyr = dy + r * c;
+    const auto xr = x + r * c;
+    const auto dxr = dx + r * c;
+    const float m = row_load(mean, r), s = row_load(rstd, r);
+    lanes.each([&](int l) {
+      float a = 0.0f, ax = 0.0f;
+      for (int k = 0; k < K; ++k) {
+        const int64_t p = l + int64_t(k) * n;
+        if (p >= packs) break;
+        float d[P], xv[P];
+        row_load_pack<P>(dyr, p, d);
+        row_load_pack<P>(xr, p, xv);
+        for (int j = 0; j < P; ++j) {
+          const float g = d[j] * wr[l].v[k][j], xhat = (xv[j] - m) * s;
+          a += g;
+          ax += g * xhat;
+          dw_acc[l].v[k][j] += d[j] * xhat;
+          db_acc[l].v[k][j] += d[j];
+        }
+      }
+      sum_g[l] = a;
+      sum_gx[l] = ax;
+    });
+    const float mean_g = rms ? 0.0f : lanes.sum(sum_g) * inv_c;
+    const float mean_gx = lanes.sum(sum_gx) * inv_c;
+    lanes.each([&](int l) {
+      for (int k = 0; k < K; ++k) {
+        const int64_t p = l + int64_t(k) * n;
+        if (p >= packs) break;
+        float d[P], xv[P], out[P];
+        row_load_pack<P>(dyr, p, d);
+        row_load_pack<P>(xr, p, xv);
+        if (accumulate) row_load_pack<P>(dxr, p, out);
+        for (int j = 0; j < P; ++j) {
+          const float v = s * (d[j] * wr[l].v[k][j] - mean_g - (xv[j] - m) * s * mean_gx);
+          out[j] = accumulate ? out[j] + v : v;
+        }
+        row_store_pack<P>(dxr, p, out);
+      }
+    });
+  }
+  lanes.each([&](int l) {
+    for (int k = 0; k < K; ++k) {
+      const int64_t p = l + int64_t(k) * n;
+      if (p >= packs) break;
+      for (int j = 0; j < P; ++j) {
+        dw_sum[p * P + j] = dw_acc[l].v[k][j];
+        if (db_sum) db_sum[p * P + j] = db_acc[l].v[k][j];
+      }
+    }
+  });
 }
 
 // ---- softmax (nn/softmax.cpp) ----------------------------------------------------------------------
@@ -263,26 +375,30 @@ ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, Y y, DY dy, int64_t cols,
 
 // One row: returns the loss log(sum exp(z)) - z[target] and overwrites z with its gradient,
 // scale * (softmax - onehot). Two passes: each lane keeps an online max and a float sum of
-// exponentials (rescaled as its max rises), the lanes' sums are rescaled to the row's max and added
-// in double; then z = exp(z - max) * factor, factor = exp(max - log_sum) * scale as the CPU's
-// chunk_factor. A target outside [0, vocab) gives a NaN loss and no one-hot (the CPU does not check).
-template <class L, class Z>
+// exponentials (rescaled as its max rises, once per pack: the pack's max first), the lanes' sums
+// are rescaled to the row's max and added in double; then z = exp(z - max) * factor, factor =
+// exp(max - log_sum) * scale as the CPU's chunk_factor. A target outside [0, vocab) gives a NaN loss
+// and no one-hot (the CPU does not check). A NaN logit makes the sum, and so the loss, NaN.
+template <int P = 1, class L, class Z>
 ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, Z z, int64_t vocab, int32_t target, float scale) {
   constexpr int n = L::kCount;
+  const int64_t packs = vocab / P;
   const bool has_target = target >= 0 && target < vocab;
   const float z_target = has_target ? row_load(z, target) : NAN;  // read before any lane overwrites it
   typename L::template Local<float> top, sum;
   lanes.each([&](int l) {
     float m = -INFINITY, s = 0.0f;
-    for (int64_t i = l; i < vocab; i += n) {
-      const float v = row_load(z, i);
-      if (v > m) {
-        s = m == -INFINITY ? 0.0f : s * fast_exp(m - v);
-        m = v;
-        s += 1.0f;
-      } else {
-        s += fast_exp(v - (m == -INFINITY ? 0.0f : m));
+    for (int64_t p = l; p < packs; p += n) {
+      float v[P];
+      row_load_pack<P>(z, p, v);
+      float pack_max = v[0];
+      for (int j = 1; j < P; ++j) pack_max = v[j] > pack_max ? v[j] : pack_max;
+      if (pack_max > m) {
+        s = m == -INFINITY ? 0.0f : s * fast_exp(m - pack_max);
+        m = pack_max;
       }
+      const float base = m == -INFINITY ? 0.0f : m;
+      for (int j = 0; j < P; ++j) s += fast_exp(v[j] - base);
     }
     top[l] = m;
     sum[l] = s;
@@ -298,9 +414,14 @@ ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, Z z, int64_t vocab, int32_t
   const double log_sum = double(shift) + ::log(lanes.sum(rescaled));
   const float factor = float(::exp(double(row_max) - log_sum) * double(scale));
   lanes.each([&](int l) {
-    for (int64_t i = l; i < vocab; i += n) {
-      const float g = fast_exp(row_load(z, i) - shift) * factor;
-      row_store(z, i, i == target ? g - scale : g);  // the one-hot subtracted once the softmax is scaled
+    for (int64_t p = l; p < packs; p += n) {
+      float v[P];
+      row_load_pack<P>(z, p, v);
+      for (int j = 0; j < P; ++j) {
+        const float g = fast_exp(v[j] - shift) * factor;
+        v[j] = p * P + j == target ? g - scale : g;  // the one-hot subtracted once the softmax is scaled
+      }
+      row_store_pack<P>(z, p, v);
     }
   });
   return float(log_sum - double(z_target));

@@ -164,6 +164,27 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
          return ops::layernorm(g, p[0], p[1], kNoValue, 1e-5, "ln");
        },
        [=](const std::vector<Tensor>& x, const auto&) { return ref_norm(x[0], x[1], nullptr, rows, c, false, 1e-5); }});
+  // Rows the CUDA kernels read in 16-byte packs (a multiple of 8 columns), one to three packs a
+  // lane, over more than one group of rows of the backward.
+  const int64_t packed_rows = pick(9, 30), packed_c = 8 * pick(12, 40);
+  all.push_back(
+      {"layernorm (packed rows)",
+       {Shape{packed_rows, packed_c}, Shape{packed_c}, Shape{packed_c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::layernorm(g, p[0], p[1], p[2], 1e-5, "ln"); },
+       [=](const std::vector<Tensor>& x, const auto&) {
+         return ref_norm(x[0], x[1], &x[2], packed_rows, packed_c, false, 1e-5);
+       }});
+  all.push_back(
+      {"rmsnorm (packed rows)",
+       {Shape{packed_rows, packed_c}, Shape{packed_c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rmsnorm(g, p[0], p[1], 1e-6, "rms"); },
+       [=](const std::vector<Tensor>& x, const auto&) {
+         return ref_norm(x[0], x[1], nullptr, packed_rows, packed_c, true, 1e-6);
+       }});
   all.push_back(
       {"rmsnorm",
        {Shape{rows, c}, Shape{c}},
@@ -423,9 +444,11 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
   }
   // The kernel streams a row in chunks of 512 logits with a running max: a short row is one
   // chunk; a long one spans three, the last partial, and its max rises from chunk to chunk.
-  const int64_t long_rows = pick(4, 8), long_v = 2 * 512 + pick(1, 511);
+  // Packed rows: a multiple of 8 logits, more than one sweep of the 512 lanes' 16-byte packs.
+  const int64_t long_rows = pick(4, 8), long_v = 2 * 512 + pick(1, 511), packed_v = 8 * pick(520, 700);
   for (const auto& shape : {std::tuple{"softmax_cross_entropy", rows, V},
-                            std::tuple{"softmax_cross_entropy (long rows)", long_rows, long_v}}) {
+                            std::tuple{"softmax_cross_entropy (long rows)", long_rows, long_v},
+                            std::tuple{"softmax_cross_entropy (packed rows)", long_rows, packed_v}}) {
     // Named variables: the reference lambda captures them (clang cannot capture structured bindings).
     const char* name = std::get<0>(shape);
     const int64_t n = std::get<1>(shape), vocab = std::get<2>(shape);

@@ -74,14 +74,22 @@ struct NormCase {
   float magnitude = 1.0f;  // 1e20: float sums overflow, the double fallback runs
 };
 
-// The GPU's two-level column sum of the groups' partial sums (norm_parameter_sums_kernel).
+// The GPU's column sum of the groups' partial sums (layernorm.cu: norm_slice_sums_kernel, then
+// norm_parameter_totals_kernel): 16 slices of consecutive groups, within a slice 8 warps each adding
+// every 8th group, the warps' sums in order, then the slices' sums in order.
 double column_sum(const std::vector<float>& groups, int64_t count, int64_t c, int64_t col) {
-  constexpr int warps = 8;
-  double warp_sums[warps] = {};
-  for (int k = 0; k < warps; ++k)
-    for (int64_t g = k; g < count; g += warps) warp_sums[k] += groups[size_t(g * c + col)];
+  constexpr int warps = 8, slices = 16;
+  const int64_t per_slice = (count + slices - 1) / slices;
   double total = 0;
-  for (double s : warp_sums) total += s;
+  for (int s = 0; s < slices; ++s) {
+    const int64_t first = s * per_slice, last = std::min(count, first + per_slice);
+    double warp_sums[warps] = {};
+    for (int k = 0; k < warps; ++k)
+      for (int64_t g = first + k; g < last; g += warps) warp_sums[k] += groups[size_t(g * c + col)];
+    double slice = 0;
+    for (double w : warp_sums) slice += w;
+    total += slice;
+  }
   return total;
 }
 
@@ -139,7 +147,17 @@ void check_norm(const NormCase& nc) {
     pdw[size_t(i)] = dw0[size_t(i)] + float(column_sum(dw_groups, groups, c, i));
     pdb[size_t(i)] = db0[size_t(i)] + float(column_sum(db_groups, groups, c, i));
   }
-
+  // The packed forms the kernels run where the row allows: the forward in packs, the backward's
+  // running sums in registers (one warp a group). The same math within a few roundings; the
+  // backward in registers gives the workspace form's bits for the same rows and pack of 1.
+  if (c % 8 == 0) {
+    std::vector<float> packed_y(py.size()), packed_mean(pmean.size()), packed_rstd(prstd.size());
+    for (int64_t r = 0; r < rows; ++r)
+      ops::norm_forward_row<8>(lanes, xs.data() + r * c, c, nc.rms, 1e-5, ws.data(), nc.shift ? bs.data() : nullptr,
+                               packed_y.data() + r * c, &packed_mean[size_t(r)], &packed_rstd[size_t(r)]);
+    expect_close(packed_y, widen(py), 1e-6, what + " y in packs of 8");
+    expect_close(packed_rstd, widen(prstd), 1e-6, what + " rstd in packs of 8", 0.0);
+  }
   // The double reference.
   std::vector<double> ry(static_cast<size_t>(rows * c)), rmean(static_cast<size_t>(rows)),
       rrstd(static_cast<size_t>(rows)), rdx(static_cast<size_t>(rows * c)), rdw(dw0.begin(), dw0.end()),
@@ -186,6 +204,42 @@ void check_norm(const NormCase& nc) {
   expect_close(pdx, rdx, 4e-6, what + " dx");
   expect_close(pdw, rdw, 1e-5, what + " dw");
   if (nc.shift) expect_close(pdb, rdb, 1e-5, what + " db");
+  if (c <= 8 * ops::kNormLanes * 4 && c % 4 == 0) {
+    const int64_t packed_groups = (rows + ops::kNormRegisterGroupRows - 1) / ops::kNormRegisterGroupRows;
+    std::vector<float> rdx_packed = dx0, rdw_groups(static_cast<size_t>(packed_groups * c)),
+                       rdb_groups(static_cast<size_t>(packed_groups * c));
+    for (int64_t k = 0; k < packed_groups; ++k)
+      ops::norm_backward_rows_in_registers<4, 8>(
+          lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
+          k * ops::kNormRegisterGroupRows, std::min(rows, (k + 1) * ops::kNormRegisterGroupRows),
+          rdw_groups.data() + k * c, nc.shift ? rdb_groups.data() + k * c : nullptr, rdx_packed.data(), true);
+    std::vector<float> rdw_packed(static_cast<size_t>(c)), rdb_packed(static_cast<size_t>(c));
+    for (int64_t i = 0; i < c; ++i) {
+      rdw_packed[size_t(i)] = dw0[size_t(i)] + float(column_sum(rdw_groups, packed_groups, c, i));
+      rdb_packed[size_t(i)] = db0[size_t(i)] + float(column_sum(rdb_groups, packed_groups, c, i));
+    }
+    expect_close(rdx_packed, rdx, 4e-6, what + " dx in registers");
+    expect_close(rdw_packed, rdw, 1e-5, what + " dw in registers");
+    if (nc.shift) expect_close(rdb_packed, rdb, 1e-5, what + " db in registers");
+  }
+  {
+    // Pack 1, groups as the workspace form's: the same bits.
+    std::vector<float> same_dx = dx0, same_dw(static_cast<size_t>(groups * c)),
+                       same_db(static_cast<size_t>(groups * c));
+    if (c <= 8 * ops::kNormBackwardLanes) {
+      for (int64_t k = 0; k < groups; ++k)
+        ops::norm_backward_rows_in_registers<1, 8>(backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(),
+                                                   cpu_rstd.data(), c, nc.rms, k * group_rows,
+                                                   std::min(rows, (k + 1) * group_rows), same_dw.data() + k * c,
+                                                   nc.shift ? same_db.data() + k * c : nullptr, same_dx.data(), true);
+      EXPECT_EQ(same_dx, pdx) << what;
+      EXPECT_EQ(same_dw, dw_groups) << what;
+      if (nc.shift) {
+        EXPECT_EQ(same_db, db_groups) << what;
+      }
+    }
+  }
+
   // Against the CPU kernel (its 16 lanes against the program's kNormLanes: a few float roundings apart).
   expect_close(py, widen(floats_of(values, y)), 1e-6, what + " y against norm_cpu");
   expect_close(pmean, widen(floats_of(values, mean)), 1e-6, what + " mean against norm_cpu");
@@ -199,7 +253,7 @@ TEST(RowProgram, NormsMatchTheReferenceAndTheCpuKernel) {
   for (const NormCase& nc :
        {NormCase{40, 150, false, true}, NormCase{40, 150, false, false}, NormCase{40, 150, true, false},
         NormCase{70, 768, false, true}, NormCase{33, 7, false, true}, NormCase{5, 1000, true, false},
-        NormCase{3, 2304, false, true}, NormCase{1, 256, false, true}})
+        NormCase{3, 2304, false, true}, NormCase{1, 256, false, true}, NormCase{20, 1024, true, false}})
     check_norm(nc);
 }
 
@@ -260,7 +314,7 @@ TEST(RowProgram, SoftmaxMatchesTheReferenceAndTheCpuKernel) {
 
 // ---- cross-entropy ---------------------------------------------------------------------------------
 
-template <int N>
+template <int N, int P = 1>
 void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
   Graph g;
   const ValueId logits = g.add_activation("logits", Shape{rows, vocab});
@@ -290,7 +344,7 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
   SerialLanes<N> lanes;
   std::vector<float> pz = z, ploss(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r)
-    ploss[size_t(r)] = ops::cross_entropy_row(lanes, pz.data() + r * vocab, vocab, tokens[size_t(r)], full_scale);
+    ploss[size_t(r)] = ops::cross_entropy_row<P>(lanes, pz.data() + r * vocab, vocab, tokens[size_t(r)], full_scale);
 
   std::vector<double> rloss(static_cast<size_t>(rows)), rgrad(z.size());
   for (int64_t r = 0; r < rows; ++r) {
@@ -302,8 +356,8 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
     for (int64_t i = 0; i < vocab; ++i)
       rgrad[size_t(r * vocab + i)] = full_scale * (std::exp(zr[i] - mx) / sum - (i == tokens[size_t(r)] ? 1 : 0));
   }
-  const std::string what =
-      "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " + std::to_string(N) + " lanes";
+  const std::string what = "cross-entropy " + std::to_string(rows) + "x" + std::to_string(vocab) + ", " +
+                           std::to_string(N) + " lanes, packs of " + std::to_string(P);
   expect_close(ploss, rloss, 1e-6, what + " loss");
   // Relative, to the rounding of z - max in float (as the CPU's): 2^-24 |z - max| ~ 4e-6 at z - max = -60.
   expect_close(pz, rgrad, 5e-6, what + " gradient", 1e-30);
@@ -317,6 +371,11 @@ TEST(RowProgram, CrossEntropyMatchesTheReferenceAndTheCpuKernel) {
   check_cross_entropy<ops::kCrossEntropyLanes>(3, 50304, true);
   check_cross_entropy<32>(4, 1100, true);
   check_cross_entropy<1024>(3, 5000, true);
+  // In packs, as the kernel reads 16-bit (8) and f32 (4) rows.
+  check_cross_entropy<ops::kCrossEntropyLanes, 8>(4, 1104, true);
+  check_cross_entropy<ops::kCrossEntropyLanes, 8>(3, 50304, true);
+  check_cross_entropy<ops::kCrossEntropyLanes, 4>(4, 1100, true);
+  check_cross_entropy<32, 8>(5, 8, false);
 }
 
 }  // namespace
