@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(ops::kNormBackwardLanes)
 // One warp per group of rows, kNormRowsPerBlock groups a block; P the rows' pack, K packs a lane at
 // most (w is read once a group, a pack at a time where it is of the rows' type).
 template <class T, class W, int P, int K>
-__global__ void __launch_bounds__(kBlockThreads)
+__global__ void __launch_bounds__(kBlockThreads, 2)  // two blocks an SM at least: 16 warps, 128 registers each
     norm_backward_registers_kernel(FloatArray<T> dy, FloatArray<T> x, FloatArray<W> w,  // (rows, c), (rows, c), (c)
                                    FloatArray<void> mean, FloatArray<void> rstd,        // (rows)
                                    FloatArray<T> dx,                                    // (rows, c)

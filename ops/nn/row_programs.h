@@ -246,10 +246,10 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
 }
 
 // The same backward with each lane's share of the scale and shift gradients' running sums in
-// registers (K packs of P columns per lane at most: c <= K N P, a multiple of P), each lane's
-// columns of w held there too, and dy and x read a pack at a time. The sums run in row order as
-// above, so the two give the same bits for the same rows; this one moves no running sum through
-// memory between rows.
+// registers (K packs of P columns per lane at most: c <= K N P, a multiple of P), and dy, x and w
+// read a pack at a time (w again for each row: it stays in cache, and registers are what limits
+// how many warps run at once). The sums run in row order as above, so the two give the same bits
+// for the same rows; this one moves no running sum through memory between rows.
 template <int P, int K>
 struct PackRegisters {
   float v[K][P];
@@ -260,13 +260,10 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
                                                         bool accumulate) {
   constexpr int n = L::kCount;
   const int64_t packs = c / P;
-  typename L::template Local<PackRegisters<P, K>> wr, dw_acc, db_acc;
+  typename L::template Local<PackRegisters<P, K>> dw_acc, db_acc;
   lanes.each([&](int l) {
-    for (int k = 0; k < K; ++k) {
-      const int64_t p = l + int64_t(k) * n;
-      if (p < packs) row_load_pack<P>(w, p, wr[l].v[k]);
+    for (int k = 0; k < K; ++k)
       for (int j = 0; j < P; ++j) dw_acc[l].v[k][j] = db_acc[l].v[k][j] = 0.0f;
-    }
   });
   typename L::template Local<float> sum_g, sum_gx;
   const float inv_c = 1.0f / float(c);
@@ -280,11 +277,12 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
       for (int k = 0; k < K; ++k) {
         const int64_t p = l + int64_t(k) * n;
         if (p >= packs) break;
-        float d[P], xv[P];
+        float d[P], xv[P], wv[P];
         row_load_pack<P>(dyr, p, d);
         row_load_pack<P>(xr, p, xv);
+        row_load_pack<P>(w, p, wv);
         for (int j = 0; j < P; ++j) {
-          const float g = d[j] * wr[l].v[k][j], xhat = (xv[j] - m) * s;
+          const float g = d[j] * wv[j], xhat = (xv[j] - m) * s;
           a += g;
           ax += g * xhat;
           dw_acc[l].v[k][j] += d[j] * xhat;
@@ -300,12 +298,13 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
       for (int k = 0; k < K; ++k) {
         const int64_t p = l + int64_t(k) * n;
         if (p >= packs) break;
-        float d[P], xv[P], out[P];
+        float d[P], xv[P], wv[P], out[P];
         row_load_pack<P>(dyr, p, d);
         row_load_pack<P>(xr, p, xv);
+        row_load_pack<P>(w, p, wv);
         if (accumulate) row_load_pack<P>(dxr, p, out);
         for (int j = 0; j < P; ++j) {
-          const float v = s * (d[j] * wr[l].v[k][j] - mean_g - (xv[j] - m) * s * mean_gx);
+          const float v = s * (d[j] * wv[j] - mean_g - (xv[j] - m) * s * mean_gx);
           out[j] = accumulate ? out[j] + v : v;
         }
         row_store_pack<P>(dxr, p, out);
