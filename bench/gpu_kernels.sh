@@ -24,13 +24,19 @@ bandwidth=$(grep -o 'roofline against [0-9.]* GFLOP/s, [0-9.]* GB/s' "$out/engin
 python3 - "$out/kernels.csv" "$steps" "$bandwidth" <<'PY'
 import collections, csv, sys
 path, steps, bandwidth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) * 1e9
-scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0,
-         "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3,
+         "s": 1.0, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "B": 1.0, "KB": 1e3,
+         "MB": 1e6, "GB": 1e9, "TB": 1e12}
+units = set()
 lines = [l for l in open(path) if l.startswith('"')]
 kernels = {}
 for row in csv.DictReader(lines):
     k = kernels.setdefault(row["ID"], {"name": row["Kernel Name"], "seconds": 0.0, "bytes": 0.0})
-    value = float(row["Metric Value"].replace(",", "")) * scale.get(row["Metric Unit"], 1.0)
+    units.add((row["Metric Name"], row["Metric Unit"]))
+    try:
+        value = float(row["Metric Value"].replace(",", "")) * scale.get(row["Metric Unit"], 1.0)
+    except ValueError:  # "n/a": a metric this kernel did not report
+        value = 0.0
     k["seconds" if row["Metric Name"] == "gpu__time_duration.sum" else "bytes"] += value
 def short(name):
     name = name.replace("(anonymous namespace)::", "").replace("engine::cuda::", "").replace("engine::ops::", "")
@@ -40,6 +46,7 @@ total = collections.defaultdict(lambda: [0.0, 0.0, 0])
 for k in kernels.values():
     t = total[short(k["name"])]
     t[0] += k["seconds"]; t[1] += k["bytes"]; t[2] += 1
+print("metrics and units read:", ", ".join(f"{n} ({u})" for n, u in sorted(units)), file=sys.stderr)
 step_seconds = sum(t[0] for t in total.values()) / steps
 print(f"{len(kernels)} kernels in {steps} steps; the GPU's time per step {step_seconds*1e3:.1f} ms "
       f"(kernels back to back; the memory's bandwidth {bandwidth/1e9:.0f} GB/s)")
