@@ -172,6 +172,20 @@ void add_export_and_generate(CLI::App& app, Commands& commands) {
       ->check(CLI::Range(0, 1 << 24));
   generate_command->add_option("--seed", args->seed, "Sampling seed");
   commands.push_back({generate_command, [args] { return generate(*args); }});
+
+  auto eval_args = owned<EvalArgs>();
+  auto* eval_command = app.add_subcommand(
+      "eval", "The validation loss of a model's weights over the recipe's validation split, without training");
+  add_recipe_args(eval_command, eval_args->recipe);
+  eval_command
+      ->add_option("--weights", eval_args->weights,
+                   "A run directory (its final weights), a safetensors file or a Hugging Face model directory "
+                   "(default: the recipe's model.init_from)")
+      ->type_name("PATH");
+  eval_command
+      ->add_option("--batches", eval_args->batches, "Validation batches to average (default: train.eval_batches)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  commands.push_back({eval_command, [eval_args] { return evaluate(*eval_args); }});
 }
 
 void add_golden(CLI::App& app, Commands& commands) {

@@ -81,6 +81,16 @@ int checkpoint_verify(const std::filesystem::path& checkpoint_or_dir);
 // The directory holding a run's checkpoints: `path` itself, or a run directory's checkpoints/.
 std::filesystem::path checkpoints_in(const std::filesystem::path& path);
 int generate(const GenerateArgs& args);
+
+// engine eval: the validation loss of weights (a run directory's final weights, a safetensors file,
+// a Hugging Face model directory; default the recipe's model.init_from) over `batches` of the
+// recipe's validation split (default train.eval_batches), without training.
+struct EvalArgs {
+  RecipeArgs recipe;
+  std::filesystem::path weights;
+  int64_t batches = 0;
+};
+int evaluate(const EvalArgs& args);
 int train(const RecipeArgs& args);
 int plan(const RecipeArgs& args, const FitArgs& fit = {});
 // engine plan with budgets or --fit: the configurations table, and with --fit the proposal.

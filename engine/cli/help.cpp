@@ -102,6 +102,7 @@ int help(const std::string& topic) {
                  "  engine golden record|check|update R...  golden-recipe regression tests (observe: runs from elsewhere)\n"
                  "  engine report RUN_DIR... [--output F]   an HTML report of runs (charts; several: compared)\n"
                  "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
+                 "  engine eval RECIPE --weights W          the validation loss of weights, without training\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
                  "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"
                  "  engine schema [--markdown]              JSON Schema of recipes (or the reference page)\n"

@@ -1,4 +1,5 @@
-// engine export and engine generate: using a finished run's weights, or a checkpoint's.
+// engine export, engine generate and engine eval: using a finished run's weights, or a checkpoint's
+// (eval: any weights the recipe's model can load).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,11 +14,13 @@
 #include "cli/commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/rng.h"
 #include "graph/autodiff.h"
 #include "models/model.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
+#include "trainer/session.h"
 
 namespace engine::cli {
 
@@ -185,6 +188,35 @@ int generate(const GenerateArgs& args) {
   }
   (void)context;
   std::cout << args.prompt << output << "\n";
+  return kExitOk;
+}
+
+int evaluate(const EvalArgs& args) {
+  require_single_process(args.recipe.load_options().world, "eval");
+  LoadedRecipe loaded = load_recipe(args.recipe.recipe, args.recipe.load_options());
+  Recipe r = loaded.recipe;
+  if (r.data.val_fraction <= 0)
+    throw UserError(
+        "engine eval reads the validation split, and data.val_fraction is 0: set it (for example "
+        "data.val_fraction=0.05)");
+  // The data checks the validation split as for a run that evaluates.
+  r.train.eval_every = std::max<int64_t>(r.train.eval_every, 1);
+  fs::path weights = args.weights.empty() ? r.model.init_from : args.weights;
+  if (weights.empty())
+    throw UserError(
+        "engine eval needs weights: name them with --weights (a run directory, a safetensors file "
+        "or a Hugging Face model directory) or set model.init_from");
+  if (fs::is_directory(weights) && fs::exists(weights / "model.safetensors") && fs::exists(weights / "recipe.yaml"))
+    weights = weights_of(weights);  // a run directory: its final weights
+  const int64_t batches = args.batches > 0 ? args.batches : r.train.eval_batches;
+  Session session(r);
+  session.store.initialize(uint64_t(r.run.seed));
+  load_weights(weights, session.store, r.model.arch);
+  session.host_changed();
+  const double loss = session.evaluate(batches);
+  std::cout << "eval: loss " << format_fixed(loss, 6) << " (perplexity " << format_fixed(std::exp(loss), 3) << ") over "
+            << batches << " validation batches of " << session.micro_batch << " x " << session.model.sequence
+            << " from " << weights.string() << "\n";
   return kExitOk;
 }
 

@@ -19,10 +19,9 @@ LoadOptions RecipeArgs::load_options() const {
 void require_single_process(const WorldSize& world, const std::string& command) {
   if (world.size == 1) return;
   const std::string n = std::to_string(world.size);
-  throw UserError("engine " + command + " runs in a single process: world size " + n + " (from " + world.source +
-                  ") needs distributed training, which this engine does not have yet; run it without mpirun "
-                  "and without --world-size (`engine plan --world-size " +
-                  n + "` sizes a run for " + n + " ranks)");
+  throw UserError("engine " + command + " runs in a single process, not at world size " + n + " (from " + world.source +
+                  "); run it without mpirun and without --world-size (`engine train` trains on " + n +
+                  " ranks under mpirun, and `engine plan --world-size " + n + "` sizes such a run)");
 }
 
 std::string summary(const LoadedRecipe& loaded) {

@@ -1,5 +1,7 @@
 #include "data/files.h"
 
+#include <climits>
+#include <cstdint>
 #include <cstring>
 
 #include "core/error.h"
@@ -39,30 +41,44 @@ TokenFile::TokenFile(const recipe::Recipe& recipe) : seed_(uint64_t(recipe.run.s
     if (has_header) std::memcpy(header, bytes.data(), sizeof header);
     bool llmc = recipe.data.format == recipe::TokenFormat::llmc ||
                 (recipe.data.format == recipe::TokenFormat::auto_detect && has_header && header[0] == kLlmcMagic);
-    size_t start = 0;
+    size_t start = 0, width = recipe.data.format == recipe::TokenFormat::raw_uint32 ? 4 : 2;
     if (llmc) {
       if (!has_header || header[0] != kLlmcMagic)
         throw UserError(path.string() + ": not an llm.c token file (magic " + std::to_string(kLlmcMagic) + " missing)");
-      if (header[1] != 1)
-        throw UserError(path.string() + ": unsupported llm.c token file version " + std::to_string(header[1]));
+      // llm.c's versions: 1 for uint16 tokens (GPT-2's vocabulary), 2 for uint32 (Llama 3's).
+      if (header[1] != 1 && header[1] != 2)
+        throw UserError(path.string() + ": unsupported llm.c token file version " + std::to_string(header[1]) +
+                        " (1: uint16 tokens, 2: uint32)");
+      width = header[1] == 1 ? 2 : 4;
       start = sizeof header;
-      size_t expected = start + size_t(uint32_t(header[2])) * 2;
+      size_t expected = start + size_t(uint32_t(header[2])) * width;
       if (bytes.size() != expected)
         throw UserError(path.string() + ": header promises " + std::to_string(header[2]) + " tokens (" +
                         std::to_string(expected) + " bytes) but the file has " + std::to_string(bytes.size()) +
                         " bytes (truncated?)");
     }
-    if ((bytes.size() - start) % 2 != 0)
-      throw UserError(path.string() + ": odd number of bytes for uint16 tokens (truncated?)");
-    size_t count = (bytes.size() - start) / 2;
+    if ((bytes.size() - start) % width != 0)
+      throw UserError(path.string() + ": " + std::to_string(bytes.size() - start) + " bytes of tokens is not a " +
+                      "whole number of uint" + std::to_string(8 * width) + " tokens (truncated?)");
+    size_t count = (bytes.size() - start) / width;
     tokens_.resize(count);
     for (size_t i = 0; i < count; ++i) {
-      uint16_t t;
-      std::memcpy(&t, bytes.data() + start + 2 * i, 2);
-      tokens_[i] = t;
+      if (width == 2) {
+        uint16_t t;
+        std::memcpy(&t, bytes.data() + start + 2 * i, 2);
+        tokens_[i] = t;
+      } else {
+        uint32_t t;
+        std::memcpy(&t, bytes.data() + start + 4 * i, 4);
+        if (t > uint32_t(INT32_MAX))
+          throw UserError(path.string() + ": token " + std::to_string(t) + " at token offset " + std::to_string(i) +
+                          " is beyond model.vocab_size " + std::to_string(vocab));
+        tokens_[i] = int32_t(t);
+      }
     }
-    description_ = std::string("tokens (") + (llmc ? "llm.c" : "raw uint16") + "): " + path.string() + ", " +
-                   std::to_string(count) + " tokens";
+    description_ = std::string("tokens (") +
+                   (llmc ? "llm.c, uint" + std::to_string(8 * width) : "raw uint" + std::to_string(8 * width)) +
+                   "): " + path.string() + ", " + std::to_string(count) + " tokens";
   }
   for (size_t i = 0; i < tokens_.size(); ++i)
     if (tokens_[i] >= vocab)

@@ -1,5 +1,6 @@
-// File-backed token data: `text` (any UTF-8 file, one token per byte) and `tokens` (pre-tokenised
-// uint16: llm.c's .bin with its 256-int32 header, or raw uint16 as nanoGPT writes).
+// File-backed token data: `text` (any UTF-8 file, one token per byte) and `tokens` (pre-tokenised:
+// llm.c's .bin with its 256-int32 header, version 1 holding uint16 tokens and version 2 uint32, as
+// llm.c writes GPT-2's and Llama 3's; or raw uint16 as nanoGPT writes, or raw uint32).
 //
 // The token stream is split once: the first (1 - val_fraction) for training, the rest for
 // validation. Each split is cut into windows of T + 1 tokens (stride T); an epoch visits every

@@ -56,7 +56,7 @@ struct ModelSection {
 };
 
 enum class DataSource { synthetic_markov, text, tokens, classification };
-enum class TokenFormat { auto_detect, llmc, raw_uint16 };
+enum class TokenFormat { auto_detect, llmc, raw_uint16, raw_uint32 };
 
 struct DataSection {
   DataSource source;

@@ -4,13 +4,15 @@
 // their directories with sizes from config.json alone: the first step's loss equals transformers'
 // on the same tokens within 1e-6 relative; `engine export` to a directory loads back into
 // transformers with the engine's loss. A recipe that contradicts config.json, or a config the
-// engine cannot express, is refused naming the key and the file.
+// engine cannot express, is refused naming the key and the file. Text and JSONL become token files
+// with a tokenizer's own ids (scripts/prepare-tokens).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -135,6 +137,70 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
   EXPECT_EQ(other.status, 2) << other.output;
   EXPECT_NE(other.output.find("model_type 'mistral' is not an architecture this engine trains"), std::string::npos)
       << other.output;
+}
+
+// Data preparation with the model's own tokenizer (scripts/prepare-tokens, the tokenizers package):
+// a text file and a JSONL file become llm.c token files holding exactly the tokenizer's ids with
+// end-of-text after each document, in uint16 where every id fits and in uint32 (llm.c's version 2)
+// for a vocabulary past 65536; the engine trains on both; a bad end-of-text token or a directory
+// without tokenizer.json is refused, and nothing is left behind.
+TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
+  const fs::path dir = dir_->path() / "tokenizers";
+  const std::string python = "'" + kPython.string() + "' ";
+  const ShellResult made = run_shell(python + "tests/hf/make_tokenizers.py '" + dir.string() + "'", kSource);
+  ASSERT_EQ(made.status, 0) << made.output;
+  std::ifstream in(dir / "expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const auto prepare = [&](const std::string& tokenizer, const std::string& input, const std::string& out,
+                           const std::string& extra = "") {
+    return run_shell(python + "scripts/prepare-tokens --tokenizer '" + (dir / tokenizer).string() + "' --out '" +
+                         (dir / out).string() + "' '" + (dir / input).string() + "' " + extra,
+                     kSource);
+  };
+  const auto tokens_of = [&](const std::string& file, int version) {
+    std::ifstream f(dir / file, std::ios::binary);
+    std::vector<int32_t> header(256);
+    f.read(reinterpret_cast<char*>(header.data()), 1024);
+    EXPECT_EQ(header[0], 20240520) << file;
+    EXPECT_EQ(header[1], version) << file;
+    std::vector<int64_t> ids(static_cast<size_t>(header[2]));
+    for (int64_t& id : ids) {
+      uint32_t v = 0;
+      f.read(reinterpret_cast<char*>(&v), version == 1 ? 2 : 4);
+      id = v;
+    }
+    EXPECT_EQ(f.peek(), EOF) << file << ": bytes past the header's count";
+    return ids;
+  };
+  for (const auto& [input, tokenizer, out, key, version] :
+       std::vector<std::tuple<std::string, std::string, std::string, std::string, int>>{
+           {"corpus.txt", "bpe", "corpus.bin", "corpus", 1},
+           {"docs.jsonl", "bpe", "docs.bin", "jsonl", 1},
+           {"wide.txt", "wide", "wide.bin", "wide", 2}}) {
+    const ShellResult prepared = prepare(tokenizer, input, out);
+    ASSERT_EQ(prepared.status, 0) << prepared.output;
+    EXPECT_EQ(tokens_of(out, version), expected.at(key).get<std::vector<int64_t>>()) << input;
+  }
+  for (const auto& [file, vocab] : {std::pair{"corpus.bin", 400}, std::pair{"wide.bin", 70001}}) {
+    const ShellResult run =
+        run_shell("'" ENGINE_BINARY
+                  "' train recipes/quickstart.yaml run.device=cpu train.steps=2 train.eval_every=0 "
+                  "model.context_length=16 model.n_embd=16 model.n_layer=1 model.n_head=2 data.source=tokens ~data.order "
+                  "data.path=" +
+                      (dir / file).string() + " model.vocab_size=" + std::to_string(vocab) +
+                      " run.output_dir=" + (dir / "runs").string() + " run.name=" + file,
+                  kSource);
+    EXPECT_EQ(run.status, 0) << run.output;
+  }
+  const ShellResult bad_eos = prepare("bpe", "corpus.txt", "never.bin", "--eos '<|nope|>'");
+  EXPECT_NE(bad_eos.status, 0);
+  EXPECT_NE(bad_eos.output.find("--eos '<|nope|>' is not in the tokenizer's vocabulary"), std::string::npos)
+      << bad_eos.output;
+  const ShellResult no_tokenizer = prepare(".", "corpus.txt", "never.bin");
+  EXPECT_NE(no_tokenizer.output.find("tokenizer.json: not found"), std::string::npos) << no_tokenizer.output;
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename().string().find(".prepare-tokens."), std::string::npos) << entry.path();
+  EXPECT_FALSE(fs::exists(dir / "never.bin"));
 }
 
 }  // namespace

@@ -142,6 +142,34 @@ TEST(Cli, CommandsThatRunStepsRefuseAWorldSizeOtherThanOne) {
 
 // A second --dump-gradients-at for the same step would replace the first file: refused before any
 // training, naming both files.
+// engine eval: the validation loss of a run's final weights, without training, is the loss the run
+// itself logged for them at its last step (the same batches of the validation split); without
+// weights, or under mpirun, one clear error.
+TEST(Cli, EvalGivesTheValidationLossTheRunLoggedForItsWeights) {
+  const engine::testing::TempDir dir("eval");
+  const std::string recipe = "recipes/quickstart.yaml train.steps=20 train.eval_every=20 train.eval_batches=3 ";
+  ASSERT_EQ(run("train " + recipe + "run.name=run run.output_dir=" + dir.path().string()).status, 0);
+  double logged = -1;
+  std::ifstream metrics(dir / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    if (contains(line, "\"val_loss\"") && contains(line, "\"step\":20"))
+      logged = std::stod(line.substr(line.find("\"val_loss\":") + 11));
+  ASSERT_GT(logged, 0) << "no val_loss at step 20";
+  Result r = run("eval " + recipe + "--weights " + (dir / "run").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t at = r.output.find("eval: loss ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_NEAR(std::stod(r.output.substr(at + 11)), logged, 1e-6) << r.output;
+  EXPECT_TRUE(contains(r.output, "over 3 validation batches of 16 x 64")) << r.output;
+  r = run("eval " + recipe);
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "engine eval needs weights")) << r.output;
+  r = run_shell("ASAN_OPTIONS=detect_leaks=0 OMPI_COMM_WORLD_SIZE=2 '" ENGINE_BINARY "' eval " + recipe + "--weights " +
+                (dir / "run").string());
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "engine eval runs in a single process")) << r.output;
+}
+
 TEST(Cli, DumpGradientsAtRefusesARepeatedStep) {
   const ::engine::testing::TempDir scratch("cli_dump");
   const std::string a = (scratch / "a.safetensors").string(), b = (scratch / "b.safetensors").string();

@@ -30,19 +30,22 @@ fs::path scratch(const std::string& name) {
 
 void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
-std::string llmc_file(uint32_t claimed, const std::vector<uint16_t>& tokens) {
-  int32_t header[256] = {20240520, 1, int32_t(claimed)};
+// An llm.c token file: version 1 for uint16 tokens, 2 for uint32.
+template <class Token = uint16_t>
+std::string llmc_file(uint32_t claimed, const std::vector<Token>& tokens, int32_t version = sizeof(Token) / 2) {
+  int32_t header[256] = {20240520, version, int32_t(claimed)};
   std::string bytes(reinterpret_cast<const char*>(header), sizeof header);
-  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(Token));
   return bytes;
 }
 
-recipe::Recipe token_recipe(const fs::path& data, const std::string& source, int64_t vocab = 100) {
+recipe::Recipe token_recipe(const fs::path& data, const std::string& source, int64_t vocab = 100,
+                            const std::string& format = "auto") {
   recipe::MemorySourceReader reader;
   reader.add("r.yaml", "model: {arch: gpt, vocab_size: " + std::to_string(vocab) +
                            ", context_length: 8, n_layer: 1, n_head: 1, n_embd: 8}\n"
                            "data: {source: " +
-                           source + ", path: " + data.string() +
+                           source + ", path: " + data.string() + (source == "tokens" ? ", format: " + format : "") +
                            ", val_fraction: 0.25}\ntrain: {steps: 1, micro_batch_size: 2}\n");
   recipe::LoadOptions options;
   options.reader = &reader;
@@ -74,6 +77,41 @@ TEST(TokenData, LlmcFileLoadsAndBatchesAreShiftedWindows) {
     }
 }
 
+// Vocabularies past 65536 (Llama 3's 128256): llm.c's version 2 files and raw uint32 files hold
+// 32-bit tokens, and the batches carry them whole.
+TEST(TokenData, ThirtyTwoBitTokensLoadFromLlmcVersionTwoAndRawFiles) {
+  std::vector<uint32_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(70000 + 251 * i % 58000);
+  const fs::path llmc = scratch("llama3.bin"), raw = scratch("llama3.u32");
+  write_bytes(llmc, llmc_file(200, tokens));
+  write_bytes(raw, std::string(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4));
+  for (const auto& [path, format] : {std::pair{llmc, "auto"}, std::pair{llmc, "llmc"}, std::pair{raw, "raw_uint32"}}) {
+    auto data = make_dataset(token_recipe(path, "tokens", 128256, format));
+    EXPECT_NE(data->describe().find("uint32"), std::string::npos) << data->describe();
+    Batch batch(2, 8, 0);
+    data->fill(Split::train, 0, batch);
+    for (int64_t i = 0; i < 16; ++i) {
+      EXPECT_GE(batch.tokens[size_t(i)], 70000) << format;
+      if (i % 8 != 7) {
+        EXPECT_EQ(batch.targets[size_t(i)], batch.tokens[size_t(i + 1)]) << format;
+      }
+    }
+  }
+  // The same tokens against GPT-2's vocabulary: the first is named.
+  EXPECT_NE(data_error(token_recipe(llmc, "tokens", 50257)).find("token 70000 at token offset 0 is beyond"),
+            std::string::npos);
+  // Read as uint16 (the wrong width) they are other tokens: the format is the file's, not a guess.
+  write_bytes(llmc, llmc_file<uint32_t>(200, tokens, 3));
+  EXPECT_NE(data_error(token_recipe(llmc, "tokens", 128256)).find("unsupported llm.c token file version 3"),
+            std::string::npos);
+  write_bytes(llmc, llmc_file<uint32_t>(300, tokens));
+  EXPECT_NE(data_error(token_recipe(llmc, "tokens", 128256)).find("header promises 300 tokens (2224 bytes)"),
+            std::string::npos);
+  write_bytes(raw, std::string(402, '\1'));
+  EXPECT_NE(data_error(token_recipe(raw, "tokens", 128256, "raw_uint32")).find("not a whole number of uint32 tokens"),
+            std::string::npos);
+}
+
 TEST(TokenData, TruncatedLlmcFileIsRefused) {
   fs::path path = scratch("truncated.bin");
   write_bytes(path, llmc_file(500, std::vector<uint16_t>(100, 1)));
@@ -93,7 +131,8 @@ TEST(TokenData, TokenBeyondTheVocabularyNamesTheOffset) {
 TEST(TokenData, OddByteCountIsRefused) {
   fs::path path = scratch("odd.bin");
   write_bytes(path, std::string(201, '\1'));
-  EXPECT_NE(data_error(token_recipe(path, "tokens")).find("odd number of bytes"), std::string::npos);
+  EXPECT_NE(data_error(token_recipe(path, "tokens")).find("201 bytes of tokens is not a whole number of uint16 tokens"),
+            std::string::npos);
 }
 
 TEST(TokenData, EmptyAndTooSmallFilesAreRefused) {

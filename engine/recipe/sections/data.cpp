@@ -29,13 +29,16 @@ void declare_data(Schema& schema) {
       .only_when("source", file_sources)
       .help("Data file, relative to the recipe file that names it.");
   data.key("format", &DataSection::format)
-      .choices(
-          {{"auto", TokenFormat::auto_detect}, {"llmc", TokenFormat::llmc}, {"raw_uint16", TokenFormat::raw_uint16}})
+      .choices({{"auto", TokenFormat::auto_detect},
+                {"llmc", TokenFormat::llmc},
+                {"raw_uint16", TokenFormat::raw_uint16},
+                {"raw_uint32", TokenFormat::raw_uint32}})
       .def(TokenFormat::auto_detect)
       .only_when("source", {"tokens"})
       .help(
-          "Token file layout: llmc (llm.c's .bin with its 256-int header), raw_uint16 (as nanoGPT "
-          "writes), or auto (detect the llm.c header).");
+          "Token file layout: llmc (llm.c's .bin with its 256-int header: version 1 holds uint16 "
+          "tokens, version 2 uint32, for vocabularies past 65536), raw_uint16 (as nanoGPT writes), "
+          "raw_uint32, or auto (the llm.c header where there is one, else raw_uint16).");
   data.key("val_fraction", &DataSection::val_fraction)
       .def(0.05)
       .min(0)

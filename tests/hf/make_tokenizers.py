@@ -1,0 +1,54 @@
+"""Tokenizers for the data-preparation test (tests/hf/hf_test.cpp), made with the tokenizers package:
+a byte-level BPE as GPT-2's (trained on a small corpus, with <|endoftext|>), and a word-level one
+with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes, under DIR:
+
+  bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token), corpus.txt, docs.jsonl
+  wide/tokenizer.json (eos "</s>"), wide.txt
+  expected.json: the ids each tokenizer gives the inputs, end-of-text after each document
+
+    python tests/hf/make_tokenizers.py DIR
+"""
+import json
+import os
+import sys
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+out = sys.argv[1]
+os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
+os.makedirs(os.path.join(out, "wide"), exist_ok=True)
+
+corpus = ("The quick brown fox jumps over the lazy dog. " * 20 + "Ünïcode text, too: naïve café. ") * 3
+documents = ["First document: the fox.", "Second one, with a café and numbers 12345."]
+with open(os.path.join(out, "corpus.txt"), "w", encoding="utf-8") as f:
+    f.write(corpus)
+with open(os.path.join(out, "docs.jsonl"), "w", encoding="utf-8") as f:
+    for d in documents:
+        f.write(json.dumps({"text": d, "id": len(d)}) + "\n")
+
+bpe = Tokenizer(models.BPE())
+bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+bpe.decoder = decoders.ByteLevel()
+bpe.train_from_iterator([corpus], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+bpe.save(os.path.join(out, "bpe", "tokenizer.json"))
+with open(os.path.join(out, "bpe", "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<|endoftext|>"}, f)
+eos = bpe.token_to_id("<|endoftext|>")
+
+words = ["</s>"] + [f"w{i}" for i in range(70000)]
+wide = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="</s>"))
+wide.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+wide.save(os.path.join(out, "wide", "tokenizer.json"))
+wide_text = " ".join(f"w{(i * 7919) % 70000}" for i in range(400))
+with open(os.path.join(out, "wide.txt"), "w") as f:
+    f.write(wide_text)
+
+expected = {
+    "corpus": bpe.encode(corpus, add_special_tokens=False).ids + [eos],
+    "jsonl": sum((bpe.encode(d, add_special_tokens=False).ids + [eos] for d in documents), []),
+    "wide": wide.encode(wide_text, add_special_tokens=False).ids + [0],
+    "bpe_vocab": bpe.get_vocab_size(),
+}
+with open(os.path.join(out, "expected.json"), "w") as f:
+    json.dump(expected, f)
