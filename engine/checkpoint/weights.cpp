@@ -277,7 +277,8 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   for (size_t i = 0; i < values.size(); ++i) store.set_param(int(i), values[i].data());
 }
 
-std::string hugging_face_config(const recipe::ModelSection& m) {
+std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {
+  const char* torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   nlohmann::json j;
   if (m.arch == recipe::Arch::gpt) {
     if (!m.bias)
@@ -299,7 +300,7 @@ std::string hugging_face_config(const recipe::ModelSection& m) {
          {"embd_pdrop", m.dropout},
          {"attn_pdrop", 0.0},
          {"tie_word_embeddings", m.tie_embeddings},
-         {"torch_dtype", "float32"}};
+         {"torch_dtype", torch_dtype}};
   } else if (m.arch == recipe::Arch::llama) {
     j = {{"model_type", "llama"},
          {"architectures", {"LlamaForCausalLM"}},
@@ -316,7 +317,7 @@ std::string hugging_face_config(const recipe::ModelSection& m) {
          {"attention_bias", false},
          {"mlp_bias", false},
          {"tie_word_embeddings", m.tie_embeddings},
-         {"torch_dtype", "float32"}};
+         {"torch_dtype", torch_dtype}};
   } else {
     throw UserError("model.arch mlp has no Hugging Face class: no config.json can describe it");
   }

@@ -49,7 +49,8 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
 // The config.json transformers' from_pretrained reads beside the weights, for a gpt (GPT2LMHeadModel)
 // or llama (LlamaForCausalLM) model section; a UserError for what transformers' class cannot
 // express (an mlp, a GPT without biases).
-std::string hugging_face_config(const recipe::ModelSection& model);
+// `dtype`: the weights' type, config.json's torch_dtype.
+std::string hugging_face_config(const recipe::ModelSection& model, DType dtype = DType::f32);
 
 // The file tensors, in Hugging Face's names and layouts, of one value per parameter: `data(i)` is
 // parameter i's weights, or its gradient (fp32, the parameter's shape).

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/device_info.h"
 #include "core/log.h"
+#include "core/memory_limit.h"
 #include "core/version.h"
 
 namespace engine::cli {
@@ -146,20 +147,35 @@ void add_plan(CLI::App& app, Commands& commands) {
 }
 
 void add_export_and_generate(CLI::App& app, Commands& commands) {
-  auto paths = std::make_shared<std::pair<std::filesystem::path, std::filesystem::path>>();
+  auto export_args = owned<ExportArgs>();
+  auto max_shard = std::make_shared<std::string>();
   auto* export_command = app.add_subcommand(
-      "export", "Write a run's final weights, or a checkpoint's, to a safetensors file (Hugging Face names)");
+      "export",
+      "Write a run's final weights, or a checkpoint's, as a Hugging Face model directory or a safetensors file");
   export_command
-      ->add_option("source", paths->first,
+      ->add_option("source", export_args->source,
                    "Run directory (<output_dir>/<name>: its final weights, else its latest checkpoint), a "
                    "checkpoint (a step-N directory) or a directory of checkpoints (the latest)")
       ->required();
   export_command
-      ->add_option("destination", paths->second,
-                   "Output: a .safetensors file, or a model directory (model.safetensors and config.json, which "
-                   "transformers' from_pretrained loads as it is)")
+      ->add_option("destination", export_args->destination,
+                   "Output: a model directory (the weights, config.json and the tokenizer files of the directory "
+                   "the run started from, which transformers' from_pretrained loads as it is), or a .safetensors "
+                   "file")
       ->required();
-  commands.push_back({export_command, [paths] { return export_weights(paths->first, paths->second); }});
+  export_command
+      ->add_option("--dtype", export_args->dtype,
+                   "fp32, bf16 or fp16 (default: the run's precision for a model directory, fp32 for a file)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  export_command
+      ->add_option("--max-shard-size", *max_shard,
+                   "A model directory's weights in shards of at most this size (default 5GB, as save_pretrained)")
+      ->type_name("SIZE");
+  commands.push_back({export_command, [export_args, max_shard] {
+                        if (!max_shard->empty())
+                          export_args->max_shard_bytes = parse_byte_size(*max_shard, "--max-shard-size");
+                        return export_weights(*export_args);
+                      }});
 
   auto args = owned<GenerateArgs>();
   auto* generate_command = app.add_subcommand("generate", "Sample text from a model trained on text data");

@@ -73,7 +73,15 @@ int validate(const RecipeArgs& args);
 int golden(const GoldenArgs& args);
 // `source`: a finished run (its model.safetensors), a checkpoint, or a directory of checkpoints or a
 // run directory without final weights (the latest complete checkpoint).
-int export_weights(const std::filesystem::path& source, const std::filesystem::path& destination);
+// A destination ending in .safetensors is one file (fp32 unless `dtype` says); any other is a model
+// directory from_pretrained loads (in `dtype`, by default the run's precision, sharded above
+// `max_shard_bytes`, with config.json and the starting directory's tokenizer files).
+struct ExportArgs {
+  std::filesystem::path source, destination;
+  std::string dtype;                        // fp32, bf16, fp16; empty: the default above
+  int64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
+};
+int export_weights(const ExportArgs& args);
 int checkpoint_list(const std::filesystem::path& dir);
 int checkpoint_inspect(const std::filesystem::path& checkpoint);
 // Exit 2 (a UserError naming every damaged file) unless every rank file matches its manifest.

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "checkpoint/checkpointer.h"
@@ -13,9 +15,11 @@
 #include "checkpoint/weights.h"
 #include "cli/commands.h"
 #include "core/atomic_file.h"
+#include "core/convert.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/rng.h"
+#include "core/whole_file.h"
 #include "graph/autodiff.h"
 #include "models/model.h"
 #include "plan/plan.h"
@@ -55,7 +59,14 @@ Recipe recipe_of_checkpoint(const fs::path& checkpoint, const Manifest& manifest
   return load_recipe(recipe_path, options).recipe;
 }
 
-Recipe export_checkpoint(const fs::path& checkpoint, const fs::path& destination) {
+// Weights to export: Hugging Face's tensors (fp32) and the file's metadata.
+struct ExportedWeights {
+  std::vector<SafeTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  std::string what;  // "step 100 of <checkpoint>", or the run's weights file
+};
+
+ExportedWeights weights_of_checkpoint(const fs::path& checkpoint) {
   const Manifest manifest = read_manifest(checkpoint);
   const Recipe r = recipe_of_checkpoint(checkpoint, manifest);
   ModelGraph model = build_model(r, 1, 1.0);
@@ -65,26 +76,113 @@ Recipe export_checkpoint(const fs::path& checkpoint, const fs::path& destination
   for (size_t u = 0; u < model.graph.units().size(); ++u) master.units.push_back(store.master(u));
   load_sharded_state(checkpoint, manifest, store, {master});
   const std::string arch = r.model.arch == Arch::gpt ? "gpt" : r.model.arch == Arch::llama ? "llama" : "mlp";
-  save_weights(destination, store, r.model.arch, {{"arch", arch}, {"steps", std::to_string(manifest.step)}});
-  std::cout << "exported step " << manifest.step << " of " << checkpoint.string() << " to " << destination.string()
-            << "\n";
-  return r;
+  return {hugging_face_tensors(model.graph, r.model.arch, [&](int i) { return store.param(i); }),
+          {{"arch", arch}, {"steps", std::to_string(manifest.step)}},
+          "step " + std::to_string(manifest.step) + " of " + checkpoint.string()};
 }
 
-// A destination without the .safetensors extension is a model directory: the weights go in as
-// model.safetensors beside the config.json of the run's model, which from_pretrained loads as it is.
-void write_model_directory(const fs::path& directory, const Recipe& r) {
-  write_file_atomically(directory / "config.json", [&](std::ostream& out) { out << hugging_face_config(r.model); });
-  std::cout << "wrote " << (directory / "config.json").string() << " ("
-            << (r.model.arch == Arch::gpt ? "gpt2" : "llama") << "): transformers' from_pretrained loads "
-            << directory.string() << "\n";
+ExportedWeights weights_of_run(const fs::path& run_dir) {
+  // Read (which validates every tensor) before anything is written: a bad or truncated run file is
+  // refused rather than copied.
+  const fs::path path = weights_of(run_dir);
+  SafetensorsFile weights = read_safetensors(path);
+  ExportedWeights out{{}, std::move(weights.metadata), path.string()};
+  for (auto& [name, tensor] : weights.tensors) out.tensors.push_back(std::move(tensor));
+  return out;
+}
+
+// Each fp32 tensor rounded to `type` (to nearest even).
+void convert_tensors(std::vector<SafeTensor>& tensors, DType type) {
+  if (type == DType::f32) return;
+  for (SafeTensor& t : tensors) {
+    if (t.dtype != DType::f32) continue;
+    const int64_t n = int64_t(t.data.size() / sizeof(float));
+    std::vector<std::byte> narrowed(size_t(n) * dtype_size(type));
+    narrow(reinterpret_cast<const float*>(t.data.data()), narrowed.data(), type, n);
+    t.data = std::move(narrowed);
+    t.dtype = type;
+  }
+}
+
+constexpr const char* kShardIndex = "model.safetensors.index.json";
+
+// The files of an earlier export into `directory` that this one does not write: shards and their
+// index, or a single file (from_pretrained would read the index, or the file, first).
+void remove_stale_weights(const fs::path& directory, const std::vector<std::string>& written) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool weights = name == "model.safetensors" || name == kShardIndex ||
+                         (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+                          entry.path().extension() == ".safetensors");
+    if (weights && std::find(written.begin(), written.end(), name) == written.end()) fs::remove(entry.path(), error);
+  }
+}
+
+// The tokenizer's files a Hugging Face model directory carries, copied from where the run started.
+constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt",     "tokenizer.model",       "added_tokens.json",       "generation_config.json"};
+
+// A model directory from_pretrained loads as it is: the weights in `type`, in one model.safetensors
+// or, above `shard_bytes`, in shards listed by model.safetensors.index.json (as save_pretrained
+// writes them); the run's config.json; the tokenizer's files of the directory the run started from.
+void write_model_directory(const fs::path& directory, const Recipe& r, ExportedWeights weights, DType type,
+                           int64_t shard_bytes) {
+  convert_tensors(weights.tensors, type);
+  weights.metadata["format"] = "pt";
+  std::vector<std::vector<SafeTensor>> shards(1);
+  int64_t total = 0, in_shard = 0;
+  for (SafeTensor& t : weights.tensors) {
+    const auto bytes = int64_t(t.data.size());
+    if (in_shard > 0 && in_shard + bytes > shard_bytes) shards.emplace_back(), in_shard = 0;
+    in_shard += bytes;
+    total += bytes;
+    shards.back().push_back(std::move(t));
+  }
+  std::vector<std::string> written;
+  if (shards.size() == 1) {
+    written.push_back("model.safetensors");
+    write_safetensors(directory / written.back(), shards[0], weights.metadata);
+  } else {
+    nlohmann::json map = nlohmann::json::object();
+    char name[64];
+    for (size_t i = 0; i < shards.size(); ++i) {
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      written.push_back(name);
+      write_safetensors(directory / name, shards[i], weights.metadata);
+      for (const SafeTensor& t : shards[i]) map[t.name] = name;
+    }
+    written.push_back(kShardIndex);
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+    write_file_atomically(directory / kShardIndex, [&](std::ostream& out) { out << index.dump(2) << "\n"; });
+  }
+  remove_stale_weights(directory, written);
+  write_file_atomically(directory / "config.json",
+                        [&](std::ostream& out) { out << hugging_face_config(r.model, type); });
+  int carried = 0;
+  const fs::path start = r.model.init_from;
+  if (!start.empty() && fs::is_directory(start))
+    for (const char* file : kTokenizerFiles)
+      if (fs::is_regular_file(start / file)) {
+        const std::optional<std::string> bytes = read_whole_file(start / file);
+        if (!bytes) throw UserError((start / file).string() + ": cannot read");
+        write_file_atomically(directory / file, [&](std::ostream& out) { out << *bytes; });
+        ++carried;
+      }
+  std::cout << "exported " << weights.what << " to " << directory.string() << ": " << dtype_name(type) << ", "
+            << format_bytes(total) << (shards.size() > 1 ? " in " + std::to_string(shards.size()) + " shards" : "")
+            << ", config.json (" << (r.model.arch == Arch::gpt ? "gpt2" : "llama") << ")"
+            << (carried ? ", " + std::to_string(carried) + " tokenizer files from " + start.string() : "")
+            << "; transformers' from_pretrained loads it\n";
 }
 
 }  // namespace
 
-int export_weights(const fs::path& source, const fs::path& destination) {
+int export_weights(const ExportArgs& args) {
+  const fs::path& source = args.source;
+  const fs::path& destination = args.destination;
   const bool directory = destination.extension() != ".safetensors";
-  const fs::path file = directory ? destination / "model.safetensors" : destination;
   fs::path checkpoint;
   if (fs::exists(source / kManifestName)) {
     checkpoint = source;
@@ -96,34 +194,41 @@ int export_weights(const fs::path& source, const fs::path& destination) {
                       kManifestName + ") nor a directory of complete checkpoints");
     checkpoint = found.back();
   }
-  std::optional<Recipe> recipe;
+  // The recipe first, so that a model no config.json can describe is refused before anything is
+  // written (and the export's default type is the run's).
+  Recipe recipe;
+  if (!checkpoint.empty()) {
+    recipe = recipe_of_checkpoint(checkpoint, read_manifest(checkpoint));
+  } else {
+    LoadOptions options;
+    options.check_files = false;
+    options.world = {1, "export"};
+    recipe = load_recipe(source / "recipe.yaml", options).recipe;
+  }
+  DType type = directory ? compute_dtype(recipe) : DType::f32;
+  if (!args.dtype.empty()) {
+    const std::optional<DType> named = parse_dtype(args.dtype == "fp32"   ? "f32"
+                                                   : args.dtype == "fp16" ? "f16"
+                                                                          : args.dtype);
+    if (!named || !is_floating(*named))
+      throw UserError("--dtype " + args.dtype + ": the weights are exported in fp32, bf16 or fp16");
+    type = *named;
+  }
   if (directory) {
-    // The recipe first, so that a model no config.json can describe is refused before anything is written.
-    if (!checkpoint.empty()) {
-      recipe = recipe_of_checkpoint(checkpoint, read_manifest(checkpoint));
-    } else {
-      LoadOptions options;
-      options.check_files = false;
-      recipe = load_recipe(source / "recipe.yaml", options).recipe;
-    }
-    hugging_face_config(recipe->model);
+    hugging_face_config(recipe.model, type);
     std::error_code error;
     fs::create_directories(destination, error);
     if (error) throw UserError(destination.string() + ": cannot create the directory: " + error.message());
   }
-  if (!checkpoint.empty()) {
-    export_checkpoint(checkpoint, file);
+  ExportedWeights weights = checkpoint.empty() ? weights_of_run(source) : weights_of_checkpoint(checkpoint);
+  if (directory) {
+    write_model_directory(destination, recipe, std::move(weights), type, args.max_shard_bytes);
   } else {
-    // Read (which validates every tensor) and write atomically: a bad or truncated run file is
-    // refused rather than copied.
-    SafetensorsFile weights = read_safetensors(weights_of(source));
-    std::vector<SafeTensor> tensors;
-    for (auto& [name, tensor] : weights.tensors) tensors.push_back(std::move(tensor));
-    weights.metadata.emplace("format", "pt");
-    write_safetensors(file, tensors, weights.metadata);
-    std::cout << "exported " << tensors.size() << " tensors to " << file.string() << "\n";
+    convert_tensors(weights.tensors, type);
+    weights.metadata["format"] = "pt";
+    write_safetensors(destination, weights.tensors, weights.metadata);
+    std::cout << "exported " << weights.what << " to " << destination.string() << " (" << dtype_name(type) << ")\n";
   }
-  if (directory) write_model_directory(destination, *recipe);
   return kExitOk;
 }
 

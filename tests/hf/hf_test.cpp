@@ -10,7 +10,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -139,6 +141,69 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
       << other.output;
 }
 
+// Export choices: the weights in another dtype (config.json's torch_dtype says which), in shards with
+// save_pretrained's index, and the tokenizer files of the directory the run started from carried
+// over byte for byte; transformers loads each; an export into a directory that held another
+// export's weights leaves only its own.
+TEST_F(HuggingFace, ExportInADtypeInShardsWithTheTokenizerFiles) {
+  const fs::path start = dir_->path() / "gpt2_with_tokenizer";
+  fs::copy(dir_->path() / "gpt2_tied_fp32", start, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  const std::string tokenizer = "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}\n";
+  std::ofstream(start / "tokenizer.json") << tokenizer;
+  std::ofstream(start / "tokenizer_config.json") << "{\"eos_token\": \"<|endoftext|>\"}\n";
+  ASSERT_EQ(train("gpt2_with_tokenizer", "gpt", "run.name=with_tokenizer").status, 0);
+  const fs::path run = dir_->path() / "runs" / "with_tokenizer";
+  const auto export_to = [&](const fs::path& out, const std::string& options) {
+    return run_shell("'" ENGINE_BINARY "' export " + run.string() + " " + out.string() + " " + options, kSource);
+  };
+  const auto loss_of = [&](const fs::path& exported) {
+    const ShellResult loaded = run_shell("'" + kPython.string() + "' tests/hf/loss_of.py " + exported.string() + " " +
+                                             (dir_->path() / "tokens.bin").string() + " 16 2>/dev/null",
+                                         kSource);
+    EXPECT_EQ(loaded.status, 0) << loaded.output;
+    const nlohmann::json result = nlohmann::json::parse(loaded.output);
+    EXPECT_TRUE(result.at("missing").empty() && result.at("unexpected").empty() && result.at("mismatched").empty())
+        << exported << ": " << loaded.output;
+    return result.at("loss").get<double>();
+  };
+  const auto config_of = [&](const fs::path& exported) {
+    std::ifstream in(exported / "config.json");
+    return nlohmann::json::parse(in);
+  };
+  const fs::path plain = dir_->path() / "export_plain", shaped = dir_->path() / "export_shaped";
+  ShellResult r = export_to(plain, "");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(config_of(plain).at("torch_dtype"), "float32");
+  std::ifstream copied(plain / "tokenizer.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(copied), {}), tokenizer);
+  EXPECT_TRUE(fs::exists(plain / "tokenizer_config.json"));
+  EXPECT_NE(r.output.find("tokenizer files from " + start.string()), std::string::npos) << r.output;
+  const double fp32_loss = loss_of(plain);
+
+  r = export_to(shaped, "--dtype bf16 --max-shard-size 16KiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(config_of(shaped).at("torch_dtype"), "bfloat16");
+  EXPECT_TRUE(fs::exists(shaped / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(shaped / "model.safetensors"));
+  std::ifstream index_file(shaped / "model.safetensors.index.json");
+  const nlohmann::json index = nlohmann::json::parse(index_file);
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : index.at("weight_map").items()) shards.insert(file.get<std::string>());
+  EXPECT_GE(shards.size(), 2u) << index.dump();
+  for (const std::string& shard : shards) EXPECT_TRUE(fs::exists(shaped / shard)) << shard;
+  // bf16 weights: the loss moves by their rounding, about 2^-9 relative, not more.
+  EXPECT_NEAR(loss_of(shaped), fp32_loss, 1e-2 * fp32_loss);
+
+  // Into the same directory as one fp32 file: the shards and their index are gone, the loss is fp32's.
+  r = export_to(shaped, "--dtype fp32");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(fs::exists(shaped / "model.safetensors.index.json"));
+  for (const std::string& shard : shards) EXPECT_FALSE(fs::exists(shaped / shard)) << shard;
+  EXPECT_NEAR(loss_of(shaped), fp32_loss, 1e-7 * fp32_loss);
+  for (const auto& entry : fs::directory_iterator(shaped))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp"), std::string::npos) << entry.path();
+}
+
 // Data preparation with the model's own tokenizer (scripts/prepare-tokens, the tokenizers package):
 // a text file and a JSONL file become llm.c token files holding exactly the tokenizer's ids with
 // end-of-text after each document, in uint16 where every id fits and in uint32 (llm.c's version 2)
@@ -182,14 +247,14 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
     EXPECT_EQ(tokens_of(out, version), expected.at(key).get<std::vector<int64_t>>()) << input;
   }
   for (const auto& [file, vocab] : {std::pair{"corpus.bin", 400}, std::pair{"wide.bin", 70001}}) {
-    const ShellResult run =
-        run_shell("'" ENGINE_BINARY
-                  "' train recipes/quickstart.yaml run.device=cpu train.steps=2 train.eval_every=0 "
-                  "model.context_length=16 model.n_embd=16 model.n_layer=1 model.n_head=2 data.source=tokens ~data.order "
-                  "data.path=" +
-                      (dir / file).string() + " model.vocab_size=" + std::to_string(vocab) +
-                      " run.output_dir=" + (dir / "runs").string() + " run.name=" + file,
-                  kSource);
+    const ShellResult run = run_shell(
+        "'" ENGINE_BINARY
+        "' train recipes/quickstart.yaml run.device=cpu train.steps=2 train.eval_every=0 "
+        "model.context_length=16 model.n_embd=16 model.n_layer=1 model.n_head=2 data.source=tokens ~data.order "
+        "data.path=" +
+            (dir / file).string() + " model.vocab_size=" + std::to_string(vocab) +
+            " run.output_dir=" + (dir / "runs").string() + " run.name=" + file,
+        kSource);
     EXPECT_EQ(run.status, 0) << run.output;
   }
   const ShellResult bad_eos = prepare("bpe", "corpus.txt", "never.bin", "--eos '<|nope|>'");
