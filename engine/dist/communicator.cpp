@@ -28,6 +28,11 @@ void add_rounded(uint16_t* accumulator, const uint16_t* addend, int64_t count, L
 
 }  // namespace
 
+std::unique_ptr<Communicator> Communicator::split(int, int, const std::string& name) {
+  throw UserError("the " + backend() + " communicator has no process groups (" + name +
+                  "): tensor and pipeline parallelism run over MPI");
+}
+
 void add_into(void* accumulator, const void* addend, int64_t count, DType dtype) {
   switch (dtype) {
     case DType::f32: {

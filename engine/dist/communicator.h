@@ -101,6 +101,13 @@ class Communicator {
   // Bytes this rank has sent since it was created (what `engine plan` predicts per step).
   virtual int64_t bytes_sent() const = 0;
 
+  // Process groups (as MPI_Comm_split): a collective every rank of this communicator calls; the
+  // ranks that pass the same `colour` form one group, ranked by `key` (then by their rank here).
+  // The group is a communicator of its own, with its own collectives, order and timeout, usable
+  // beside this one (tensor-, pipeline- and data-parallel groups each run theirs); its errors name
+  // the group (`name`, "tensor-parallel group") and the world ranks of the peers.
+  virtual std::unique_ptr<Communicator> split(int colour, int key, const std::string& name);
+
   // Ends the whole job with `exit_code` (every rank, including one that is stopped or hung): what
   // the top level calls after a CommunicationError, since the failed rank cannot finish alone.
   [[noreturn]] virtual void abort_job(int exit_code) = 0;

@@ -6,6 +6,9 @@
 // so the single-process path costs a memcpy at most.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "dist/communicator.h"
 
 namespace engine {
@@ -26,6 +29,10 @@ class LocalCommunicator final : public Communicator {
   Work barrier(std::string what) override;
 
   int64_t bytes_sent() const override { return 0; }
+  // A group of one: another local communicator.
+  std::unique_ptr<Communicator> split(int, int, const std::string&) override {
+    return std::make_unique<LocalCommunicator>();
+  }
   [[noreturn]] void abort_job(int exit_code) override;
 };
 

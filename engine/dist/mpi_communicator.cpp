@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -62,7 +63,7 @@ class OpState final : public Work::State {
   std::string error_;
 };
 
-enum class Kind { reduce_scatter, all_gather, all_reduce, broadcast, barrier };
+enum class Kind { reduce_scatter, all_gather, all_reduce, broadcast, barrier, call };
 
 struct Op {
   Kind kind;
@@ -75,6 +76,7 @@ struct Op {
   std::string what;
   int64_t seq = 0;  // 1, 2, ... in submission order, the same on every rank
   std::shared_ptr<OpState> state;
+  std::function<void()> call;  // Kind::call: MPI work run on the communication thread (split)
 };
 
 std::string seconds_text(double seconds) {
@@ -93,7 +95,13 @@ std::string rank_list(const std::vector<int>& ranks) {
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(const CommunicatorOptions& options);
+  // A process group: its own duplicates of the data and control communicators, the world rank of
+  // each of its ranks, and its name for messages.
+  MpiCommunicator(double timeout_seconds, MPI_Comm data, MPI_Comm control, std::vector<int> world_ranks,
+                  std::string name);
   ~MpiCommunicator() override;
+
+  std::unique_ptr<Communicator> split(int colour, int key, const std::string& name) override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -104,26 +112,27 @@ class MpiCommunicator final : public Communicator {
   Work reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, Reduction reduction, std::string what,
                       Stream) override {
     ENGINE_CHECK(is_floating(dtype), what + ": reductions take f32, bf16 or f16");
-    return submit(Op{Kind::reduce_scatter, send, recv, count, dtype, reduction, 0, std::move(what), 0, nullptr});
+    return submit(Op{Kind::reduce_scatter, send, recv, count, dtype, reduction, 0, std::move(what), 0, nullptr, {}});
   }
   Work all_gather(const void* send, void* recv, int64_t bytes, std::string what, Stream) override {
     return submit(
-        Op{Kind::all_gather, send, recv, bytes, DType::u16, Reduction::overwrite, 0, std::move(what), 0, nullptr});
+        Op{Kind::all_gather, send, recv, bytes, DType::u16, Reduction::overwrite, 0, std::move(what), 0, nullptr, {}});
   }
   Work all_reduce(void* data, int64_t count, DType dtype, std::string what, Stream) override {
     ENGINE_CHECK(is_floating(dtype), what + ": reductions take f32, bf16 or f16");
     ENGINE_CHECK(count % size_ == 0, what + ": all_reduce of " + std::to_string(count) +
                                          " elements, not divisible by the " + std::to_string(size_) + " ranks");
-    return submit(Op{Kind::all_reduce, data, data, count, dtype, Reduction::overwrite, 0, std::move(what), 0, nullptr});
+    return submit(
+        Op{Kind::all_reduce, data, data, count, dtype, Reduction::overwrite, 0, std::move(what), 0, nullptr, {}});
   }
   Work broadcast(void* data, int64_t bytes, int root, std::string what, Stream) override {
     ENGINE_CHECK(root >= 0 && root < size_, what + ": broadcast root " + std::to_string(root) + " out of range");
-    return submit(
-        Op{Kind::broadcast, data, data, bytes, DType::u16, Reduction::overwrite, root, std::move(what), 0, nullptr});
+    return submit(Op{
+        Kind::broadcast, data, data, bytes, DType::u16, Reduction::overwrite, root, std::move(what), 0, nullptr, {}});
   }
   Work barrier(std::string what) override {
     return submit(
-        Op{Kind::barrier, nullptr, nullptr, 0, DType::u16, Reduction::overwrite, 0, std::move(what), 0, nullptr});
+        Op{Kind::barrier, nullptr, nullptr, 0, DType::u16, Reduction::overwrite, 0, std::move(what), 0, nullptr, {}});
   }
 
   int64_t bytes_sent() const override { return bytes_sent_.load(std::memory_order_relaxed); }
@@ -153,9 +162,15 @@ class MpiCommunicator final : public Communicator {
   void answer_probes();                       // replies to peers asking where this rank is
   std::string diagnose(const Op& op);         // names the peers that did not reach op
 
+  void start();                      // ranks and the communication thread, once data_ and control_ are set
+  std::string peer(int rank) const;  // "rank 3" (its world rank)
+
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   double timeout_seconds_;
   bool owns_mpi_ = false;
+  int thread_level_ = MPI_THREAD_SINGLE;
+  std::vector<int> world_ranks_;      // per rank of this communicator, its rank in MPI_COMM_WORLD
+  std::string name_;                  // "" for the world, else the group's ("tensor-parallel group")
   MPI_Comm data_ = MPI_COMM_NULL;     // the collectives' messages
   MPI_Comm control_ = MPI_COMM_NULL;  // the liveness probe, apart from data that may be stuck
   std::atomic<int64_t> bytes_sent_{0};
@@ -194,16 +209,61 @@ MpiCommunicator::MpiCommunicator(const CommunicatorOptions& options) : timeout_s
   if (provided < MPI_THREAD_SERIALIZED)
     throw UserError("the MPI library offers thread level " + std::to_string(provided) +
                     "; the engine needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE");
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  thread_level_ = provided;
   MPI_Comm_dup(MPI_COMM_WORLD, &data_);
   MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (int r = 0; r < world; ++r) world_ranks_.push_back(r);
+  start();
+}
+
+MpiCommunicator::MpiCommunicator(double timeout_seconds, MPI_Comm data, MPI_Comm control, std::vector<int> world_ranks,
+                                 std::string name)
+    : timeout_seconds_(timeout_seconds),
+      thread_level_(MPI_THREAD_MULTIPLE),
+      world_ranks_(std::move(world_ranks)),
+      name_(std::move(name)),
+      data_(data),
+      control_(control) {
+  start();
+}
+
+void MpiCommunicator::start() {
+  MPI_Comm_rank(data_, &rank_);
+  MPI_Comm_size(data_, &size_);
   MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
   thread_ = std::thread([this] { run(); });
+}
+
+std::string MpiCommunicator::peer(int rank) const { return "rank " + std::to_string(world_ranks_.at(size_t(rank))); }
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int colour, int key, const std::string& name) {
+  // Each group runs its own communication thread beside this one's: MPI must take calls from
+  // several threads at once.
+  if (thread_level_ < MPI_THREAD_MULTIPLE)
+    throw UserError("process groups (" + name + ") need an MPI library with MPI_THREAD_MULTIPLE; this one offers " +
+                    "thread level " + std::to_string(thread_level_));
+  if (colour < 0) throw UserError(name + ": a group's colour is not negative (" + std::to_string(colour) + ")");
+  MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL;
+  std::vector<int> members;
+  Op op;
+  op.kind = Kind::call;
+  op.what = "the split into " + name + "s";
+  op.call = [&] {
+    MPI_Comm_split(data_, colour, key, &data);
+    MPI_Comm_split(control_, colour, key, &control);
+    int size = 0, mine = world_ranks_[size_t(rank_)];
+    MPI_Comm_size(data, &size);
+    members.resize(size_t(size));
+    MPI_Allgather(&mine, 1, MPI_INT, members.data(), 1, MPI_INT, data);
+  };
+  submit(std::move(op)).wait();
+  return std::make_unique<MpiCommunicator>(timeout_seconds_, data, control, std::move(members), name);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -259,7 +319,8 @@ void MpiCommunicator::run() {
 }
 
 std::string MpiCommunicator::execute(const Op& op) {
-  std::string where = "rank " + std::to_string(rank_) + ": " + op.what + " (operation " + std::to_string(op.seq) + ")";
+  std::string where = peer(rank_) + ": " + op.what + " (operation " + std::to_string(op.seq) +
+                      (name_.empty() ? "" : " of its " + name_) + ")";
   if (!failure_.empty()) return where + " was not run: the communicator failed before (" + failure_ + ")";
   Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_seconds_));
@@ -283,6 +344,10 @@ std::string MpiCommunicator::execute(const Op& op) {
     }
     case Kind::broadcast:
       ok = broadcast_phase(op.recv, op.count, op.root, tag, deadline);
+      break;
+    case Kind::call:  // collective set-up work (split): MPI's own blocking calls, no deadline
+      op.call();
+      ok = true;
       break;
     case Kind::barrier:
       requests_.emplace_back();
@@ -418,7 +483,7 @@ std::string MpiCommunicator::diagnose(const Op& op) {
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, kLongestSleep);
   }
-  std::vector<int> silent;
+  std::vector<int> silent;  // world ranks
   std::string behind;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
@@ -427,9 +492,9 @@ std::string MpiCommunicator::diagnose(const Op& op) {
       MPI_Wait(&asks[peer], MPI_STATUS_IGNORE);
     }
     if (reached[peer] < 0)
-      silent.push_back(peer);
+      silent.push_back(world_ranks_[size_t(peer)]);
     else if (reached[peer] < op.seq)
-      behind += "; rank " + std::to_string(peer) + " is still at operation " + std::to_string(reached[peer]);
+      behind += "; " + this->peer(peer) + " is still at operation " + std::to_string(reached[peer]);
   }
   if (!silent.empty()) return rank_list(silent) + " did not reach it (stopped, hung or dead)" + behind;
   if (!behind.empty()) return behind.substr(2);

@@ -14,6 +14,11 @@
 // CommunicationError naming them, and the communicator refuses every later operation. The top
 // level ends the job with abort_job() (MPI_Abort). A communicator destroyed after a failure skips
 // MPI_Finalize, which would wait for the missing peers; the launcher then ends the job itself.
+//
+// Process groups (split): MPI_Comm_split of both communicators, run on the communication thread;
+// each group has its own thread, FIFO and timeout, so MPI must offer MPI_THREAD_MULTIPLE. A group's
+// messages name its peers by world rank and say which group. Destroy the groups before the world
+// communicator (it finalises MPI).
 #pragma once
 
 #include <memory>

@@ -32,7 +32,7 @@ class ShardLayout {
   }
   int world() const { return world_; }
   int rank() const { return rank_; }
-  int64_t padded(size_t unit) const { return padded_[unit]; }        // the unit's buffer, all ranks
+  int64_t padded(size_t unit) const { return padded_[unit]; }          // the unit's buffer, all ranks
   int64_t shard(size_t unit) const { return padded_[unit] / world_; }  // one rank's slice
   int64_t begin(size_t unit) const { return rank_ * shard(unit); }     // this rank's first element
   int64_t total_padded() const { return total_padded_; }

@@ -60,7 +60,8 @@ std::vector<Cluster> read_clusters(const Graph& g, const std::vector<size_t>& no
     }
     for (int u : read) last_read[size_t(u)] = int(p);
   }
-  std::stable_sort(clusters.begin(), clusters.end(), [](const Cluster& a, const Cluster& b) { return a.first < b.first; });
+  std::stable_sort(clusters.begin(), clusters.end(),
+                   [](const Cluster& a, const Cluster& b) { return a.first < b.first; });
   return clusters;
 }
 
@@ -118,8 +119,8 @@ Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t>
     for (int u : by_completion) {
       const int start = last_write[size_t(u)] + 1;
       if (spec.stage >= 2) {
-        buffers[size_t(u)] = graph.add_activation("gradient " + graph.units()[size_t(u)].name,
-                                                  Shape{layout.padded(size_t(u))}, grad);
+        buffers[size_t(u)] =
+            graph.add_activation("gradient " + graph.units()[size_t(u)].name, Shape{layout.padded(size_t(u))}, grad);
         actions[size_t(first_write[size_t(u)])].push_back({Kind::grads_into, u, buffers[size_t(u)]});
         range_of[size_t(u)] = int(ranges.size());
         ranges.push_back({buffers[size_t(u)], first_write[size_t(u)], end});

@@ -118,6 +118,17 @@ TEST(LocalCommunicator, AllReduceBroadcastAndBarrierLeaveDataAlone) {
   EXPECT_THROW(comm->broadcast(data.data(), 8, 1, "params"), InternalError);
 }
 
+// Any split of one rank is a group of one, with collectives of its own.
+TEST(LocalCommunicator, SplitGivesAGroupOfOne) {
+  auto comm = make_local_communicator();
+  std::unique_ptr<Communicator> group = comm->split(3, 0, "tensor-parallel group");
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(group->rank(), 0);
+  std::vector<float> send = {5.0f}, recv = {0.0f};
+  group->reduce_scatter(send.data(), recv.data(), 1, DType::f32, Reduction::overwrite, "rs").wait();
+  EXPECT_EQ(recv[0], 5.0f);
+}
+
 TEST(LocalCommunicator, AbortJobEndsTheProcessWithTheCode) {
   auto comm = make_local_communicator();
   EXPECT_EXIT(comm->abort_job(3), ::testing::ExitedWithCode(3), "");

@@ -6,8 +6,10 @@
 // EXPECTs (never an early return) so a failing rank does not leave the others waiting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/build_flags.h"
@@ -205,6 +207,63 @@ TEST(MpiCommunicator, KnowsItsRanks) {
   EXPECT_GE(comm->size(), 2);
   EXPECT_EQ(comm->local_size(), comm->size());  // mpirun on this one machine
   EXPECT_EQ(comm->local_rank(), comm->rank());
+}
+
+// Process groups as 3D parallelism lays them out: rows (ranks 2g, 2g + 1: a "tensor-parallel"
+// pair) and columns (ranks of the same parity), with 2 ranks two rows of one. Each group's
+// reduce-scatter is the rank-order sum over its members only, in the group's own rank order (set
+// by the key: the columns' reversed), with both kinds of groups' collectives in flight at once and
+// the world's after them.
+TEST(MpiCommunicator, GroupsSplitByColourRunTheirOwnCollectives) {
+  const int world = comm->size(), me = comm->rank();
+  std::unique_ptr<Communicator> row = comm->split(me / 2, me, "tensor-parallel group");
+  std::unique_ptr<Communicator> column = comm->split(me % 2, world - me, "data-parallel group");
+  const auto members = [&](bool of_row) {  // world ranks of this rank's group, in the group's order
+    std::vector<int> out;
+    for (int r = 0; r < world; ++r)
+      if (of_row ? r / 2 == me / 2 : r % 2 == me % 2) out.push_back(r);
+    if (!of_row) std::reverse(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<int> row_members = members(true), column_members = members(false);
+  ASSERT_EQ(row->size(), int(row_members.size()));
+  ASSERT_EQ(column->size(), int(column_members.size()));
+  EXPECT_EQ(row_members[size_t(row->rank())], me);
+  EXPECT_EQ(column_members[size_t(column->rank())], me);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const int64_t count = 257;
+    std::vector<std::byte> row_send = buffer(dtype, 10, me, count * row->size()), row_recv(count * dtype_size(dtype));
+    std::vector<std::byte> column_send = buffer(dtype, 11, me, count * column->size()),
+                           column_recv(count * dtype_size(dtype));
+    Work a = row->reduce_scatter(row_send.data(), row_recv.data(), count, dtype, Reduction::overwrite, "row rs");
+    Work b =
+        column->reduce_scatter(column_send.data(), column_recv.data(), count, dtype, Reduction::overwrite, "column rs");
+    a.wait();
+    b.wait();
+    // The reference: the members' chunks (their `value`s at this rank's slot in the group) summed in
+    // the group's order, rounded at each step.
+    const auto reference = [&](int tag, const std::vector<int>& group, int slot) {
+      std::vector<std::byte> sum = buffer(dtype, tag, group[0], count * int64_t(group.size()));
+      std::vector<std::byte> out(sum.begin() + slot * count * int64_t(dtype_size(dtype)),
+                                 sum.begin() + (slot + 1) * count * int64_t(dtype_size(dtype)));
+      for (size_t g = 1; g < group.size(); ++g) {
+        const std::vector<std::byte> theirs = buffer(dtype, tag, group[g], count * int64_t(group.size()));
+        add_into(out.data(), theirs.data() + slot * count * int64_t(dtype_size(dtype)), count, dtype);
+      }
+      return out;
+    };
+    EXPECT_EQ(row_recv, reference(10, row_members, row->rank())) << dtype_name(dtype);
+    EXPECT_EQ(column_recv, reference(11, column_members, column->rank())) << dtype_name(dtype);
+  }
+  std::vector<char> ranks(static_cast<size_t>(world));
+  const char mine = char(me);
+  comm->all_gather(&mine, ranks.data(), 1, "world after the groups").wait();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(ranks[size_t(r)], char(r));
+  // A group of groups: each row split again by rank within it gives groups of one.
+  std::unique_ptr<Communicator> single = row->split(row->rank(), 0, "pipeline-parallel group");
+  EXPECT_EQ(single->size(), 1);
+  row->barrier("row done").wait();
+  column->barrier("column done").wait();
 }
 
 // NCCL's bootstrap over the MPI ranks, which needs no GPU: rank 0's unique id reaches every rank.

@@ -108,6 +108,19 @@ TEST(MpiFault, AStoppedRankIsNamedAndTheJobEnds) {
   EXPECT_LE(o.seconds, kBound + kTeardownSlack + kLaunchSlack);
 }
 
+// In a process group the message names the group and the peers by their world rank (world rank 1
+// is the group's rank 0 here).
+TEST(MpiFault, AStoppedRankInAGroupIsNamedByWorldRankAndGroup) {
+  Outcome o = run_job("group-stop");
+  ASSERT_TRUE(o.ended) << o.output;
+  EXPECT_TRUE(failed(o)) << o.output;
+  EXPECT_NE(o.output.find("rank 0: reduce-scatter of unit h.3's gradients (operation 2 of its tensor-parallel "
+                          "group) did not complete within 2 s; rank 1 did not reach it (stopped, hung or dead)"),
+            std::string::npos)
+      << o.output;
+  EXPECT_LE(seconds_after_start(o), kBound + kTeardownSlack) << o.output;
+}
+
 TEST(MpiFault, AKilledRankEndsTheJob) {
   Outcome o = run_job("kill");
   ASSERT_TRUE(o.ended) << o.output;
