@@ -39,6 +39,8 @@ class Dataset {
   // The lowest expected loss any model can reach on this data, when it is known exactly.
   virtual std::optional<double> loss_floor() const { return std::nullopt; }
   virtual int64_t features() const { return 0; }  // input width for classification data
+  // Whether some targets are kIgnoredTarget (-1: not trained, a loss mask's prompt tokens).
+  virtual bool ignores_targets() const { return false; }
 };
 
 std::unique_ptr<Dataset> make_dataset(const recipe::Recipe& recipe);

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/whole_file.h"
 #include "data/permutation.h"
+#include "loss/cross_entropy.h"
 
 namespace engine {
 
@@ -85,6 +86,23 @@ TokenFile::TokenFile(const recipe::Recipe& recipe) : seed_(uint64_t(recipe.run.s
       throw UserError(path.string() + ": token " + std::to_string(tokens_[i]) + " at token offset " +
                       std::to_string(i) + " is beyond model.vocab_size " + std::to_string(vocab));
 
+  if (!recipe.data.loss_mask.empty()) {
+    const fs::path& mask_path = recipe.data.loss_mask;
+    const std::string mask = read_all(mask_path);
+    if (mask.size() != tokens_.size())
+      throw UserError(mask_path.string() + ": a loss mask of " + std::to_string(mask.size()) + " bytes for " +
+                      std::to_string(tokens_.size()) + " tokens in " + path.string() +
+                      " (one byte per token: 0 not trained, 1 trained)");
+    trained_.assign(mask.begin(), mask.end());
+    int64_t trained = 0;
+    for (size_t i = 0; i < trained_.size(); ++i) {
+      if (trained_[i] > 1)
+        throw UserError(mask_path.string() + ": byte " + std::to_string(int(trained_[i])) + " at offset " +
+                        std::to_string(i) + " (a loss mask holds 0 and 1)");
+      trained += trained_[i];
+    }
+    description_ += "; loss mask " + mask_path.string() + ": " + std::to_string(trained) + " trained tokens";
+  }
   const int64_t t_len = *recipe.data.sequence_length;
   const auto total = int64_t(tokens_.size());
   train_end_ = total - int64_t(double(total) * recipe.data.val_fraction);
@@ -112,9 +130,13 @@ void TokenFile::fill(Split split, int64_t index, Batch& batch) const {
     uint64_t epoch = sample / windows, position = sample % windows;
     uint64_t window =
         shuffle_ ? Permutation(windows, seed_ * 0x100000001b3ull + epoch * 2 + uint64_t(split))(position) : position;
-    const int32_t* src = tokens_.data() + begin + int64_t(window) * t_len;
+    const int64_t first = begin + int64_t(window) * t_len;
+    const int32_t* src = tokens_.data() + first;
     std::copy(src, src + t_len, batch.tokens.begin() + b * t_len);
     std::copy(src + 1, src + t_len + 1, batch.targets.begin() + b * t_len);
+    if (!trained_.empty())
+      for (int64_t i = 0; i < t_len; ++i)
+        if (!trained_[size_t(first + i + 1)]) batch.targets[size_t(b * t_len + i)] = ops::kIgnoredTarget;
   }
 }
 

@@ -5,6 +5,8 @@
 // The token stream is split once: the first (1 - val_fraction) for training, the rest for
 // validation. Each split is cut into windows of T + 1 tokens (stride T); an epoch visits every
 // window once, in an order shuffled per epoch from the seed (or in file order with shuffle: false).
+// With data.loss_mask (one byte per token), a target whose mask byte is 0 is kIgnoredTarget (-1):
+// the model still reads the token, and is not trained to predict it.
 #pragma once
 
 #include <filesystem>
@@ -21,10 +23,12 @@ class TokenFile : public Dataset {
 
   void fill(Split split, int64_t index, Batch& batch) const override;
   std::string describe() const override;
+  bool ignores_targets() const override { return !trained_.empty(); }
 
  private:
   std::vector<int32_t> tokens_;
-  int64_t train_end_ = 0;  // tokens [0, train_end) train, [train_end, size) validation
+  std::vector<uint8_t> trained_;  // data.loss_mask: per token, whether predicting it is trained; empty: all
+  int64_t train_end_ = 0;         // tokens [0, train_end) train, [train_end, size) validation
   uint64_t seed_;
   bool shuffle_;
   std::string description_;

@@ -63,6 +63,7 @@ struct DataSection {
   std::optional<int64_t> sequence_length;  // token sources; auto resolves to model.context_length
   std::filesystem::path path;              // text, tokens: resolved relative to the recipe file
   TokenFormat format;                      // tokens
+  std::filesystem::path loss_mask;         // tokens: one byte per token, 0 = not trained; empty: none
   double val_fraction;                     // text, tokens, synthetic_markov, classification
   int64_t order;                           // synthetic_markov
   int64_t branching;                       // synthetic_markov

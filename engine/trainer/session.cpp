@@ -15,6 +15,7 @@
 #include "graph/autodiff.h"
 #include "graph/precision.h"
 #include "graph/wrap.h"
+#include "loss/cross_entropy.h"
 #include "offload/offloaded_optimizer.h"
 #include "trainer/fit.h"
 #include "trainer/progress_line.h"
@@ -451,6 +452,17 @@ void Session::fall_back_to_bf16() {
   scaler.disable();
 }
 
+int64_t Session::trained_targets(const Batch& batch) {
+  return std::count_if(batch.targets.begin(), batch.targets.end(), [](int32_t t) { return t != ops::kIgnoredTarget; });
+}
+
+double Session::trained_normalization(int64_t trained) {
+  double total = 0;
+  for (double count : zero.gather({double(trained)}, "the step's trained tokens")) total += count;
+  const double positions = double(micro_batch * model.sequence * accumulation * world);
+  return total > 0 ? positions / total : 0.0;
+}
+
 double Session::evaluate(int64_t batches) {
   // Rank r evaluates batches r, r + world, ...; every rank runs as many (stage 3 gathers in each),
   // and the losses are summed in batch order, as one rank would.
@@ -458,16 +470,32 @@ double Session::evaluate(int64_t batches) {
   ensure_device_current();
   trace::Suspend one_event;  // its ops are not the step's
   const int64_t rounds = (batches + world - 1) / world;
-  std::vector<double> mine;
+  const bool masked = data->ignores_targets();
+  std::vector<double> mine;  // per round: the batch's mean loss, or with a mask its loss sum and trained count
   Batch batch(micro_batch, model.sequence, data->features());
   for (int64_t k = 0; k < rounds; ++k) {
     data->fill(Split::validation, std::min(k * world + rank, batches - 1), batch);
     load_batch(batch);
     zero.begin_pass(eval_gathers_);
     executor.run("eval", 0, 0, 1.0f, &zero);
-    mine.push_back(batch_loss("eval"));
+    const double mean = batch_loss("eval");
+    if (masked) {
+      mine.push_back(mean * double(batch.targets.size()));
+      mine.push_back(double(trained_targets(batch)));
+    } else {
+      mine.push_back(mean);
+    }
   }
   const std::vector<double> all = zero.gather(mine, "validation losses");
+  if (masked) {  // the batches' loss sums over their trained tokens
+    double sum = 0, count = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      const size_t at = size_t((i % world) * rounds + i / world) * 2;
+      sum += all[at];
+      count += all[at + 1];
+    }
+    return count > 0 ? sum / count : 0.0;
+  }
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) total += all[size_t((i % world) * rounds + i / world)];
   return total / double(batches);

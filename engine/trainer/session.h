@@ -125,12 +125,29 @@ class Session {
   // One optimizer step: zero the gradients, run every micro-batch from `next_batch`, check for
   // overflow, unscale and clip, update. `engine train`, `engine golden` and the tests all step
   // through here.
+  //
+  // Where the data ignores some targets (a loss mask), the step's micro-batches are read first and
+  // the loss is the mean over the step's trained tokens, every rank's: each micro-batch runs with its
+  // loss scale times positions / trained tokens (the graph's loss divides by the positions), and the
+  // loss reported is the trained tokens' mean.
   template <class NextBatch>
   StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
     const double scale = scaler.scale();
     std::vector<double> losses;
-    for (int64_t micro = 0; micro < accumulation; ++micro)
-      losses.push_back(train_micro_batch(next_batch(), step, micro, scale));
+    if (data->ignores_targets()) {
+      std::vector<Batch> batches;
+      int64_t trained = 0;
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        batches.push_back(next_batch());
+        trained += trained_targets(batches.back());
+      }
+      const double normalization = trained_normalization(trained);
+      for (int64_t micro = 0; micro < accumulation; ++micro)
+        losses.push_back(train_micro_batch(batches[size_t(micro)], step, micro, scale * normalization) * normalization);
+    } else {
+      for (int64_t micro = 0; micro < accumulation; ++micro)
+        losses.push_back(train_micro_batch(next_batch(), step, micro, scale));
+    }
     double loss;
     {
       trace::Scope event("communication", "mean loss");
@@ -138,8 +155,15 @@ class Session {
     }
     return finish_step(loss, scale, hooks);
   }
-  // Mean loss over `batches` validation batches (forward only), split across the ranks.
+  // Mean loss over `batches` validation batches (forward only), split across the ranks (with a
+  // loss mask: over their trained tokens).
   double evaluate(int64_t batches);
+  // The targets of `batch` that are trained (not kIgnoredTarget).
+  static int64_t trained_targets(const Batch& batch);
+  // Positions per step over the trained tokens of the step on every rank (`trained` this rank's):
+  // what the graph's mean over positions is multiplied by to be the mean over trained tokens; 0
+  // when no token of the step is trained.
+  double trained_normalization(int64_t trained);
   MemoryPlan memory() const { return memory_; }
 
   const recipe::Recipe& recipe;

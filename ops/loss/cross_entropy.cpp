@@ -135,7 +135,14 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
     float* logits = ctx.f32(node.inputs[0]);
     auto* row = avx512 ? row_avx512 : row_avx2;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t r = 0; r < rows; ++r) losses[r] = row(logits + r * vocab, vocab, targets[r], scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] == kIgnoredTarget) {  // no loss, no gradient
+        std::fill_n(logits + r * vocab, vocab, 0.0f);
+        losses[r] = 0.0f;
+        continue;
+      }
+      losses[r] = row(logits + r * vocab, vocab, targets[r], scale);
+    }
     return;
   }
   auto* row16 = avx512 ? row16_avx512 : row16_avx2;
@@ -147,8 +154,14 @@ void cross_entropy_cpu(const Node& node, const KernelContext& ctx) {
     static thread_local std::vector<float> work;
     if (work.size() < size_t(vocab)) work.resize(size_t(vocab));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] == kIgnoredTarget) {  // no loss, no gradient (+0 in both 16-bit types)
+        std::fill_n(logits + r * vocab, vocab, uint16_t(0));
+        losses[r] = 0.0f;
+        continue;
+      }
       losses[r] = row16(logits + r * vocab, type, work.data(), vocab, targets[r], scale);
+    }
   }
 }
 

@@ -376,12 +376,21 @@ ENGINE_HOST_DEVICE void softmax_backward_row(L& lanes, Y y, DY dy, int64_t cols,
 // scale * (softmax - onehot). Two passes: each lane keeps an online max and a float sum of
 // exponentials (rescaled as its max rises, once per pack: the pack's max first), the lanes' sums
 // are rescaled to the row's max and added in double; then z = exp(z - max) * factor, factor =
-// exp(max - log_sum) * scale as the CPU's chunk_factor. A target outside [0, vocab) gives a NaN loss
-// and no one-hot (the CPU does not check). A NaN logit makes the sum, and so the loss, NaN.
+// exp(max - log_sum) * scale as the CPU's chunk_factor. A target of -1 (loss/cross_entropy.h's
+// kIgnoredTarget) is not trained: the loss is 0 and the row's gradient 0. Any other target outside
+// [0, vocab) gives a NaN loss and no one-hot. A NaN logit makes the sum, and so the loss, NaN.
 template <int P = 1, class L, class Z>
 ENGINE_HOST_DEVICE float cross_entropy_row(L& lanes, Z z, int64_t vocab, int32_t target, float scale) {
   constexpr int n = L::kCount;
   const int64_t packs = vocab / P;
+  if (target == -1) {
+    lanes.each([&](int l) {
+      float zeros[P] = {};
+      for (int64_t p = l; p < packs; p += n) row_store_pack<P>(z, p, zeros);
+    });
+    lanes.barrier();
+    return 0.0f;
+  }
   const bool has_target = target >= 0 && target < vocab;
   const float z_target = has_target ? row_load(z, target) : NAN;  // read before any lane overwrites it
   typename L::template Local<float> top, sum;

@@ -99,6 +99,11 @@ const char* kLlama = "recipes/golden/llama_markov.yaml";
 // fp16 scales that overflow in 2 of the 4 steps, so both skipped and applied updates are compared.
 const char* kGptFp16 = "precision.mode=fp16 precision.initial_scale_power=22";
 const char* kLlamaFp16 = "precision.mode=fp16 precision.initial_scale_power=21";
+// Instruction data: a loss mask leaves 9 of every 23 tokens out; the step's mean is over its trained
+// tokens on every rank (the ranks' counts summed), so every world size and stage gives the same bits.
+const std::string kMasked = std::string(kGpt) +
+                            " data.source=tokens ~data.order model.vocab_size=128 data.path=" + SOURCE_DIR +
+                            "/tests/data/tiny_tokens.bin data.loss_mask=" + SOURCE_DIR + "/tests/data/tiny_tokens.mask";
 
 INSTANTIATE_TEST_SUITE_P(
     Models, ZeroEquivalence,
@@ -115,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt_one_bucket", std::string(kGpt) + " distributed.bucket_size=1"},
         // Units merged by size and into one: stage 3 gathers them, tied weights and all.
         Case{"gpt_wrap_size", std::string(kGpt) + " distributed.wrap_policy=size distributed.wrap_size=20000"},
-        Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"}),
+        Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"},
+        Case{"gpt_loss_mask_bf16", kMasked + " precision.mode=bf16"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

@@ -141,6 +141,32 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
       << other.output;
 }
 
+// Instruction data: with a loss mask, the engine's first loss is transformers' cross-entropy with
+// the untrained targets ignored (ignore_index), the mean over the trained ones.
+TEST_F(HuggingFace, AMaskedLossIsTransformersLossWithIgnoredTargets) {
+  const fs::path tokens = dir_->path() / "tokens.bin", mask = dir_->path() / "tokens.mask";
+  std::string bytes(size_t(fs::file_size(tokens) / 2), '\1');
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (i % 5 < 2 || (i > 20 && i < 28)) bytes[i] = '\0';
+  std::ofstream(mask, std::ios::binary) << bytes;
+  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt2_tied_fp32", "gpt"}, {"llama_gqa_untied_fp32", "llama"}}) {
+    const ShellResult run = train(name, arch, "run.name=masked_" + name + " data.loss_mask=" + mask.string());
+    ASSERT_EQ(run.status, 0) << run.output;
+    std::ifstream metrics(dir_->path() / "runs" / ("masked_" + name) / "metrics.jsonl");
+    std::string first;
+    std::getline(metrics, first);
+    const double loss = nlohmann::json::parse(first).at("loss");
+    const ShellResult reference =
+        run_shell("'" + kPython.string() + "' tests/hf/loss_of.py " + (dir_->path() / name).string() + " " +
+                      tokens.string() + " 16 " + mask.string() + " 2>/dev/null",
+                  kSource);
+    ASSERT_EQ(reference.status, 0) << reference.output;
+    const double want = nlohmann::json::parse(reference.output).at("loss");
+    EXPECT_NEAR(loss, want, 1e-6 * want) << name;
+  }
+}
+
 // Export choices: the weights in another dtype (config.json's torch_dtype says which), in shards with
 // save_pretrained's index, and the tokenizer files of the directory the run started from carried
 // over byte for byte; transformers loads each; an export into a directory that held another
@@ -246,6 +272,16 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
     ASSERT_EQ(prepared.status, 0) << prepared.output;
     EXPECT_EQ(tokens_of(out, version), expected.at(key).get<std::vector<int64_t>>()) << input;
   }
+  // Instruction data: the prompt's tokens are in the file and out of the loss mask.
+  const ShellResult chat =
+      prepare("bpe", "chat.jsonl", "chat.bin",
+              "--prompt-field prompt --response-field response --mask-out '" + (dir / "chat.mask").string() + "'");
+  ASSERT_EQ(chat.status, 0) << chat.output;
+  EXPECT_EQ(tokens_of("chat.bin", 1), expected.at("chat").get<std::vector<int64_t>>());
+  std::ifstream mask_file(dir / "chat.mask", std::ios::binary);
+  const std::string mask_bytes((std::istreambuf_iterator<char>(mask_file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::vector<int64_t>(mask_bytes.begin(), mask_bytes.end()),
+            expected.at("chat_mask").get<std::vector<int64_t>>());
   for (const auto& [file, vocab] : {std::pair{"corpus.bin", 400}, std::pair{"wide.bin", 70001}}) {
     const ShellResult run = run_shell(
         "'" ENGINE_BINARY

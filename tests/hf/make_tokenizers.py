@@ -2,9 +2,11 @@
 a byte-level BPE as GPT-2's (trained on a small corpus, with <|endoftext|>), and a word-level one
 with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes, under DIR:
 
-  bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token), corpus.txt, docs.jsonl
+  bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token), corpus.txt, docs.jsonl, chat.jsonl
+  (prompt and response fields)
   wide/tokenizer.json (eos "</s>"), wide.txt
-  expected.json: the ids each tokenizer gives the inputs, end-of-text after each document
+  expected.json: the ids each tokenizer gives the inputs, end-of-text after each document, and
+  chat.jsonl's loss mask (0 for the prompts' tokens)
 
     python tests/hf/make_tokenizers.py DIR
 """
@@ -25,6 +27,11 @@ with open(os.path.join(out, "corpus.txt"), "w", encoding="utf-8") as f:
 with open(os.path.join(out, "docs.jsonl"), "w", encoding="utf-8") as f:
     for d in documents:
         f.write(json.dumps({"text": d, "id": len(d)}) + "\n")
+
+chats = [{"prompt": "Q: what jumps?", "response": " A: the fox."}, {"prompt": "Q: and the dog?", "response": " Lazy."}]
+with open(os.path.join(out, "chat.jsonl"), "w", encoding="utf-8") as f:
+    for c in chats:
+        f.write(json.dumps(c) + "\n")
 
 bpe = Tokenizer(models.BPE())
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -49,6 +56,10 @@ expected = {
     "jsonl": sum((bpe.encode(d, add_special_tokens=False).ids + [eos] for d in documents), []),
     "wide": wide.encode(wide_text, add_special_tokens=False).ids + [0],
     "bpe_vocab": bpe.get_vocab_size(),
+    "chat": sum((bpe.encode(c["prompt"], add_special_tokens=False).ids +
+                 bpe.encode(c["response"], add_special_tokens=False).ids + [eos] for c in chats), []),
+    "chat_mask": sum(([0] * len(bpe.encode(c["prompt"], add_special_tokens=False).ids) +
+                      [1] * (len(bpe.encode(c["response"], add_special_tokens=False).ids) + 1) for c in chats), []),
 }
 with open(os.path.join(out, "expected.json"), "w") as f:
     json.dump(expected, f)

@@ -365,6 +365,34 @@ void check_cross_entropy(int64_t rows, int64_t vocab, bool edges) {
   expect_close(pz, widen(floats_of(values, logits)), 5e-6, what + " gradient against cross_entropy_cpu", 1e-30);
 }
 
+// A target of -1 (kIgnoredTarget) trains nothing: loss 0 and a zero gradient row, in the program
+// (every lane count and pack) as in the CPU kernel.
+TEST(RowProgram, AnIgnoredTargetHasNoLossAndNoGradient) {
+  const int64_t vocab = 1104;
+  std::vector<float> z(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) z[size_t(i)] = float(i % 17) - 8.0f;
+  std::vector<float> packed = z, single = z;
+  SerialLanes<ops::kCrossEntropyLanes> lanes;
+  EXPECT_EQ(ops::cross_entropy_row<8>(lanes, packed.data(), vocab, ops::kIgnoredTarget, 0.5f), 0.0f);
+  EXPECT_EQ(ops::cross_entropy_row(lanes, single.data(), vocab, ops::kIgnoredTarget, 0.5f), 0.0f);
+  EXPECT_EQ(packed, std::vector<float>(size_t(vocab), 0.0f));
+  EXPECT_EQ(single, std::vector<float>(size_t(vocab), 0.0f));
+
+  Graph g;
+  const ValueId logits = g.add_activation("logits", Shape{2, vocab});
+  const ValueId targets = g.add_activation("targets", Shape{2}, DType::i32);
+  const ValueId losses = g.add_activation("losses", Shape{2});
+  const Node node{&ops::kSoftmaxCrossEntropy, {logits, targets}, {losses}, Attrs{{}, {0.5}}, false, false, "loss"};
+  test_util::RandomValues values(g, 7, vocab);
+  const int32_t tokens[2] = {ops::kIgnoredTarget, 3};
+  std::memcpy(values.memory[size_t(targets)].data(), tokens, sizeof tokens);
+  node.op->cpu(node, values.ctx);
+  const std::vector<float> grad = floats_of(values, logits), loss = floats_of(values, losses);
+  EXPECT_EQ(loss[0], 0.0f);
+  EXPECT_GT(loss[1], 0.0f);
+  EXPECT_EQ(std::vector<float>(grad.begin(), grad.begin() + vocab), std::vector<float>(size_t(vocab), 0.0f));
+}
+
 TEST(RowProgram, CrossEntropyMatchesTheReferenceAndTheCpuKernel) {
   check_cross_entropy<ops::kCrossEntropyLanes>(5, 7, false);
   check_cross_entropy<ops::kCrossEntropyLanes>(4, 1100, true);

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -168,6 +171,59 @@ TEST(Cli, EvalGivesTheValidationLossTheRunLoggedForItsWeights) {
                 (dir / "run").string());
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "engine eval runs in a single process")) << r.output;
+}
+
+// data.loss_mask: a mask of ones trains the bits of no mask (the step's normalisation is exactly 1);
+// a mask that leaves tokens out trains something else; a mask of the wrong size, or a byte other than
+// 0 and 1, is refused naming the file.
+TEST(Cli, ALossMaskOfOnesTrainsTheBitsOfNoMask) {
+  const engine::testing::TempDir dir("loss_mask");
+  const int64_t count = 6000;
+  std::string tokens(size_t(count) * 2, '\0'), ones(size_t(count), '\1'), half(size_t(count), '\1');
+  for (int64_t i = 0, x = 1; i < count; ++i) {
+    x = (x * 1103515245 + 12345) % 2147483648;
+    const uint16_t t = uint16_t((x >> 16) % 64);
+    std::memcpy(tokens.data() + 2 * i, &t, 2);
+    if ((i / 7) % 2 == 0) half[size_t(i)] = '\0';
+  }
+  std::ofstream(dir / "tokens.bin", std::ios::binary) << tokens;
+  std::ofstream(dir / "ones.mask", std::ios::binary) << ones;
+  std::ofstream(dir / "half.mask", std::ios::binary) << half;
+  std::ofstream(dir / "short.mask", std::ios::binary) << ones.substr(1);
+  std::ofstream(dir / "two.mask", std::ios::binary) << std::string(size_t(count), '\2');
+  const auto train = [&](const std::string& name, const std::string& mask) {
+    return run("train recipes/quickstart.yaml data.source=tokens ~data.order data.format=raw_uint16 data.path=" +
+               (dir / "tokens.bin").string() + (mask.empty() ? "" : " data.loss_mask=" + (dir / mask).string()) +
+               " train.steps=3 train.gradient_accumulation_steps=2 train.eval_every=3 train.log_every=1 run.name=" +
+               name + " run.output_dir=" + dir.path().string());
+  };
+  const auto read = [&](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto losses = [&](const std::string& name) {
+    std::vector<double> out;
+    std::ifstream metrics(dir / name / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);)
+      if (contains(line, "\"loss\":")) out.push_back(std::stod(line.substr(line.find("\"loss\":") + 7)));
+    return out;
+  };
+  ASSERT_EQ(train("plain", "").status, 0);
+  Result r = train("ones", "ones.mask");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "6000 trained tokens")) << r.output;
+  EXPECT_EQ(read(dir / "ones" / "model.safetensors"), read(dir / "plain" / "model.safetensors"));
+  EXPECT_EQ(losses("ones"), losses("plain"));
+  ASSERT_EQ(train("half", "half.mask").status, 0);
+  EXPECT_NE(read(dir / "half" / "model.safetensors"), read(dir / "plain" / "model.safetensors"));
+  ASSERT_FALSE(losses("half").empty());
+  EXPECT_TRUE(std::isfinite(losses("half")[0]));
+  r = train("short", "short.mask");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a loss mask of 5999 bytes for 6000 tokens")) << r.output;
+  r = train("two", "two.mask");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "byte 2 at offset 0 (a loss mask holds 0 and 1)")) << r.output;
 }
 
 TEST(Cli, DumpGradientsAtRefusesARepeatedStep) {

@@ -39,6 +39,15 @@ void declare_data(Schema& schema) {
           "Token file layout: llmc (llm.c's .bin with its 256-int header: version 1 holds uint16 "
           "tokens, version 2 uint32, for vocabularies past 65536), raw_uint16 (as nanoGPT writes), "
           "raw_uint32, or auto (the llm.c header where there is one, else raw_uint16).");
+  data.key("loss_mask", &DataSection::loss_mask)
+      .must_exist()
+      .derived_default("none: every token is trained")
+      .only_when("source", {"tokens"})
+      .help(
+          "Which tokens are trained, for instruction data: a file of one byte per token of data.path, 0 "
+          "where a token is not predicted (a prompt), 1 where it is (a response); as "
+          "scripts/prepare-tokens --mask-out writes it. The loss is the mean over the trained tokens of "
+          "each step (all its micro-batches and ranks), as PyTorch's ignore_index gives it.");
   data.key("val_fraction", &DataSection::val_fraction)
       .def(0.05)
       .min(0)
