@@ -200,6 +200,13 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, dou
   });
 }
 
+// One element of the backward's input gradient, rstd (dy w - mean(g) - xhat mean(g xhat)) with
+// xhat = (x - mean) rstd: the one expression both backward programs round, so their bits agree.
+ENGINE_HOST_DEVICE inline float norm_input_gradient(float d, float w, float x, float m, float s, float mean_g,
+                                                    float mean_gx) {
+  return s * (d * w - mean_g - (x - m) * s * mean_gx);
+}
+
 // Rows [begin, end) of the backward: dx (= or +=) rstd (g - mean(g) - xhat mean(g xhat)), g = dy w
 // (rmsnorm: no mean(g) term); the rows' scale (and shift) gradients summed in float, in row order,
 // into dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
@@ -238,7 +245,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
     const float mean_gx = lanes.sum(sum_gx) * inv_c;
     lanes.each([&](int l) {
       for (int64_t i = l; i < c; i += n) {
-        const float v = s * (row_load(dyr, i) * row_load(w, i) - mean_g - (row_load(xr, i) - m) * s * mean_gx);
+        const float v = norm_input_gradient(row_load(dyr, i), row_load(w, i), row_load(xr, i), m, s, mean_g, mean_gx);
         row_store(dxr, i, accumulate ? row_load(dxr, i) + v : v);
       }
     });
@@ -304,7 +311,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
         row_load_pack<P>(w, p, wv);
         if (accumulate) row_load_pack<P>(dxr, p, out);
         for (int j = 0; j < P; ++j) {
-          const float v = s * (d[j] * wv[j] - mean_g - (xv[j] - m) * s * mean_gx);
+          const float v = norm_input_gradient(d[j], wv[j], xv[j], m, s, mean_g, mean_gx);
           out[j] = accumulate ? out[j] + v : v;
         }
         row_store_pack<P>(dxr, p, out);
