@@ -99,7 +99,7 @@ int help(const std::string& topic) {
                  "                                          the budgets; --fit: the fastest that fits as overrides\n"
                  "  engine export RUN_DIR OUT.safetensors   a run's final weights (or a checkpoint's)\n"
                  "  engine checkpoint list|inspect|verify   a run's checkpoints (engine help checkpoints)\n"
-                 "  engine golden record|check|update R...  golden-recipe regression tests (observe: runs from elsewhere)\n"
+                 "  engine golden record|check|update R...  golden-recipe regression tests (observe: other machines)\n"
                  "  engine report RUN_DIR... [--output F]   an HTML report of runs (charts; several: compared)\n"
                  "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
                  "  engine eval RECIPE --weights W          the validation loss of weights, without training\n"

@@ -2,7 +2,7 @@
 
 #include "cuda_kernels.h"
 #include "elementwise/add_math.h"
-#include "elementwise/chunked.h"
+#include "elementwise/widened.h"
 
 namespace engine::ops {
 
@@ -41,7 +41,7 @@ const OpDef kAdd{.name = "add",
                  .cuda = cuda::add,
                  .grad = add_grad,
                  .flops = elementwise_flops,
-                 .native_16bit = "fp32 on 16-bit chunks widened in cache",
+                 .native_16bit = kWidenedChunks,
                  .cuda_16bit = "16-bit values read and written directly (16-byte vector loads), fp32 addition"};
 
 ValueId add(Graph& g, ValueId a, ValueId b, const std::string& name) {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "cuda_kernels.h"
-#include "elementwise/chunked.h"
+#include "elementwise/widened.h"
 
 namespace engine::ops {
 

@@ -3,14 +3,13 @@
 #include <type_traits>
 
 #include "cuda_kernels.h"
-#include "elementwise/chunked.h"
+#include "elementwise/widened.h"
 #include "nn/gelu_onednn.h"
 
 namespace engine::ops {
 
 namespace {
 
-constexpr const char* kChunked16 = "fp32 on 16-bit chunks widened in cache";
 constexpr const char* kCuda16 = "16-bit values read and written directly (16-byte vector loads), fp32 arithmetic";
 constexpr const char* kCudaSwiglu16 = "16-bit values read and written directly, fp32 arithmetic";
 
@@ -166,56 +165,56 @@ const OpDef kGelu{.name = "gelu",
                   .cuda = cuda::gelu,
                   .grad = unary_grad<&kGeluBackward>,
                   .flops = elementwise_flops,
-                  .native_16bit = kChunked16,
+                  .native_16bit = kWidenedChunks,
                   .cuda_16bit = kCuda16,
                   .cheap_to_recompute = true};
 const OpDef kGeluBackward{.name = "gelu_backward",
                           .cpu = unary_backward_cpu<Gelu>,
                           .cuda = cuda::gelu_backward,
                           .flops = elementwise_flops,
-                          .native_16bit = kChunked16,
+                          .native_16bit = kWidenedChunks,
                           .cuda_16bit = kCuda16};
 const OpDef kRelu{.name = "relu",
                   .cpu = unary_cpu<Relu>,
                   .cuda = cuda::relu,
                   .grad = unary_grad<&kReluBackward>,
                   .flops = elementwise_flops,
-                  .native_16bit = kChunked16,
+                  .native_16bit = kWidenedChunks,
                   .cuda_16bit = kCuda16,
                   .cheap_to_recompute = true};
 const OpDef kReluBackward{.name = "relu_backward",
                           .cpu = unary_backward_cpu<Relu>,
                           .cuda = cuda::relu_backward,
                           .flops = elementwise_flops,
-                          .native_16bit = kChunked16,
+                          .native_16bit = kWidenedChunks,
                           .cuda_16bit = kCuda16};
 const OpDef kSilu{.name = "silu",
                   .cpu = unary_cpu<Silu>,
                   .cuda = cuda::silu,
                   .grad = unary_grad<&kSiluBackward>,
                   .flops = elementwise_flops,
-                  .native_16bit = kChunked16,
+                  .native_16bit = kWidenedChunks,
                   .cuda_16bit = kCuda16,
                   .cheap_to_recompute = true};
 const OpDef kSiluBackward{.name = "silu_backward",
                           .cpu = unary_backward_cpu<Silu>,
                           .cuda = cuda::silu_backward,
                           .flops = elementwise_flops,
-                          .native_16bit = kChunked16,
+                          .native_16bit = kWidenedChunks,
                           .cuda_16bit = kCuda16};
 const OpDef kSwiglu{.name = "swiglu",
                     .cpu = swiglu_cpu,
                     .cuda = cuda::swiglu,
                     .grad = swiglu_grad,
                     .flops = elementwise_flops,
-                    .native_16bit = kChunked16,
+                    .native_16bit = kWidenedChunks,
                     .cuda_16bit = kCudaSwiglu16,
                     .cheap_to_recompute = true};
 const OpDef kSwigluBackward{.name = "swiglu_backward",
                             .cpu = swiglu_backward_cpu,
                             .cuda = cuda::swiglu_backward,
                             .flops = elementwise_flops,
-                            .native_16bit = kChunked16,
+                            .native_16bit = kWidenedChunks,
                             .cuda_16bit = kCudaSwiglu16};
 
 ValueId gelu(Graph& g, ValueId x, const std::string& name) { return unary(g, kGelu, x, name); }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "cuda_kernels.h"
+#include "elementwise/widened.h"
 #include "nn/dropout_math.h"
 
 namespace engine::ops {
@@ -13,12 +14,23 @@ namespace {
 void apply_mask(const Node& node, const KernelContext& ctx) {
   if (!ctx.training)
     return copy_kernel(node, ctx);  // evaluation: the identity (training-time scaling keeps expectations)
-  const float* in = ctx.f32(node.inputs[0]);
-  float* out = ctx.f32(node.outputs[0]);
   const int64_t n = ctx.shape(node.inputs[0]).numel();
   const DropoutMask mask =
       DropoutMask::make(node.attrs.floats[0], node.attrs.ints[0], ctx.seed, ctx.step, ctx.micro_step);
   const bool accumulate = ctx.accumulates(node, 0);
+  if (!all_f32(ctx, {node.inputs[0], node.outputs[0]})) {
+    // Chunks start at multiples of 4, so each holds whole random blocks.
+    return for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {accumulate}, n,
+                                [&](const float* const* in, float* const* out, int64_t begin, int64_t count) {
+                                  for (int64_t k = 0; k < count; k += 4) {
+                                    const PhiloxWords words = mask.block((begin + k) / 4);
+                                    for (int64_t j = 0; j < 4 && k + j < count; ++j)
+                                      out[0][k + j] = mask.apply(words.word[j], in[0][k + j]);
+                                  }
+                                });
+  }
+  const float* in = ctx.f32(node.inputs[0]);
+  float* out = ctx.f32(node.outputs[0]);
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < (n + 3) / 4; ++block) {
     const PhiloxWords words = mask.block(block);
@@ -45,12 +57,14 @@ const OpDef kDropout{.name = "dropout",
                      .cuda = cuda::dropout_mask,
                      .grad = dropout_grad,
                      .flops = elementwise_flops,
+                     .native_16bit = kWidenedChunks,
                      .cuda_16bit = kCudaDropout16,
                      .cheap_to_recompute = true};
 const OpDef kDropoutBackward{.name = "dropout_backward",
                              .cpu = apply_mask,
                              .cuda = cuda::dropout_mask,
                              .flops = elementwise_flops,
+                             .native_16bit = kWidenedChunks,
                              .cuda_16bit = kCudaDropout16};
 
 ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {

@@ -3,47 +3,37 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/convert.h"
 #include "cuda_kernels.h"
+#include "elementwise/widened.h"
 
 namespace engine::ops {
 
 namespace {
 
+// Table rows by token (plus position rows), through the widened-rows route for 16-bit tables:
+// only the rows a batch reads are widened, never the whole table.
 void embedding_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& ts = ctx.shape(node.inputs[0]);
   int64_t batch = ts[0], time = ts[1], channels = ctx.shape(node.inputs[1])[1];
   const int32_t* tokens = ctx.i32(node.inputs[0]);
-  if (const DType type = ctx.dtype(node.inputs[1]); type != DType::f32) {
-    // 16-bit tables: only the rows a batch reads are widened, never the whole table.
-    const auto* table = static_cast<const std::byte*>(ctx.data(node.inputs[1]));
-    const auto* positions = node.inputs.size() > 2 ? static_cast<const std::byte*>(ctx.data(node.inputs[2])) : nullptr;
-    auto* out = static_cast<std::byte*>(ctx.data(node.outputs[0]));
-    const auto size = int64_t(dtype_size(type));
+  const bool has_positions = node.inputs.size() > 2;
+  const InputRows table = input_rows(ctx, node.inputs[1], channels);
+  const InputRows positions = input_rows(ctx, node.inputs[has_positions ? 2 : 1], channels);
+  const OutputRows out = output_rows(ctx, node.outputs[0], channels, false);
 #pragma omp parallel
-    {
-      std::vector<float> row(static_cast<size_t>(channels));
+  {
+    std::vector<float> table_buffer = table.buffer(), position_buffer = positions.buffer(), out_buffer = out.buffer();
 #pragma omp for schedule(static)
-      for (int64_t bt = 0; bt < batch * time; ++bt) {
-        widen_serial(table + int64_t(tokens[bt]) * channels * size, type, row.data(), channels);
-        if (positions) widen_serial(positions + (bt % time) * channels * size, type, row.data(), channels, true);
-        narrow_serial(row.data(), out + bt * channels * size, type, channels);
+    for (int64_t bt = 0; bt < batch * time; ++bt) {
+      const float* row = table.row(tokens[bt], table_buffer.data());
+      float* o = out.row(bt, out_buffer.data());
+      if (has_positions) {
+        const float* pos = positions.row(bt % time, position_buffer.data());
+        for (int64_t c = 0; c < channels; ++c) o[c] = row[c] + pos[c];
+      } else {
+        std::copy(row, row + channels, o);
       }
-    }
-    return;
-  }
-  const float* table = ctx.f32(node.inputs[1]);
-  const float* positions = node.inputs.size() > 2 ? ctx.f32(node.inputs[2]) : nullptr;
-  float* out = ctx.f32(node.outputs[0]);
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < batch * time; ++bt) {
-    const float* row = table + int64_t(tokens[bt]) * channels;
-    float* o = out + bt * channels;
-    if (positions) {
-      const float* pos = positions + (bt % time) * channels;
-      for (int64_t c = 0; c < channels; ++c) o[c] = row[c] + pos[c];
-    } else {
-      std::copy(row, row + channels, o);
+      out.store(bt, o);
     }
   }
 }
@@ -87,7 +77,7 @@ const OpDef kEmbedding{.name = "embedding",
                        .cuda = cuda::embedding,
                        .grad = embedding_grad,
                        .flops = elementwise_flops,
-                       .native_16bit = "reads 16-bit table rows, adds in fp32",
+                       .native_16bit = kWidenedRows,
                        .cuda_16bit = "16-bit table rows read and output written directly, adds in fp32"};
 const OpDef kEmbeddingBackward{
     .name = "embedding_backward",

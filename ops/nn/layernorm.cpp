@@ -8,34 +8,12 @@
 #include "core/convert.h"
 #include "core/cpu_isa.h"
 #include "cuda_kernels.h"
+#include "elementwise/widened.h"
 #include "nn/softmax_rows.h"
 
 namespace engine::ops {
 
 namespace {
-
-// Rows of a value: f32 rows are read in place, 16-bit ones widened (serially: the caller's row loop
-// is the parallel one) into a per-thread buffer of one row, which stays in L1/L2 for the passes
-// over it.
-struct Rows {
-  const std::byte* data;
-  DType type;
-  int64_t width;
-  const float* row(int64_t r, float* buffer) const {
-    if (type == DType::f32) return reinterpret_cast<const float*>(data) + r * width;
-    widen_serial(data + r * width * 2, type, buffer, width);
-    return buffer;
-  }
-  // A buffer for row(): empty for f32, which reads in place.
-  std::vector<float> buffer() const { return std::vector<float>(type == DType::f32 ? 0 : static_cast<size_t>(width)); }
-};
-Rows rows_of(const KernelContext& ctx, ValueId id, int64_t width) {
-  return {static_cast<const std::byte*>(ctx.data(id)), ctx.dtype(id), width};
-}
-// Where a kernel writes an output row before rounding it: in place for f32, else a buffer.
-std::vector<float> output_buffer(DType type, int64_t width) {
-  return std::vector<float>(type == DType::f32 ? 0 : static_cast<size_t>(width));
-}
 
 // Shared by both norms: attrs.ints[0] = 1 for rmsnorm (no mean, no shift); attrs.ints[1] = 1 when
 // a layernorm has a shift (GPT-2 with bias: false has none).
@@ -151,26 +129,26 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
   const int64_t rows = xs.rows(), c = xs.last();
   const bool rms = is_rms(node);
   const double eps = node.attrs.floats[0];
-  const Rows x = rows_of(ctx, node.inputs[0], c);
+  const InputRows x = input_rows(ctx, node.inputs[0], c);
   // The scale and shift are one row each (their 16-bit copies are widened once per call).
-  const Rows weight = rows_of(ctx, node.inputs[1], c), shift = rows_of(ctx, node.inputs[has_shift(node) ? 2 : 1], c);
+  const InputRows weight = input_rows(ctx, node.inputs[1], c),
+                  shift = input_rows(ctx, node.inputs[has_shift(node) ? 2 : 1], c);
   std::vector<float> weight_buffer = weight.buffer(), shift_buffer = shift.buffer();
   const float* w = weight.row(0, weight_buffer.data());
   const float* b = has_shift(node) ? shift.row(0, shift_buffer.data()) : nullptr;
-  const DType y_type = ctx.dtype(node.outputs[0]);
-  auto* y_data = static_cast<std::byte*>(ctx.data(node.outputs[0]));
+  const OutputRows y = output_rows(ctx, node.outputs[0], c, false);
   float* mean_out = ctx.f32(node.outputs[1]);
   float* rstd_out = ctx.f32(node.outputs[2]);
   auto* row = kernel_isa() == CpuIsa::avx512 ? norm_row_avx512 : norm_row_avx2;
 #pragma omp parallel if (rows * c > kSerialElements)
   {
-    std::vector<float> x_buffer = x.buffer(), y_buffer = output_buffer(y_type, c);
+    std::vector<float> x_buffer = x.buffer(), y_buffer = y.buffer();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = x.row(r, x_buffer.data());
-      float* yr = y_type == DType::f32 ? reinterpret_cast<float*>(y_data) + r * c : y_buffer.data();
+      float* yr = y.row(r, y_buffer.data());
       const std::pair<float, float> mean_rstd = row(xr, c, rms, eps, w, b, yr);
-      if (y_type != DType::f32) narrow_serial(yr, y_data + r * c * 2, y_type, c);
+      y.store(r, yr);
       mean_out[r] = mean_rstd.first;
       rstd_out[r] = mean_rstd.second;
     }
@@ -187,22 +165,21 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& xs = ctx.shape(node.inputs[1]);
   const int64_t rows = xs.rows(), c = xs.last();
   const bool rms = is_rms(node), shift = has_shift(node);
-  const Rows dy = rows_of(ctx, node.inputs[0], c);
-  const Rows x = rows_of(ctx, node.inputs[1], c);
-  const Rows weight = rows_of(ctx, node.inputs[2], c);
+  const InputRows dy = input_rows(ctx, node.inputs[0], c);
+  const InputRows x = input_rows(ctx, node.inputs[1], c);
+  const InputRows weight = input_rows(ctx, node.inputs[2], c);
   std::vector<float> weight_buffer = weight.buffer();
   const float* w = weight.row(0, weight_buffer.data());
   const float* mean = ctx.f32(node.inputs[3]);
   const float* rstd = ctx.f32(node.inputs[4]);
-  const DType dx_type = ctx.dtype(node.outputs[0]);
-  auto* dx_data = static_cast<std::byte*>(ctx.data(node.outputs[0]));
   const bool accumulate_dx = ctx.accumulates(node, 0);
+  const OutputRows dx = output_rows(ctx, node.outputs[0], c, accumulate_dx);
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   std::vector<float> dw_blocks(static_cast<size_t>(blocks * c)), db_blocks(shift ? dw_blocks.size() : 0);
   auto* row = kernel_isa() == CpuIsa::avx512 ? norm_backward_row_avx512 : norm_backward_row_avx2;
 #pragma omp parallel if (rows * c > kSerialElements)
   {
-    std::vector<float> dy_buffer = dy.buffer(), x_buffer = x.buffer(), dx_buffer = output_buffer(dx_type, c);
+    std::vector<float> dy_buffer = dy.buffer(), x_buffer = x.buffer(), dx_buffer = dx.buffer();
 #pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; ++block) {
       float* dw_sum = dw_blocks.data() + block * c;
@@ -210,11 +187,9 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
       for (int64_t r = block * kBlockRows; r < std::min(rows, (block + 1) * kBlockRows); ++r) {
         const float* dyr = dy.row(r, dy_buffer.data());
         const float* xr = x.row(r, x_buffer.data());
-        auto* dx_row = dx_data + r * c * int64_t(dtype_size(dx_type));
-        float* dxr = dx_type == DType::f32 ? reinterpret_cast<float*>(dx_row) : dx_buffer.data();
-        if (dx_type != DType::f32 && accumulate_dx) widen_serial(dx_row, dx_type, dxr, c);
+        float* dxr = dx.row(r, dx_buffer.data());
         row(dyr, xr, w, mean[r], rstd[r], c, rms, dw_sum, db_sum, dxr, accumulate_dx);
-        if (dx_type != DType::f32) narrow_serial(dxr, dx_row, dx_type, c);
+        dx.store(r, dxr);
       }
     }
   }
@@ -265,7 +240,6 @@ ValueId norm(Graph& g, const OpDef& op, ValueId x, ValueId w, ValueId b, double 
 
 double norm_flops(const Graph& g, const Node& n) { return 8.0 * double(g.value(n.inputs[0]).shape.numel()); }
 
-constexpr const char* kRows16 = "fp32 on 16-bit rows widened in cache";
 constexpr const char* kCudaRows16 = "16-bit rows read and written directly, fp32 arithmetic";
 
 }  // namespace
@@ -276,7 +250,7 @@ const OpDef kLayerNorm{.name = "layernorm",
                        .cuda = cuda::norm,
                        .grad = norm_grad,
                        .flops = norm_flops,
-                       .native_16bit = kRows16,
+                       .native_16bit = kWidenedRows,
                        .fp32_outputs = kStatisticsInFp32,
                        .cuda_16bit = kCudaRows16,
                        .cheap_to_recompute = true};
@@ -284,14 +258,14 @@ const OpDef kLayerNormBackward{.name = "layernorm_backward",
                                .cpu = norm_backward_cpu,
                                .cuda = cuda::norm_backward,
                                .flops = norm_flops,
-                               .native_16bit = kRows16,
+                               .native_16bit = kWidenedRows,
                                .cuda_16bit = kCudaRows16};
 const OpDef kRmsNorm{.name = "rmsnorm",
                      .cpu = norm_cpu,
                      .cuda = cuda::norm,
                      .grad = norm_grad,
                      .flops = norm_flops,
-                     .native_16bit = kRows16,
+                     .native_16bit = kWidenedRows,
                      .fp32_outputs = kStatisticsInFp32,
                      .cuda_16bit = kCudaRows16,
                      .cheap_to_recompute = true};
@@ -299,7 +273,7 @@ const OpDef kRmsNormBackward{.name = "rmsnorm_backward",
                              .cpu = norm_backward_cpu,
                              .cuda = cuda::norm_backward,
                              .flops = norm_flops,
-                             .native_16bit = kRows16,
+                             .native_16bit = kWidenedRows,
                              .cuda_16bit = kCudaRows16};
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {

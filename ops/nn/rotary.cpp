@@ -1,6 +1,7 @@
 #include "nn/rotary.h"
 
 #include "cuda_kernels.h"
+#include "elementwise/widened.h"
 #include "nn/qkv_layout.h"
 
 #include <cmath>
@@ -10,36 +11,42 @@ namespace engine::ops {
 
 namespace {
 
-// direction +1 rotates (forward), -1 rotates back (backward). inputs[0] is the source.
+// direction +1 rotates (forward), -1 rotates back (backward). inputs[0] is the source; a row is
+// one position's q, k and v heads, taken through the widened-rows route in 16-bit storage.
 void rotate(const Node& node, const KernelContext& ctx, float direction) {
   const Shape& s = ctx.shape(node.inputs[0]);
   const int64_t heads = node.attrs.ints[0], kv_heads = node.attrs.ints[1];
   const int64_t batch = s[0], time = s[1], row = s[2], hd = row / (heads + 2 * kv_heads), half = hd / 2;
   const int64_t rotated = (heads + kv_heads) * hd;  // q and k heads side by side, then v
   double theta = node.attrs.floats[0];
-  const float* in = ctx.f32(node.inputs[0]);
-  float* out = ctx.f32(node.outputs[0]);
-  bool accumulate = ctx.accumulates(node, 0);
+  const bool accumulate = ctx.accumulates(node, 0);
+  const InputRows in = input_rows(ctx, node.inputs[0], row);
+  const OutputRows out = output_rows(ctx, node.outputs[0], row, accumulate);
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(theta, -2.0 * double(i) / double(hd));
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < batch * time; ++bt) {
-    int64_t t = bt % time;
-    const float* src = in + bt * row;
-    float* dst = out + bt * row;
-    for (int64_t h = 0; h < heads + kv_heads; ++h) {
-      const float* x = src + h * hd;
-      float* y = dst + h * hd;
-      for (int64_t i = 0; i < half; ++i) {
-        double angle = double(t) * inv_freq[size_t(i)];
-        float cs = float(std::cos(angle)), sn = direction * float(std::sin(angle));
-        float a = x[i] * cs - x[i + half] * sn;
-        float b = x[i] * sn + x[i + half] * cs;
-        y[i] = accumulate ? y[i] + a : a;
-        y[i + half] = accumulate ? y[i + half] + b : b;
+#pragma omp parallel
+  {
+    std::vector<float> in_buffer = in.buffer(), out_buffer = out.buffer();
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < batch * time; ++bt) {
+      int64_t t = bt % time;
+      const float* src = in.row(bt, in_buffer.data());
+      float* dst = out.row(bt, out_buffer.data());
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        const float* x = src + h * hd;
+        float* y = dst + h * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          double angle = double(t) * inv_freq[size_t(i)];
+          float cs = float(std::cos(angle)), sn = direction * float(std::sin(angle));
+          float a = x[i] * cs - x[i + half] * sn;
+          float b = x[i] * sn + x[i + half] * cs;
+          y[i] = accumulate ? y[i] + a : a;
+          y[i + half] = accumulate ? y[i + half] + b : b;
+        }
       }
+      for (int64_t i = rotated; i < row; ++i) dst[i] = accumulate ? dst[i] + src[i] : src[i];
+      out.store(bt, dst);
     }
-    for (int64_t i = rotated; i < row; ++i) dst[i] = accumulate ? dst[i] + src[i] : src[i];
   }
 }
 
@@ -62,12 +69,14 @@ const OpDef kRotary{.name = "rotary",
                     .cuda = cuda::rotary,
                     .grad = rotary_grad,
                     .flops = rotary_flops,
+                    .native_16bit = kWidenedRows,
                     .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic",
                     .cheap_to_recompute = true};
 const OpDef kRotaryBackward{.name = "rotary_backward",
                             .cpu = rotary_backward_cpu,
                             .cuda = cuda::rotary_backward,
                             .flops = rotary_flops,
+                            .native_16bit = kWidenedRows,
                             .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic"};
 
 ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {

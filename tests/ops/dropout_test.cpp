@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "core/convert.h"
 #include "core/error.h"
 #include "graph/autodiff.h"
 #include "nn/dropout.h"
@@ -60,6 +63,47 @@ TEST(Dropout, MaskIsConsistentScaledAndFreshEachStep) {
   EXPECT_NEAR(double(kept), expected, 5 * sigma);
   EXPECT_EQ(run(0), first) << "same step, same mask";
   EXPECT_NE(run(1), first) << "a new step draws a new mask";
+}
+
+// In 16-bit storage dropout computes in fp32 on widened chunks: each output is the fp32 result on
+// the widened input, rounded once (and, where the output accumulates, the stored value plus it,
+// rounded once), with the fp32 run's mask; lengths off the chunk and random-block boundaries.
+TEST(Dropout, SixteenBitStorageIsTheFp32ResultRoundedOnce) {
+  for (DType type : {DType::bf16, DType::f16})
+    for (int64_t n : {int64_t(7), int64_t(1030), int64_t(70'001)})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(type)) + " n=" + std::to_string(n) + (accumulate ? " accumulating" : ""));
+        Graph g;
+        ValueId x = g.add_activation("x", Shape{n}, type);
+        ValueId y = g.add_activation("y", Shape{n}, type);
+        const Node node{&ops::kDropout, {x}, {y}, Attrs{{17}, {0.25}}, accumulate, false, "drop"};
+        const auto size = static_cast<size_t>(n);
+        std::vector<uint16_t> x16(size), y16(size);
+        std::vector<float> x32(size), y32(size), stored(size);
+        for (int64_t i = 0; i < n; ++i) {
+          x32[size_t(i)] = float(i % 97) * 0.37f - 11.0f;
+          stored[size_t(i)] = float(i % 13) * 0.11f;
+        }
+        narrow(x32.data(), x16.data(), type, n);
+        widen(x16.data(), type, x32.data(), n);  // the values 16-bit storage holds
+        narrow(stored.data(), y16.data(), type, n);
+        widen(y16.data(), type, stored.data(), n);
+        y32 = stored;
+        KernelContext ctx;
+        ctx.graph = &g;
+        ctx.seed = 5;
+        ctx.step = 3;
+        ctx.pointers = {x32.data(), y32.data()};
+        ctx.dtypes = {DType::f32, DType::f32};
+        ops::kDropout.cpu(node, ctx);
+        ctx.pointers = {x16.data(), y16.data()};
+        ctx.dtypes = {type, type};
+        ops::kDropout.cpu(node, ctx);
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t expected = type == DType::bf16 ? float_to_bf16(y32[size_t(i)]) : float_to_f16(y32[size_t(i)]);
+          ASSERT_EQ(y16[size_t(i)], expected) << i;
+        }
+      }
 }
 
 TEST(Dropout, ProbabilitiesOfOneOrMoreAndNanAreRefused) {

@@ -13,8 +13,8 @@
 namespace engine::op_harness {
 namespace {
 
-// The ops with a 16-bit path: elementwise chunks (activations, add, swiglu), the norms, the
-// embedding, cross-entropy, the linear layer (oneDNN's 16-bit matmul where this CPU has one),
+// The ops with a 16-bit path: elementwise chunks (activations, add, swiglu), widened rows (the
+// norms, the embedding, rotary), cross-entropy, the linear layer (oneDNN's 16-bit matmul where this CPU has one),
 // reshape (a copy in the stored type) and causal attention (fp32 GEMMs on widened tiles).
 // The value says whether the parameters' gradient is rounded to the storage type on its way.
 const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
@@ -32,6 +32,8 @@ const std::map<std::string, bool> kSixteenBit{{"linear+bias", false},
                                               {"gelu (wide)", false},
                                               {"add (wide)", false},
                                               {"embedding with positions", false},
+                                              {"rotary", false},
+                                              {"rotary (grouped-query)", false},
                                               {"softmax_cross_entropy", true},
                                               {"softmax_cross_entropy (long rows)", true},
                                               {"reshape", false},

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -342,6 +344,34 @@ TEST(Cli, PlanSizesEveryZeroStagePerRank) {
   EXPECT_TRUE(contains(r.output, "ZeRO stage 2, world size 4")) << r.output;
   EXPECT_TRUE(contains(r.output, "communication per rank and optimizer step")) << r.output;
   for (const char* row : {"\n   0 ", "\n   1 ", "\n  *2 ", "\n   3 "}) EXPECT_TRUE(contains(r.output, row)) << row;
+}
+
+}  // namespace
+
+namespace {
+
+// 16-bit values go through kernels one way per shape of work: element-wise ops a chunk at a time,
+// row ops a row at a time, each widened in cache (ops/elementwise/widened.h). Whole tensors are
+// widened into f32 copies only for the one op of a model's step that is neither, the embedding's
+// scatter-add; a new op without a 16-bit path joins this list and fails here.
+TEST(Cli, ABf16StepWidensWholeTensorsOnlyForTheEmbeddingScatter) {
+  for (const char* recipe : {"recipes/quickstart.yaml model.dropout=0.1", "recipes/golden/llama_markov.yaml"}) {
+    SCOPED_TRACE(recipe);
+    Result r = run(std::string("plan ") + recipe + " precision.mode=bf16");
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::istringstream lines(r.output);
+    std::set<std::string> widened_copies;
+    for (std::string line; std::getline(lines, line);)
+      if (contains(line, "on widened bf16 copies")) {
+        std::istringstream words(line);
+        std::string op;
+        words >> op;
+        widened_copies.insert(op);
+      }
+    EXPECT_EQ(widened_copies, std::set<std::string>{"embedding_backward"}) << r.output;
+    EXPECT_TRUE(contains(r.output, "chunks widened in cache")) << r.output;
+    EXPECT_TRUE(contains(r.output, "rows widened in cache")) << r.output;
+  }
 }
 
 }  // namespace
