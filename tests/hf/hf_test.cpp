@@ -233,8 +233,9 @@ TEST_F(HuggingFace, ExportInADtypeInShardsWithTheTokenizerFiles) {
 // Data preparation with the model's own tokenizer (scripts/prepare-tokens, the tokenizers package):
 // a text file and a JSONL file become llm.c token files holding exactly the tokenizer's ids with
 // end-of-text after each document, in uint16 where every id fits and in uint32 (llm.c's version 2)
-// for a vocabulary past 65536; the engine trains on both; a bad end-of-text token or a directory
-// without tokenizer.json is refused, and nothing is left behind.
+// for a vocabulary past 65536; instruction and chat data carry the loss mask of what is trained; the
+// engine trains on them; a bad end-of-text token, a tokenizer without a chat template or a
+// directory without tokenizer.json is refused, and nothing is left behind.
 TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
   const fs::path dir = dir_->path() / "tokenizers";
   const std::string python = "'" + kPython.string() + "' ";
@@ -282,6 +283,20 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
   const std::string mask_bytes((std::istreambuf_iterator<char>(mask_file)), std::istreambuf_iterator<char>());
   EXPECT_EQ(std::vector<int64_t>(mask_bytes.begin(), mask_bytes.end()),
             expected.at("chat_mask").get<std::vector<int64_t>>());
+  // Conversations: the chat template's rendering, as transformers' apply_chat_template encodes it,
+  // with only the assistant's turns in the loss mask.
+  const ShellResult conversation =
+      prepare("bpe", "conversations.jsonl", "conversations.bin",
+              "--messages-field messages --mask-out '" + (dir / "conversations.mask").string() + "'");
+  ASSERT_EQ(conversation.status, 0) << conversation.output;
+  EXPECT_EQ(tokens_of("conversations.bin", 1), expected.at("conversations").get<std::vector<int64_t>>());
+  std::ifstream conversation_mask(dir / "conversations.mask", std::ios::binary);
+  const std::string conversation_bytes((std::istreambuf_iterator<char>(conversation_mask)),
+                                       std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::vector<int64_t>(conversation_bytes.begin(), conversation_bytes.end()),
+            expected.at("conversations_mask").get<std::vector<int64_t>>());
+  const ShellResult no_template = prepare("wide", "conversations.jsonl", "never.bin", "--messages-field messages");
+  EXPECT_NE(no_template.output.find("no chat_template string"), std::string::npos) << no_template.output;
   for (const auto& [file, vocab] : {std::pair{"corpus.bin", 400}, std::pair{"wide.bin", 70001}}) {
     const ShellResult run = run_shell(
         "'" ENGINE_BINARY

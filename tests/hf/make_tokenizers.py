@@ -2,11 +2,12 @@
 a byte-level BPE as GPT-2's (trained on a small corpus, with <|endoftext|>), and a word-level one
 with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes, under DIR:
 
-  bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token), corpus.txt, docs.jsonl, chat.jsonl
-  (prompt and response fields)
+  bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token, a ChatML chat_template), corpus.txt,
+  docs.jsonl, chat.jsonl (prompt and response fields), conversations.jsonl (messages)
   wide/tokenizer.json (eos "</s>"), wide.txt
-  expected.json: the ids each tokenizer gives the inputs, end-of-text after each document, and
-  chat.jsonl's loss mask (0 for the prompts' tokens)
+  expected.json: the ids each tokenizer gives the inputs, end-of-text after each document,
+  chat.jsonl's loss mask (0 for the prompts' tokens), and conversations.jsonl's ids as transformers'
+  apply_chat_template gives them, with the mask of their assistant turns
 
     python tests/hf/make_tokenizers.py DIR
 """
@@ -33,14 +34,26 @@ with open(os.path.join(out, "chat.jsonl"), "w", encoding="utf-8") as f:
     for c in chats:
         f.write(json.dumps(c) + "\n")
 
+conversations = [
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What jumps?"},
+     {"role": "assistant", "content": "The fox."}, {"role": "user", "content": "And the dog?"},
+     {"role": "assistant", "content": "Lazy."}],
+    [{"role": "user", "content": "Café?"}, {"role": "assistant", "content": "Naïve."}],
+]
+with open(os.path.join(out, "conversations.jsonl"), "w", encoding="utf-8") as f:
+    for c in conversations:
+        f.write(json.dumps({"messages": c}) + "\n")
+chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 bpe = Tokenizer(models.BPE())
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 bpe.decoder = decoders.ByteLevel()
-bpe.train_from_iterator([corpus], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+bpe.train_from_iterator([corpus], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 bpe.save(os.path.join(out, "bpe", "tokenizer.json"))
 with open(os.path.join(out, "bpe", "tokenizer_config.json"), "w") as f:
-    json.dump({"eos_token": "<|endoftext|>"}, f)
+    json.dump({"eos_token": "<|endoftext|>", "chat_template": chat_template}, f)
 eos = bpe.token_to_id("<|endoftext|>")
 
 words = ["</s>"] + [f"w{i}" for i in range(70000)]
@@ -51,6 +64,25 @@ wide_text = " ".join(f"w{(i * 7919) % 70000}" for i in range(400))
 with open(os.path.join(out, "wide.txt"), "w") as f:
     f.write(wide_text)
 
+# The reference: transformers renders and encodes the conversations; an assistant turn's tokens are
+# those between the generation prompt and the end of the turn's rendering.
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+reference = PreTrainedTokenizerFast(tokenizer_file=os.path.join(out, "bpe", "tokenizer.json"),
+                                    clean_up_tokenization_spaces=False)
+reference.chat_template = chat_template
+conversation_ids, conversation_mask = [], []
+for c in conversations:
+    ids = reference.apply_chat_template(c, tokenize=True)
+    mask = [0] * len(ids)
+    for i, m in enumerate(c):
+        if m["role"] == "assistant":
+            begin = len(reference.apply_chat_template(c[:i], tokenize=True, add_generation_prompt=True))
+            end = len(reference.apply_chat_template(c[:i + 1], tokenize=True))
+            mask[begin:end] = [1] * (end - begin)
+    conversation_ids += ids
+    conversation_mask += mask
+
 expected = {
     "corpus": bpe.encode(corpus, add_special_tokens=False).ids + [eos],
     "jsonl": sum((bpe.encode(d, add_special_tokens=False).ids + [eos] for d in documents), []),
@@ -58,6 +90,8 @@ expected = {
     "bpe_vocab": bpe.get_vocab_size(),
     "chat": sum((bpe.encode(c["prompt"], add_special_tokens=False).ids +
                  bpe.encode(c["response"], add_special_tokens=False).ids + [eos] for c in chats), []),
+    "conversations": conversation_ids,
+    "conversations_mask": conversation_mask,
     "chat_mask": sum(([0] * len(bpe.encode(c["prompt"], add_special_tokens=False).ids) +
                       [1] * (len(bpe.encode(c["response"], add_special_tokens=False).ids) + 1) for c in chats), []),
 }
