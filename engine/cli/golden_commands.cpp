@@ -49,6 +49,7 @@ GoldenFile record(const fs::path& recipe_path, const LoadedRecipe& loaded, const
   BandRule rule;
   rule.safety_factor = args.safety_factor;
   golden.band = derive_band(golden.trajectory.steps, runs, rule);
+  widen_weights_band(golden.band, golden.trajectory.weights, golden.environment.cpu_isa, runs);
   return golden;
 }
 
@@ -105,20 +106,30 @@ int recorded_world_size(const fs::path& path) {
   }
 }
 
-// `engine golden update`: the previous file's observed runs stay in the band while the recording
-// is unchanged; a changed trajectory makes them stale (they ran the engine's old behaviour).
-void carry_observed(const GoldenFile& previous, GoldenFile& golden, const fs::path& recipe_path) {
-  if (previous.observed.empty()) return;
+// `engine golden update`: while the recording is unchanged, the previous file's band never narrows
+// (its variants ran an older engine on the same trajectory, and machines beyond this one relied on
+// it) and its observed runs stay in it; a changed trajectory makes both stale.
+void carry_previous(const GoldenFile& previous, GoldenFile& golden, const fs::path& recipe_path) {
   // Checked as if here were the recording's environment: bitwise, final weights included.
   if (!compare(previous, golden.trajectory, previous.environment).ok) {
-    std::printf(
-        "%s: %zu observed run(s) dropped with the old trajectory; run `engine golden trajectory` on those "
-        "machines again and `engine golden observe` here\n",
-        recipe_path.c_str(), previous.observed.size());
+    if (!previous.observed.empty())
+      std::printf(
+          "%s: %zu observed run(s) dropped with the old trajectory; run `engine golden trajectory` on those "
+          "machines again and `engine golden observe` here\n",
+          recipe_path.c_str(), previous.observed.size());
     return;
   }
+  if (previous.band.steps.size() == golden.band.steps.size())
+    for (size_t i = 0; i < golden.band.steps.size(); ++i)
+      for (auto metric : {&StepBand::loss, &StepBand::grad_norm, &StepBand::lr})
+        golden.band.steps[i].*metric = std::max(golden.band.steps[i].*metric, previous.band.steps[i].*metric);
+  if (previous.band.weights.size() == golden.band.weights.size())
+    for (size_t t = 0; t < golden.band.weights.size(); ++t)
+      golden.band.weights[t] = std::max(golden.band.weights[t], previous.band.weights[t]);
+  if (previous.observed.empty()) return;
   golden.observed = previous.observed;
   golden.band = with_observed(golden.band, golden.trajectory.steps, golden.observed);
+  widen_weights_band(golden.band, golden.trajectory.weights, golden.environment.cpu_isa, golden.observed);
 }
 
 // `engine golden observe`: the trajectory `from`/<stem>.json, run by `engine golden trajectory` on
@@ -149,8 +160,10 @@ void observe(const fs::path& recipe_path, const fs::path& from) {
   const Band before = golden.band;
   const VariantRun observed{.label = "observed (engine " + run.engine_commit + ")",
                             .environment = run.environment,
-                            .steps = run.trajectory.steps};
+                            .steps = run.trajectory.steps,
+                            .weights = run.trajectory.weights};
   golden.band = with_observed(golden.band, golden.trajectory.steps, {observed});
+  widen_weights_band(golden.band, golden.trajectory.weights, golden.environment.cpu_isa, {observed});
   // A second run from the same kind of machine replaces the first.
   std::erase_if(golden.observed,
                 [&](const VariantRun& v) { return v.environment.differences(run.environment).empty(); });
@@ -215,7 +228,7 @@ int golden(const GoldenArgs& args) {
         }
         try {
           const GoldenFile previous = read_golden(path);
-          carry_observed(previous, golden, recipe_path);
+          carry_previous(previous, golden, recipe_path);
           Comparison comparison = compare(previous, golden.trajectory, golden.environment);
           std::printf("%s: %s (%s) in %.1f s; what moved:\n%s", recipe_path.c_str(),
                       comparison.ok ? "unchanged" : "changed", comparison.mode.c_str(), seconds_since(start),

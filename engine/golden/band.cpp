@@ -70,7 +70,7 @@ Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded,
                    const std::vector<VariantRun>& observed) {
   const Band extra = derive_band(recorded, observed, band.rule);
   if (band.empty()) return extra;
-  Band widened = band;
+  Band widened = band;  // the weights' band too: widen_weights_band takes the observed runs' weights
   for (size_t i = 0; i < widened.steps.size(); ++i) {
     StepBand& b = widened.steps[i];
     b.loss = std::max(b.loss, extra.steps[i].loss);
@@ -81,6 +81,30 @@ Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded,
     if (std::find(widened.variants.begin(), widened.variants.end(), label) == widened.variants.end())
       widened.variants.push_back(label);
   return widened;
+}
+
+void widen_weights_band(Band& band, const WeightsFingerprint& recorded, const std::string& recorded_isa,
+                        const std::vector<VariantRun>& runs) {
+  if (recorded.empty()) return;
+  auto measured_on = [&](const std::string& isa) {
+    if (std::find(band.weights_isas.begin(), band.weights_isas.end(), isa) == band.weights_isas.end())
+      band.weights_isas.push_back(isa);
+  };
+  measured_on(recorded_isa);
+  band.weights.resize(recorded.size(), 0.0);
+  for (double& tolerance : band.weights) tolerance = std::max(tolerance, band.rule.floor);
+  for (const VariantRun& run : runs) {
+    if (run.weights.empty()) continue;
+    const std::vector<double> deviations = tensor_deviations(recorded, run.weights);
+    for (size_t t = 0; t < deviations.size(); ++t) {
+      if (!std::isfinite(deviations[t]))
+        throw UserError("the run under " + run.label + " ends with non-finite weights in " + recorded[t].tensor +
+                        " where the recording's are finite: this recipe's trajectory depends on the environment "
+                        "beyond rounding");
+      band.weights[t] = std::max(band.weights[t], band.rule.safety_factor * deviations[t]);
+    }
+    measured_on(run.environment.cpu_isa);
+  }
 }
 
 }  // namespace engine

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "golden/environment.h"
+#include "golden/weights_fingerprint.h"
 
 namespace engine {
 
@@ -36,6 +37,7 @@ struct VariantRun {
   std::string label;  // "ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1"
   NumericEnvironment environment;
   std::vector<StepMetrics> steps;
+  WeightsFingerprint weights;  // empty: the run did not measure its final weights
 };
 
 struct StepBand {
@@ -46,6 +48,12 @@ struct Band {
   BandRule rule;
   std::vector<std::string> variants;  // label: what it ran on (ISA, kernels, threads)
   std::vector<StepBand> steps;        // index = step - 1
+  // The final weights' relative tolerance per tensor (weights_fingerprint.h; empty when no run
+  // measured them), and the CPU ISAs it was measured on: elsewhere the weights cannot be judged and
+  // are not checked. Per tensor, because tensors differ: a gradient that is zero in exact arithmetic
+  // (the key projection's bias) leaves its tensor to rounding noise, which Adam turns into steps.
+  std::vector<double> weights;
+  std::vector<std::string> weights_isas;
   bool empty() const { return steps.empty(); }
 };
 
@@ -59,6 +67,12 @@ Band derive_band(const std::vector<StepMetrics>& recorded, const std::vector<Var
 // larger of the two, so a band never narrows; the observed runs' labels join the variants'. The
 // result is derive_band over the variants and the observed runs together (a maximum of maxima).
 Band with_observed(const Band& band, const std::vector<StepMetrics>& recorded, const std::vector<VariantRun>& observed);
+
+// Widens band.weights, per tensor, to safety_factor times the largest deviation of the runs that
+// measured their final weights (at least the floor; never narrower than before), and records their
+// ISAs and the recording's. Runs without weights (observed by an older engine) leave it as it is.
+void widen_weights_band(Band& band, const WeightsFingerprint& recorded, const std::string& recorded_isa,
+                        const std::vector<VariantRun>& runs);
 
 // The relative deviation used throughout: |got - want| / |want| (|got - want| when want is 0).
 double relative_deviation(double want, double got);

@@ -13,6 +13,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "golden/golden_json.h"
+#include "golden/weights_fingerprint.h"
 #include "recipe/export.h"
 #include "trainer/plugin_driver.h"
 #include "trainer/session.h"
@@ -63,10 +64,11 @@ std::string recipe_hash(const recipe::LoadedRecipe& loaded) {
 
 namespace {
 
-// The digest of the whole fp32 parameters, in unit and offset order. A unit's parameters tile its
-// [0, numel) (the padding a sharded layout adds follows them), so this hashes the bytes that
-// hashing each unit's masters from 0 to numel did before ranks existed. A collective when sharded.
-std::string weights_digest(Session& session) {
+// The digest of the whole fp32 parameters, in unit and offset order, and their fingerprint. A
+// unit's parameters tile its [0, numel) (the padding a sharded layout adds follows them), so this
+// hashes the bytes that hashing each unit's masters from 0 to numel did before ranks existed. A
+// collective when sharded.
+void record_final_weights(Session& session, Trajectory& trajectory) {
   session.sync_host();
   const WholeParameters whole(session.store, session.comm);
   const Graph& graph = session.model.graph;
@@ -82,11 +84,12 @@ std::string weights_digest(Session& session) {
                  "parameter " + p.name + " does not follow its unit's previous one");
     covered[size_t(p.unit)] += session.store.numel(i);
     digest = fnv1a(whole.param(i), size_t(session.store.numel(i)) * 4, digest);
+    trajectory.weights.push_back(fingerprint_tensor(p.name, whole.param(i), session.store.numel(i)));
   }
   for (size_t u = 0; u < graph.units().size(); ++u)
     ENGINE_CHECK(covered[u] == graph.units()[u].numel,
                  "unit " + graph.units()[u].name + "'s parameters do not tile it");
-  return hex(digest);
+  trajectory.weights_digest = hex(digest);
 }
 
 }  // namespace
@@ -133,7 +136,7 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
   }
   plugins.train_end(int64_t(trajectory.steps.size()), trajectory.steps.empty() ? 0 : trajectory.steps.back().loss, -1,
                     plugins.stop_reason().has_value());
-  trajectory.weights_digest = weights_digest(session);
+  record_final_weights(session, trajectory);
   return trajectory;
 }
 
@@ -186,6 +189,9 @@ std::string widest_band(const Band& band) {
     for (const StepBand& b : band.steps) widest = std::max(widest, b.*m.rtol);
     parts.push_back(std::string(m.name) + " rtol up to " + format(widest, 3));
   }
+  if (!band.weights.empty())
+    parts.push_back("final weights rtol up to " +
+                    format(*std::max_element(band.weights.begin(), band.weights.end()), 3));
   return join(parts, ", ");
 }
 
@@ -258,6 +264,31 @@ std::string divergence_table(const std::vector<StepMetrics>& e, const std::vecto
   return table;
 }
 
+// Off the recording's environment, the final weights by their fingerprint against the band's
+// weights tolerance, where a run on this ISA measured it; otherwise the mode says why not.
+void check_weights_in_band(const GoldenFile& expected, const Trajectory& got, const NumericEnvironment& here,
+                           Comparison& c, std::string& report) {
+  const Band& band = expected.band;
+  if (band.weights.empty() || band.weights.size() != expected.trajectory.weights.size()) {
+    c.mode += "; final weights not checked: the golden file has no weights band (engine golden update)";
+    return;
+  }
+  if (std::find(band.weights_isas.begin(), band.weights_isas.end(), here.cpu_isa) == band.weights_isas.end()) {
+    c.mode += "; final weights not checked: no run on " + here.cpu_isa +
+              " measured them (engine golden trajectory there, engine golden observe here)";
+    return;
+  }
+  const std::vector<double> deviations = tensor_deviations(expected.trajectory.weights, got.weights);
+  for (size_t t = 0; t < deviations.size(); ++t) {
+    c.band_used = std::max(c.band_used, deviations[t] / band.weights[t]);
+    if (!(deviations[t] <= band.weights[t])) {
+      c.ok = false;
+      report += "  final weights: " + expected.trajectory.weights[t].tensor + " changed by " + format(deviations[t]) +
+                " relative, band " + format(band.weights[t], 3) + "\n";
+    }
+  }
+}
+
 }  // namespace
 
 Comparison compare(const GoldenFile& expected, const Trajectory& got, const NumericEnvironment& here) {
@@ -296,6 +327,7 @@ Comparison compare(const GoldenFile& expected, const Trajectory& got, const Nume
               " recorded, " + got.weights_digest + " now)\n";
   }
   c.band_used = s.band_used;
+  if (!c.bitwise) check_weights_in_band(expected, got, here, c, report);
   if (!c.bitwise) c.mode += "; largest deviation " + format(100 * c.band_used, 2) + "% of the band";
   c.report = report;
   c.movement = s.movement.empty() ? "  nothing moved\n" : s.movement;

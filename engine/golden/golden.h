@@ -1,12 +1,14 @@
 // Golden trajectories: a recipe's training behaviour, recorded once and checked on every change.
 //
 // A golden file sits next to its recipe (recipes/golden/gpt.yaml -> gpt.golden.json) and holds
-// every step's loss, gradient norm and learning rate, a digest of the final weights, the engine
+// every step's loss, gradient norm and learning rate, a digest and a fingerprint of the final
+// weights, the engine
 // version and commit, a hash of the resolved recipe, the numeric environment of the recording
 // (golden/environment.h) and a tolerance band per step derived from reruns in other environments
 // (golden/band.h). `engine golden check` reruns the recipe and compares:
 //   - bitwise, final weights included, when this process's environment equals the recording's;
-//   - within the band otherwise, saying which fields of the environment differ.
+//   - within the band otherwise, final weights by their fingerprint, saying which fields of the
+//     environment differ.
 // Non-finite values are kept apart by class: NaN, +inf and -inf each match only themselves.
 // A golden file records the world size it was trained at; above 1, every run of it (recording,
 // variants, check) is `mpirun -n W engine golden trajectory` in child processes (golden/variants.h).
@@ -45,6 +47,7 @@ struct Trajectory {
   // FNV-1a 64 of the final fp32 parameters, unit by unit and in offset order within a unit (no
   // padding), hex: the same bits at every world size and ZeRO stage for the same weights.
   std::string weights_digest;
+  WeightsFingerprint weights;  // the same weights, for the band (weights_fingerprint.h)
 };
 
 // finite, nan, +inf or -inf: values of different classes never match.

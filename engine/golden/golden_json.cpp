@@ -56,6 +56,34 @@ std::vector<StepMetrics> steps_from_json(const Json& j) {
   return out;
 }
 
+// The final weights' fingerprint: absent (an empty list) in files written before it existed.
+// With the band's per-tensor tolerance beside each tensor where there is one.
+Json weights_json(const WeightsFingerprint& weights, const std::vector<double>& rtol = {}) {
+  Json out = Json::array();
+  for (const TensorFingerprint& t : weights)
+    out.push_back({{"tensor", t.tensor}, {"rms", value_json(t.rms)}, {"sketch", Json::array()}});
+  for (size_t i = 0; i < weights.size(); ++i) {
+    for (double v : weights[i].sketch) out[i]["sketch"].push_back(value_json(v));
+    if (i < rtol.size()) out[i]["rtol"] = rtol[i];
+  }
+  return out;
+}
+
+WeightsFingerprint weights_from_json(const Json& j, const char* key) {
+  WeightsFingerprint out;
+  if (!j.contains(key)) return out;
+  for (const Json& t : j.at(key)) {
+    TensorFingerprint f{t.at("tensor"), value_of(t.at("rms")), {}};
+    const Json& sketch = t.at("sketch");
+    if (!sketch.is_array() || sketch.size() != f.sketch.size())
+      throw UserError("final weights of " + f.tensor + ": sketch is " + sketch.dump() + ", expected " +
+                      std::to_string(f.sketch.size()) + " numbers");
+    for (size_t k = 0; k < f.sketch.size(); ++k) f.sketch[k] = value_of(sketch[k]);
+    out.push_back(f);
+  }
+  return out;
+}
+
 }  // namespace
 
 Json environment_to_json(const NumericEnvironment& env) {
@@ -93,13 +121,19 @@ Json golden_to_json(const GoldenFile& golden) {
                {"lookahead", rule.lookahead},
                {"floor", rule.floor},
                {"variants", golden.band.variants}};
+  if (!golden.band.weights.empty()) j["band"]["final_weights_measured_on"] = golden.band.weights_isas;
   j["weights_digest"] = golden.trajectory.weights_digest;
+  if (!golden.trajectory.weights.empty())
+    j["final_weights"] = weights_json(golden.trajectory.weights, golden.band.weights);
   if (!golden.observed.empty()) {
     Json observed = Json::array();
-    for (const VariantRun& run : golden.observed)
-      observed.push_back({{"label", run.label},
-                          {"environment", environment_to_json(run.environment)},
-                          {"steps", steps_json(run.steps)}});
+    for (const VariantRun& run : golden.observed) {
+      Json entry = {{"label", run.label},
+                    {"environment", environment_to_json(run.environment)},
+                    {"steps", steps_json(run.steps)}};
+      if (!run.weights.empty()) entry["final_weights"] = weights_json(run.weights);
+      observed.push_back(entry);
+    }
     j["observed"] = observed;
   }
   Json steps = Json::array();
@@ -137,11 +171,17 @@ GoldenFile golden_from_json(const Json& j) {
       .safety_factor = band.at("safety_factor"), .lookahead = band.at("lookahead"), .floor = band.at("floor")};
   golden.band.variants = band.at("variants").get<std::vector<std::string>>();
   golden.trajectory.weights_digest = j.at("weights_digest");
+  golden.trajectory.weights = weights_from_json(j, "final_weights");
+  if (band.contains("final_weights_measured_on")) {
+    golden.band.weights_isas = band.at("final_weights_measured_on").get<std::vector<std::string>>();
+    for (const Json& t : j.at("final_weights")) golden.band.weights.push_back(t.at("rtol"));
+  }
   if (j.contains("observed"))
     for (const Json& run : j.at("observed"))
       golden.observed.push_back({.label = run.at("label"),
                                  .environment = environment_from_json(run.at("environment")),
-                                 .steps = steps_from_json(run.at("steps"))});
+                                 .steps = steps_from_json(run.at("steps")),
+                                 .weights = weights_from_json(run, "final_weights")});
   bool banded = true;
   for (const Json& step : j.at("steps")) {
     golden.trajectory.steps.push_back(

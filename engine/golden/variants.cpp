@@ -120,7 +120,7 @@ GoldenFile run_trajectory_processes(const fs::path& engine_binary, const fs::pat
 
 VariantRun run_variant(const fs::path& engine_binary, const fs::path& recipe, const VariantSpec& spec, int world) {
   GoldenFile run = run_trajectory_processes(engine_binary, recipe, world, &spec);
-  return {spec.label(), run.environment, run.trajectory.steps};
+  return {spec.label(), run.environment, run.trajectory.steps, run.trajectory.weights};
 }
 
 }  // namespace engine
