@@ -178,9 +178,12 @@ void add_export_and_generate(CLI::App& app, Commands& commands) {
                       }});
 
   auto args = owned<GenerateArgs>();
-  auto* generate_command = app.add_subcommand("generate", "Sample text from a model trained on text data");
+  auto* generate_command = app.add_subcommand(
+      "generate", "Sample text from a model: bytes for text data, a Hugging Face tokenizer for token data");
   generate_command->add_option("run_dir", args->run_dir, "Run directory (<output_dir>/<name>)")->required();
   generate_command->add_option("--prompt", args->prompt, "Text to continue");
+  generate_command->add_option("--tokenizer", args->tokenizer,
+                               "tokenizer.json or its directory (default: the model directory the run started from)");
   generate_command->add_option("--tokens", args->tokens, "Tokens to sample")->check(CLI::Range(1, 100000));
   generate_command->add_option("--temperature", args->temperature, "0 picks the most likely token")
       ->check(CLI::Range(0.0, 100.0));

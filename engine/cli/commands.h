@@ -52,6 +52,7 @@ struct FitArgs {
 struct GenerateArgs {
   std::filesystem::path run_dir;
   std::string prompt;
+  std::filesystem::path tokenizer;  // tokenizer.json or its directory; default: the run's model directory
   int64_t tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 40;

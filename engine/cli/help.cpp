@@ -101,7 +101,7 @@ int help(const std::string& topic) {
                  "  engine checkpoint list|inspect|verify   a run's checkpoints (engine help checkpoints)\n"
                  "  engine golden record|check|update R...  golden-recipe regression tests (observe: other machines)\n"
                  "  engine report RUN_DIR... [--output F]   an HTML report of runs (charts; several: compared)\n"
-                 "  engine generate RUN_DIR --prompt TEXT   sample from a model trained on text\n"
+                 "  engine generate RUN_DIR --prompt TEXT   sample from a model (bytes, or --tokenizer DIR's ids)\n"
                  "  engine eval RECIPE --weights W          the validation loss of weights, without training\n"
                  "  engine validate RECIPE [OVERRIDES...]   check a recipe; all errors at once\n"
                  "  engine config RECIPE [OVERRIDES...]     print the resolved recipe (--diff: only changes)\n"

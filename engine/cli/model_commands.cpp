@@ -20,6 +20,7 @@
 #include "core/format.h"
 #include "core/rng.h"
 #include "core/whole_file.h"
+#include "data/tokenizer.h"
 #include "graph/autodiff.h"
 #include "models/model.h"
 #include "plan/plan.h"
@@ -239,9 +240,26 @@ int generate(const GenerateArgs& args) {
   options.check_files = false;
   LoadedRecipe loaded = load_recipe(args.run_dir / "recipe.yaml", options);
   const Recipe& r = loaded.recipe;
-  if (r.data.source != DataSource::text)
-    throw UserError("engine generate samples text: " + args.run_dir.string() +
-                    " was trained on data.source other than text");
+  // Text data is bytes; token data needs its tokenizer: --tokenizer, else that of the Hugging Face
+  // directory the run started from.
+  fs::path tokenizer_path = args.tokenizer;
+  const fs::path model_directory = r.model.init_from;
+  if (tokenizer_path.empty() && r.data.source != DataSource::text && !model_directory.empty() &&
+      fs::is_regular_file(model_directory / "tokenizer.json"))
+    tokenizer_path = model_directory;
+  if (fs::is_directory(tokenizer_path)) tokenizer_path /= "tokenizer.json";
+  std::optional<Tokenizer> tokenizer;
+  if (!tokenizer_path.empty()) {
+    tokenizer = Tokenizer::load(tokenizer_path);
+    if (tokenizer->id_limit() > r.model.vocab_size)
+      throw UserError(tokenizer_path.string() + " has ids up to " + std::to_string(tokenizer->id_limit() - 1) +
+                      ", past the model's vocab_size " + std::to_string(r.model.vocab_size) +
+                      ": it is not this model's tokenizer");
+  } else if (r.data.source != DataSource::text) {
+    throw UserError("engine generate: " + args.run_dir.string() +
+                    " was trained on token ids: name their tokenizer with --tokenizer DIR (a directory with "
+                    "tokenizer.json, as a Hugging Face model has)");
+  }
   const int64_t context = r.model.context_length;
   ModelGraph model = build_model(r, 1, 1.0);
   // Everything up to the logits; the loss would overwrite them with their gradient.
@@ -254,9 +272,15 @@ int generate(const GenerateArgs& args) {
   plan.training = false;
   exec.add_plan("generate", std::move(plan));
 
-  std::vector<int32_t> tokens(args.prompt.begin(), args.prompt.end());
-  for (auto& t : tokens) t &= 0xff;
-  if (tokens.empty()) tokens.push_back('\n');
+  std::vector<int32_t> tokens;
+  if (tokenizer) {
+    tokens = tokenizer->encode(args.prompt);
+    if (tokens.empty()) throw UserError("engine generate: give a --prompt to continue (it encodes to no tokens)");
+  } else {
+    for (unsigned char byte : args.prompt) tokens.push_back(byte);
+    if (tokens.empty()) tokens.push_back('\n');
+  }
+  const size_t prompt_length = tokens.size();
   RandomStream stream(uint64_t(args.seed), RandomPurpose::sampling);
   const int64_t vocab = r.model.vocab_size;
   const int64_t sequence = model.sequence;
@@ -271,7 +295,8 @@ int generate(const GenerateArgs& args) {
     exec.run("generate", 0, 0);
     const float* logits = exec.value_f32("generate", model.logits) + (length - 1) * vocab;
     std::vector<std::pair<float, int32_t>> candidates;
-    for (int64_t v = 0; v < std::min<int64_t>(vocab, 256); ++v) candidates.emplace_back(logits[v], int32_t(v));
+    const int64_t sampled = tokenizer ? tokenizer->id_limit() : std::min<int64_t>(vocab, 256);
+    for (int64_t v = 0; v < sampled; ++v) candidates.emplace_back(logits[v], int32_t(v));
     std::sort(candidates.begin(), candidates.end(), std::greater<>());
     if (args.top_k > 0 && size_t(args.top_k) < candidates.size()) candidates.resize(size_t(args.top_k));
     int32_t next = candidates.front().second;
@@ -289,9 +314,13 @@ int generate(const GenerateArgs& args) {
       }
     }
     tokens.push_back(next);
-    output.push_back(char(next));
   }
   (void)context;
+  const std::vector<int32_t> generated(tokens.begin() + std::ptrdiff_t(prompt_length), tokens.end());
+  if (tokenizer)
+    output = tokenizer->decode(generated);
+  else
+    for (int32_t byte : generated) output.push_back(char(byte));
   std::cout << args.prompt << output << "\n";
   return kExitOk;
 }

@@ -20,6 +20,8 @@
 
 #include "../shell.h"
 #include "../temp_dir.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
 
 namespace engine::testing {
 namespace {
@@ -317,6 +319,61 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
   for (const auto& entry : fs::directory_iterator(dir))
     EXPECT_EQ(entry.path().filename().string().find(".prepare-tokens."), std::string::npos) << entry.path();
   EXPECT_FALSE(fs::exists(dir / "never.bin"));
+}
+
+// The engine's own byte-level BPE (data/tokenizer.h, for engine generate) against the tokenizers
+// library: the same ids for GPT-2's shape and Llama 3's (its Split regex, ignore_merges) on text
+// with non-ASCII letters, emoji, numbers, contractions, whitespace runs and added tokens; decoding
+// gives the text back. Then `engine generate --tokenizer` continues a prompt of a model trained
+// on that tokenizer's ids, and refuses token data without a tokenizer.
+TEST_F(HuggingFace, TheEnginesTokenizerGivesTheLibrarysIdsAndGenerateSpeaksText) {
+  const fs::path dir = dir_->path() / "engine-tokenizers";
+  const ShellResult made =
+      run_shell("'" + kPython.string() + "' tests/hf/make_tokenizers.py '" + dir.string() + "'", kSource);
+  ASSERT_EQ(made.status, 0) << made.output;
+  std::ifstream in(dir / "expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const auto texts = expected.at("round_trip_texts").get<std::vector<std::string>>();
+  for (const char* shape : {"bpe", "split"}) {
+    const Tokenizer tokenizer = Tokenizer::load(dir / shape / "tokenizer.json");
+    const auto ids = expected.at(std::string("round_trip_") + shape).get<std::vector<std::vector<int32_t>>>();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      EXPECT_EQ(tokenizer.encode(texts[i]), ids[i]) << shape << ": " << texts[i];
+      EXPECT_EQ(tokenizer.decode(ids[i]), texts[i]) << shape;
+    }
+  }
+  try {  // word-level: refused by name
+    Tokenizer::load(dir / "wide" / "tokenizer.json");
+    ADD_FAILURE() << "a WordLevel tokenizer loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model type WordLevel"), std::string::npos) << e.what();
+  }
+
+  const ShellResult prepared =
+      run_shell("'" + kPython.string() + "' scripts/prepare-tokens --tokenizer '" + (dir / "bpe").string() +
+                    "' --out '" + (dir / "corpus.bin").string() + "' '" + (dir / "corpus.txt").string() + "'",
+                kSource);
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  const ShellResult trained =
+      run_shell("'" ENGINE_BINARY
+                "' train recipes/quickstart.yaml run.device=cpu train.steps=30 "
+                "train.eval_every=0 model.context_length=32 model.n_embd=32 model.n_layer=1 "
+                "model.n_head=2 model.vocab_size=400 data.source=tokens ~data.order "
+                "data.path=" +
+                    (dir / "corpus.bin").string() + " run.output_dir=" + dir.string() + " run.name=run",
+                kSource);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const std::string generate = "'" ENGINE_BINARY "' generate '" + (dir / "run").string() + "' ";
+  const ShellResult text = run_shell(
+      generate + "--prompt 'The quick' --tokens 12 --temperature 0 --tokenizer '" + (dir / "bpe").string() + "'",
+      kSource);
+  ASSERT_EQ(text.status, 0) << text.output;
+  EXPECT_EQ(text.output.rfind("The quick", 0), 0u) << text.output;
+  EXPECT_GT(text.output.size(), std::string("The quick\n").size()) << text.output;
+  const ShellResult no_tokenizer = run_shell(generate + "--prompt 'The quick'", kSource);
+  EXPECT_NE(no_tokenizer.status, 0);
+  EXPECT_NE(no_tokenizer.output.find("trained on token ids: name their tokenizer with --tokenizer"), std::string::npos)
+      << no_tokenizer.output;
 }
 
 }  // namespace

@@ -5,9 +5,11 @@ with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes,
   bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token, a ChatML chat_template), corpus.txt,
   docs.jsonl, chat.jsonl (prompt and response fields), conversations.jsonl (messages)
   wide/tokenizer.json (eos "</s>"), wide.txt
+  split/tokenizer.json: Llama 3's shape (its Split regex, then a ByteLevel without one; ignore_merges)
   expected.json: the ids each tokenizer gives the inputs, end-of-text after each document,
   chat.jsonl's loss mask (0 for the prompts' tokens), and conversations.jsonl's ids as transformers'
-  apply_chat_template gives them, with the mask of their assistant turns
+  apply_chat_template gives them, with the mask of their assistant turns, and the ids the bpe and
+  split tokenizers give each of `round_trip_texts` (non-ASCII, numbers, whitespace runs, added tokens)
 
     python tests/hf/make_tokenizers.py DIR
 """
@@ -15,11 +17,12 @@ import json
 import os
 import sys
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 out = sys.argv[1]
 os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
 os.makedirs(os.path.join(out, "wide"), exist_ok=True)
+os.makedirs(os.path.join(out, "split"), exist_ok=True)
 
 corpus = ("The quick brown fox jumps over the lazy dog. " * 20 + "Ünïcode text, too: naïve café. ") * 3
 documents = ["First document: the fox.", "Second one, with a café and numbers 12345."]
@@ -46,15 +49,51 @@ with open(os.path.join(out, "conversations.jsonl"), "w", encoding="utf-8") as f:
 chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
+round_trip_texts = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Ünïcode: naïve café, Ελληνικά, 日本語, emoji 🦊!",
+    "Numbers 1234567 and 3.14159; it's THEY'RE we'll",
+    "  leading spaces\n\n\ttabs\r\n and   runs   of spaces  ",
+    "<|endoftext|>an added token<|im_start|>user\nhi<|im_end|>",
+    "non\u00a0breaking\u3000spaces, wait\u00a0\u00a0!\u2003end",
+    "",
+]
+# Both byte-level tokenizers learn merges across what the round trip exercises (runs of spaces,
+# digits, non-ASCII letters), so splitting them differently changes the ids.
+training = [corpus] + round_trip_texts * 30
+
 bpe = Tokenizer(models.BPE())
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 bpe.decoder = decoders.ByteLevel()
-bpe.train_from_iterator([corpus], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+bpe.train_from_iterator(training, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 bpe.save(os.path.join(out, "bpe", "tokenizer.json"))
 with open(os.path.join(out, "bpe", "tokenizer_config.json"), "w") as f:
     json.dump({"eos_token": "<|endoftext|>", "chat_template": chat_template}, f)
 eos = bpe.token_to_id("<|endoftext|>")
+
+# Llama 3's pre-tokenizer: its regex splits (numbers in threes, case-insensitive contractions), then
+# bytes are mapped without GPT-2's regex; whole pieces found in the vocabulary skip the merges.
+llama3_pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+split = Tokenizer(models.BPE(ignore_merges=True))
+split.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(llama3_pattern), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+split.decoder = decoders.ByteLevel()
+split.train_from_iterator(training, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+split.save(os.path.join(out, "split", "tokenizer.json"))
+# A whole word in the vocabulary that no merge reaches: only ignore_merges encodes it as one id.
+with open(os.path.join(out, "split", "tokenizer.json"), encoding="utf-8") as f:
+    split_json = json.load(f)
+assert "\u0120zzzz" not in split_json["model"]["vocab"]
+split_json["model"]["vocab"]["\u0120zzzz"] = len(split_json["model"]["vocab"]) + len(split_json["added_tokens"])
+with open(os.path.join(out, "split", "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(split_json, f, ensure_ascii=False)
+split = Tokenizer.from_file(os.path.join(out, "split", "tokenizer.json"))
+round_trip_texts.append("a zzzz word")  # not in the training texts: no merge makes \u0120zzzz
+
 
 words = ["</s>"] + [f"w{i}" for i in range(70000)]
 wide = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="</s>"))
@@ -90,6 +129,9 @@ expected = {
     "bpe_vocab": bpe.get_vocab_size(),
     "chat": sum((bpe.encode(c["prompt"], add_special_tokens=False).ids +
                  bpe.encode(c["response"], add_special_tokens=False).ids + [eos] for c in chats), []),
+    "round_trip_texts": round_trip_texts,
+    "round_trip_bpe": [bpe.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
+    "round_trip_split": [split.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "conversations": conversation_ids,
     "conversations_mask": conversation_mask,
     "chat_mask": sum(([0] * len(bpe.encode(c["prompt"], add_special_tokens=False).ids) +

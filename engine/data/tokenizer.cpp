@@ -1,0 +1,290 @@
+#include "data/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace engine {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+namespace {
+
+// GPT-2's pre-tokenizer pattern, which tokenizers' ByteLevel applies with use_regex.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's byte alphabet: every byte as a printable code point (bytes_to_unicode), as UTF-8.
+const std::array<std::string, 256>& byte_alphabet() {
+  static const std::array<std::string, 256> table = [] {
+    std::array<std::string, 256> out;
+    auto utf8 = [](uint32_t c) {
+      std::string s;
+      if (c < 0x80) {
+        s += char(c);
+      } else {
+        s += char(0xc0 | (c >> 6));
+        s += char(0x80 | (c & 0x3f));
+      }
+      return s;
+    };
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      out[b] = utf8(printable ? b : next++);
+    }
+    return out;
+  }();
+  return table;
+}
+
+// The inverse: a mapped code point's UTF-8 back to its byte.
+const std::unordered_map<std::string, unsigned char>& byte_of_symbol() {
+  static const std::unordered_map<std::string, unsigned char> table = [] {
+    std::unordered_map<std::string, unsigned char> out;
+    for (int b = 0; b < 256; ++b) out[byte_alphabet()[size_t(b)]] = static_cast<unsigned char>(b);
+    return out;
+  }();
+  return table;
+}
+
+// The UTF-8 code points of a string, each as its own string.
+std::vector<std::string> code_points(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t length = lead < 0x80 ? 1 : lead < 0xe0 ? 2 : lead < 0xf0 ? 3 : 4;
+    out.push_back(text.substr(i, length));
+    i += length;
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Tokenizer::Pattern {
+  pcre2_code* code = nullptr;
+  ~Pattern() { pcre2_code_free(code); }
+  // The pieces of `text`: each match, and each stretch between matches (tokenizers' Isolated).
+  std::vector<std::string> split(const std::string& text) const {
+    std::vector<std::string> pieces;
+    pcre2_match_data* match = pcre2_match_data_create_from_pattern(code, nullptr);
+    size_t at = 0, gap = 0;
+    while (at <= text.size()) {
+      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
+      const size_t begin = ovector[0], end = ovector[1];
+      if (end == begin) {  // an empty match: step over one code point
+        if (begin >= text.size()) break;
+        at = begin + 1;
+        while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;
+        continue;
+      }
+      if (begin > gap) pieces.push_back(text.substr(gap, begin - gap));
+      pieces.push_back(text.substr(begin, end - begin));
+      at = gap = end;
+    }
+    pcre2_match_data_free(match);
+    if (gap < text.size()) pieces.push_back(text.substr(gap));
+    return pieces;
+  }
+};
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::load(const fs::path& file) {
+  const std::string where = file.string();
+  std::ifstream in(file);
+  if (!in) throw UserError(where + ": cannot open the tokenizer (a Hugging Face model directory holds tokenizer.json)");
+  Json j;
+  try {
+    j = Json::parse(in);
+  } catch (const Json::exception& e) {
+    throw UserError(where + ": not JSON (" + e.what() + ")");
+  }
+  auto unsupported = [&](const std::string& what) {
+    return UserError(where + ": " + what +
+                     "; the engine reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen): prepare token files with "
+                     "scripts/prepare-tokens for others");
+  };
+  Tokenizer t;
+  const Json& model = j.value("model", Json::object());
+  if (model.value("type", "") != "BPE") throw unsupported("model type " + model.value("type", std::string("none")));
+  if (model.value("byte_fallback", false)) throw unsupported("byte_fallback (a SentencePiece-style BPE)");
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(affix) && !model[affix].is_null() && !model[affix].get<std::string>().empty())
+      throw unsupported(std::string(affix));
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    throw unsupported("normalizer " + j["normalizer"].value("type", std::string("?")));
+  t.ignore_merges_ = model.value("ignore_merges", false);
+
+  for (const auto& [token, id] : model.at("vocab").items()) {
+    t.vocab_[token] = id.get<int32_t>();
+    t.id_limit_ = std::max<int64_t>(t.id_limit_, id.get<int64_t>() + 1);
+  }
+  int rank = 0;
+  for (const Json& merge : model.at("merges")) {
+    std::pair<std::string, std::string> pair;
+    if (merge.is_string()) {  // "a b" (tokenizers before 0.20)
+      const std::string text = merge;
+      const size_t space = text.find(' ');
+      if (space == std::string::npos) throw UserError(where + ": merge " + merge.dump() + " is not two tokens");
+      pair = {text.substr(0, space), text.substr(space + 1)};
+    } else {  // ["a", "b"]
+      pair = {merge.at(0).get<std::string>(), merge.at(1).get<std::string>()};
+    }
+    t.merge_ranks_.emplace(std::move(pair), rank++);
+  }
+  for (const Json& added : j.value("added_tokens", Json::array())) {
+    if (added.value("lstrip", false) || added.value("rstrip", false) || added.value("single_word", false))
+      throw unsupported("added token " + added.value("content", std::string()) + " with lstrip, rstrip or single_word");
+    const int32_t id = added.at("id");
+    t.added_tokens_.emplace_back(added.at("content").get<std::string>(), id);
+    t.id_limit_ = std::max<int64_t>(t.id_limit_, int64_t(id) + 1);
+  }
+  std::sort(t.added_tokens_.begin(), t.added_tokens_.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+
+  // Pre-tokenizers: ByteLevel, Split, or a Sequence of them.
+  auto compile = [&](const std::string& pattern) {
+    auto compiled = std::make_unique<Pattern>();
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    compiled->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &error, &offset, nullptr);
+    if (!compiled->code) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof message);
+      throw UserError(where + ": pre-tokenizer pattern " + pattern + ": " + reinterpret_cast<const char*>(message));
+    }
+    return compiled;
+  };
+  std::vector<Json> steps;
+  const Json& pre = j.value("pre_tokenizer", Json());
+  if (pre.is_null()) throw unsupported("no pre_tokenizer");
+  if (pre.value("type", "") == "Sequence")
+    for (const Json& step : pre.at("pretokenizers")) steps.push_back(step);
+  else
+    steps.push_back(pre);
+  for (const Json& step : steps) {
+    const std::string type = step.value("type", "");
+    if (type == "ByteLevel") {
+      t.byte_level_ = true;
+      t.add_prefix_space_ = step.value("add_prefix_space", false);
+      if (step.value("use_regex", true)) t.splits_.push_back({compile(kGpt2Pattern)});
+    } else if (type == "Split") {
+      if (step.value("behavior", "") != "Isolated" || step.value("invert", false))
+        throw unsupported("Split pre-tokenizer with behavior " + step.value("behavior", std::string("?")));
+      const Json& pattern = step.at("pattern");
+      if (!pattern.contains("Regex")) throw unsupported("Split pre-tokenizer on a plain string");
+      t.splits_.push_back({compile(pattern.at("Regex").get<std::string>())});
+    } else {
+      throw unsupported("pre_tokenizer " + type);
+    }
+  }
+  if (!t.byte_level_) throw unsupported("no ByteLevel pre-tokenizer");
+  const Json& decoder = j.value("decoder", Json());
+  if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
+    throw unsupported("decoder " + decoder.value("type", std::string("?")));
+
+  t.tokens_.assign(size_t(t.id_limit_), std::string());
+  t.added_.assign(size_t(t.id_limit_), false);
+  for (const auto& [token, id] : t.vocab_) t.tokens_[size_t(id)] = token;
+  for (const auto& [content, id] : t.added_tokens_) {
+    t.tokens_[size_t(id)] = content;
+    t.added_[size_t(id)] = true;
+  }
+  return t;
+}
+
+void Tokenizer::encode_piece(const std::string& mapped, std::vector<int32_t>& out) const {
+  if (ignore_merges_)
+    if (auto it = vocab_.find(mapped); it != vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  std::vector<std::string> symbols = code_points(mapped);
+  while (symbols.size() > 1) {
+    int best = std::numeric_limits<int>::max();
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i)
+      if (auto it = merge_ranks_.find({symbols[i], symbols[i + 1]}); it != merge_ranks_.end() && it->second < best) {
+        best = it->second;
+        at = i;
+      }
+    if (best == std::numeric_limits<int>::max()) break;
+    symbols[at] += symbols[at + 1];
+    symbols.erase(symbols.begin() + std::ptrdiff_t(at) + 1);
+  }
+  for (const std::string& symbol : symbols) {
+    auto it = vocab_.find(symbol);
+    if (it == vocab_.end()) throw UserError("the tokenizer has no token for '" + symbol + "' and no unknown token");
+    out.push_back(it->second);
+  }
+}
+
+void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  std::vector<std::string> pieces{std::string(text)};
+  if (add_prefix_space_ && !text.empty() && text.front() != ' ') pieces[0].insert(0, " ");
+  for (const Split& split : splits_) {
+    std::vector<std::string> next;
+    for (const std::string& piece : pieces)
+      for (std::string& part : split.pattern->split(piece)) next.push_back(std::move(part));
+    pieces = std::move(next);
+  }
+  for (const std::string& piece : pieces) {
+    std::string mapped;
+    for (unsigned char byte : piece) mapped += byte_alphabet()[byte];
+    encode_piece(mapped, out);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto found = std::find_if(added_tokens_.begin(), added_tokens_.end(), [&](const auto& added) {
+      return !added.first.empty() && text.substr(i, added.first.size()) == added.first;
+    });
+    if (found == added_tokens_.end()) {
+      ++i;
+      continue;
+    }
+    if (i > start) encode_ordinary(text.substr(start, i - start), out);
+    out.push_back(found->second);
+    i += found->first.size();
+    start = i;
+  }
+  if (start < text.size()) encode_ordinary(text.substr(start), out);
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= id_limit_ || (tokens_[size_t(id)].empty() && !added_[size_t(id)]))
+      throw UserError("token id " + std::to_string(id) + " is not in the tokenizer's vocabulary");
+    if (added_[size_t(id)]) {
+      text += tokens_[size_t(id)];
+      continue;
+    }
+    for (const std::string& symbol : code_points(tokens_[size_t(id)])) {
+      auto it = byte_of_symbol().find(symbol);
+      if (it == byte_of_symbol().end()) throw UserError("token " + tokens_[size_t(id)] + " is not byte-level");
+      text += char(it->second);
+    }
+  }
+  return text;
+}
+
+}  // namespace engine

@@ -1,0 +1,68 @@
+// A Hugging Face tokenizer (tokenizer.json), for the commands that turn text into a model's token
+// ids and back (`engine generate`): byte-level BPE as GPT-2, GPT-NeoX, Qwen and Llama 3 use it.
+//
+// Encoding follows the tokenizers library step by step:
+//   1. added tokens (<|endoftext|>, <|im_start|>, ...) are cut out of the text where they occur,
+//      the longest first at each position, and become their own ids;
+//   2. the rest is pre-tokenized: the pre_tokenizer's Split regex (Llama 3's pattern) and/or the
+//      ByteLevel one (GPT-2's pattern, with its add_prefix_space), matched with PCRE2 in Unicode
+//      mode, and each piece's UTF-8 bytes mapped to GPT-2's printable byte alphabet;
+//   3. each piece is merged by BPE, lowest merge rank first (a whole piece found in the vocabulary
+//      is one id where the model sets ignore_merges, as Llama 3's does).
+// Decoding maps tokens back through the byte alphabet; added tokens decode as their text. A
+// tokenizer.json this does not implement (a normalizer, SentencePiece's Metaspace, WordPiece,
+// byte fallback, ...) is refused at load, naming the field, rather than encoded differently:
+// tests/hf/hf_test.cpp checks the ids against the tokenizers library on non-ASCII text.
+//
+//   const Tokenizer tokenizer = Tokenizer::load("path/to/model/tokenizer.json");
+//   std::vector<int32_t> ids = tokenizer.encode("Hello, café");
+//   std::string text = tokenizer.decode(ids);
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace engine {
+
+class Tokenizer {
+ public:
+  // Throws UserError naming the file and what is missing or unsupported.
+  static Tokenizer load(const std::filesystem::path& file);
+
+  std::vector<int32_t> encode(std::string_view text) const;
+  // Ids outside the vocabulary throw UserError.
+  std::string decode(const std::vector<int32_t>& ids) const;
+  // One past the largest id (the vocabulary and the added tokens).
+  int64_t id_limit() const { return id_limit_; }
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+ private:
+  Tokenizer();
+  struct Pattern;  // a compiled PCRE2 regex
+  struct Split {
+    std::unique_ptr<Pattern> pattern;
+  };
+
+  void encode_piece(const std::string& mapped, std::vector<int32_t>& out) const;
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> tokens_;  // id -> token, byte-level mapped (added tokens: their text)
+  std::vector<bool> added_;          // id -> whether it is an added token (decoded as it is)
+  std::map<std::pair<std::string, std::string>, int> merge_ranks_;
+  std::vector<std::pair<std::string, int32_t>> added_tokens_;  // longest first
+  std::vector<Split> splits_;  // applied in order, each to every piece of the one before
+  bool byte_level_ = false, add_prefix_space_ = false, ignore_merges_ = false;
+  int64_t id_limit_ = 0;
+};
+
+}  // namespace engine
