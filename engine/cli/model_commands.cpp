@@ -289,6 +289,10 @@ int generate(const GenerateArgs& args) {
     // The last `sequence` tokens, left-aligned; causal attention makes the padding irrelevant.
     int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - sequence);
     int64_t length = int64_t(tokens.size()) - start;
+    if (model.positions != kNoValue) {  // one document: positions 0 .. T-1
+      auto* positions = static_cast<int32_t*>(exec.input(model.positions));
+      for (int64_t t = 0; t < sequence; ++t) positions[t] = int32_t(t);
+    }
     auto* input = static_cast<int32_t*>(exec.input(model.inputs));
     std::fill_n(input, sequence, 0);
     std::copy(tokens.begin() + start, tokens.end(), input);

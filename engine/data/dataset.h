@@ -27,6 +27,9 @@ struct Batch {
   std::vector<int32_t> tokens;   // (B, T), empty for classification
   std::vector<float> inputs;     // (B, F), empty for token data
   std::vector<int32_t> targets;  // (B, T) or (B)
+  // (B, T): each token's position within its document when windows are packed (data.document_end),
+  // else empty (a window is one sequence: positions 0 .. T-1).
+  std::vector<int32_t> positions;
 
   Batch(int64_t b, int64_t t, int64_t f);
 };

@@ -28,7 +28,10 @@ std::string read_all(const fs::path& path) {
 
 }  // namespace
 
-TokenFile::TokenFile(const recipe::Recipe& recipe) : seed_(uint64_t(recipe.run.seed)), shuffle_(recipe.data.shuffle) {
+TokenFile::TokenFile(const recipe::Recipe& recipe)
+    : seed_(uint64_t(recipe.run.seed)),
+      shuffle_(recipe.data.shuffle),
+      document_end_(recipe.data.document_end.value_or(-1)) {
   const fs::path& path = recipe.data.path;
   std::string bytes = read_all(path);
   const int64_t vocab = recipe.model.vocab_size;
@@ -137,6 +140,17 @@ void TokenFile::fill(Split split, int64_t index, Batch& batch) const {
     if (!trained_.empty())
       for (int64_t i = 0; i < t_len; ++i)
         if (!trained_[size_t(first + i + 1)]) batch.targets[size_t(b * t_len + i)] = ops::kIgnoredTarget;
+    if (document_end_ >= 0) {
+      batch.positions.resize(batch.tokens.size());
+      int32_t in_document = 0;  // a window starts a document, even one begun before it
+      for (int64_t i = 0; i < t_len; ++i) {
+        batch.positions[size_t(b * t_len + i)] = in_document++;
+        if (src[i] == document_end_) {
+          batch.targets[size_t(b * t_len + i)] = ops::kIgnoredTarget;
+          in_document = 0;
+        }
+      }
+    }
   }
 }
 

@@ -7,6 +7,9 @@
 // window once, in an order shuffled per epoch from the seed (or in file order with shuffle: false).
 // With data.loss_mask (one byte per token), a target whose mask byte is 0 is kIgnoredTarget (-1):
 // the model still reads the token, and is not trained to predict it.
+// With data.document_end (packing), each window also gets its tokens' positions within their
+// documents (0 after each end token, and at the window's start), and an end token's target, the
+// next document's first token, is kIgnoredTarget: a document is trained as if it were alone.
 #pragma once
 
 #include <filesystem>
@@ -23,7 +26,7 @@ class TokenFile : public Dataset {
 
   void fill(Split split, int64_t index, Batch& batch) const override;
   std::string describe() const override;
-  bool ignores_targets() const override { return !trained_.empty(); }
+  bool ignores_targets() const override { return !trained_.empty() || document_end_ >= 0; }
 
  private:
   std::vector<int32_t> tokens_;
@@ -31,6 +34,7 @@ class TokenFile : public Dataset {
   int64_t train_end_ = 0;         // tokens [0, train_end) train, [train_end, size) validation
   uint64_t seed_;
   bool shuffle_;
+  int64_t document_end_;  // data.document_end; -1: no packing
   std::string description_;
 };
 

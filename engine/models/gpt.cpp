@@ -18,7 +18,7 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
   const auto& m = recipe.model;
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
-  ModelGraph model = start_language_model(batch, sequence, V);
+  ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
 
   auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
@@ -34,7 +34,8 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
   int embeddings = g.add_unit("embeddings");
   ValueId wte = weight("wte.weight", Shape{V, C}, embeddings, std);
   ValueId wpe = weight("wpe.weight", Shape{m.context_length, C}, embeddings, std);
-  ValueId x = ops::dropout(g, ops::embedding(g, model.inputs, wte, wpe, "embeddings"), m.dropout, "embeddings.dropout");
+  ValueId x = ops::dropout(g, ops::embedding(g, model.inputs, wte, wpe, "embeddings", model.positions), m.dropout,
+                           "embeddings.dropout");
 
   for (int64_t l = 0; l < L; ++l) {
     std::string p = "h." + std::to_string(l) + ".";
@@ -52,7 +53,7 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
 
     ValueId h = ops::layernorm(g, x, ln1_w, ln1_b, m.norm_eps, p + "ln_1");
     ValueId qkv = ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn");
-    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "attn");
+    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "attn", 0, model.positions);
     ValueId proj = ops::dropout(g, ops::linear(g, a, proj_w, proj_b, p + "attn.c_proj"), m.dropout, p + "attn.dropout");
     x = ops::add(g, x, proj, p + "residual_1");
     h = ops::layernorm(g, x, ln2_w, ln2_b, m.norm_eps, p + "ln_2");

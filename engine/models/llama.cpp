@@ -23,7 +23,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
   const int64_t KV = m.kv_heads.value_or(m.n_head), KVC = KV * (C / m.n_head);  // width of k and of v
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
-  ModelGraph model = start_language_model(batch, sequence, V);
+  ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
   auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
     return g.add_param(name, std::move(shape), unit, ParamInit::normal(s), true);
@@ -49,8 +49,8 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
 
     ValueId h = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
     ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
-    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary", KV);
-    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn", KV);
+    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary", KV, model.positions);
+    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn", KV, model.positions);
     x = ops::add(g, x, ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), p + "residual_1");
     h = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
     ValueId gate = ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj");

@@ -5,13 +5,15 @@
 
 namespace engine {
 
-ModelGraph start_language_model(int64_t batch, int64_t sequence, int64_t vocab) {
+ModelGraph start_language_model(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, int64_t vocab) {
   ModelGraph model;
   model.batch = batch;
   model.sequence = sequence;
   model.classes = vocab;
   model.inputs = model.graph.add_input("tokens", Shape{batch, sequence}, DType::i32);
   model.targets = model.graph.add_input("targets", Shape{batch, sequence}, DType::i32);
+  if (recipe.data.document_end)
+    model.positions = model.graph.add_input("positions", Shape{batch, sequence}, DType::i32);
   return model;
 }
 

@@ -21,8 +21,11 @@ struct ModelGraph {
   Graph graph;
   ValueId inputs = kNoValue;   // tokens (B, T) i32, or features (B, input_dim) f32 for mlp
   ValueId targets = kNoValue;  // (B, T) or (B) i32
-  ValueId losses = kNoValue;   // per-row losses (B*T) or (B)
-  ValueId logits = kNoValue;   // (B, T, V) or (B, classes); overwritten by the loss's gradient
+  // (B, T) i32: each token's position within its document, when windows pack several
+  // (data.document_end); kNoValue otherwise.
+  ValueId positions = kNoValue;
+  ValueId losses = kNoValue;  // per-row losses (B*T) or (B)
+  ValueId logits = kNoValue;  // (B, T, V) or (B, classes); overwritten by the loss's gradient
   int64_t batch = 0;
   int64_t sequence = 0;  // T for language models, 1 for mlp
   int64_t classes = 0;   // vocabulary or number of classes
@@ -31,8 +34,9 @@ struct ModelGraph {
 // `loss_scale` multiplies each row's loss gradient: 1 / (rows per optimizer step).
 ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale);
 
-// Shared by the builders: a language model's token and target inputs (B, T) ...
-ModelGraph start_language_model(int64_t batch, int64_t sequence, int64_t vocab);
+// Shared by the builders: a language model's token and target inputs (B, T), and its position ids
+// when the recipe packs documents ...
+ModelGraph start_language_model(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, int64_t vocab);
 // ... and every model's end: logits = x W^T (+ b) through `head_name`, the per-row loss, and the
 // mark that closes the forward graph.
 void finish_with_loss(ModelGraph& model, ValueId x, ValueId head_weight, ValueId head_bias, double loss_scale,

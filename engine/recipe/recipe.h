@@ -64,6 +64,7 @@ struct DataSection {
   std::filesystem::path path;              // text, tokens: resolved relative to the recipe file
   TokenFormat format;                      // tokens
   std::filesystem::path loss_mask;         // tokens: one byte per token, 0 = not trained; empty: none
+  std::optional<int64_t> document_end;     // text, tokens: packing; the token that ends a document
   double val_fraction;                     // text, tokens, synthetic_markov, classification
   int64_t order;                           // synthetic_markov
   int64_t branching;                       // synthetic_markov

@@ -204,6 +204,14 @@ void resolve_data_auto(RuleContext& c) {
                                                            " tokens but model.vocab_size is " +
                                                            str(c.r.model.vocab_size));
   }
+  if (d.document_end && *d.document_end >= c.r.model.vocab_size)
+    c.error({"data.document_end", "model.vocab_size"}, "the document end token " + str(*d.document_end) +
+                                                           " is not below model.vocab_size " +
+                                                           str(c.r.model.vocab_size));
+  if (d.document_end && c.r.run.device == RunDevice::cuda)
+    c.error({"data.document_end", "run.device"},
+            "packed documents (data.document_end) run on CPU only for now: the GPU attention kernels do not "
+            "keep documents apart yet; use run.device: cpu, or leave data.document_end out");
   if (d.source == DataSource::text && c.r.model.vocab_size < 256)
     c.error({"model.vocab_size"},
             "text data is tokenised as bytes and needs vocab_size >= 256, found " + str(c.r.model.vocab_size));

@@ -22,6 +22,10 @@ Device resolve_device(const recipe::Recipe& recipe, int local_rank) {
             "; use run.device: cpu or auto");
       return cuda;
     case recipe::RunDevice::auto_detect:
+      if (devices > 0 && recipe.data.document_end)
+        throw UserError(
+            "run.device: auto picks the GPU here, where packed documents (data.document_end) do not run yet: "
+            "set run.device: cpu, or leave data.document_end out");
       return devices == 0 ? Device{} : cuda;
   }
   return Device{};

@@ -339,6 +339,10 @@ void Session::load_batch(const Batch& batch) {
   else
     std::memcpy(executor.input(model.inputs), batch.inputs.data(), batch.inputs.size() * 4);
   std::memcpy(executor.input(model.targets), batch.targets.data(), batch.targets.size() * 4);
+  if (model.positions != kNoValue) {
+    ENGINE_CHECK(batch.positions.size() == batch.tokens.size(), "packed documents without their positions");
+    std::memcpy(executor.input(model.positions), batch.positions.data(), batch.positions.size() * 4);
+  }
   // On a GPU the copy starts now, while the previous step's update may still be running.
   executor.stage_inputs();
 }

@@ -68,7 +68,10 @@ void attention_cpu(const Node& node, const KernelContext& ctx) {
       float* s = scores.get();
       sgemm('N', 'T', m, n, hd, scale, q.data, q.ld, k.data, k.ld, 0.0f, s, n);
       float inv[kBlock];
+      const int32_t* positions = document_positions(node, ctx, b);
+      if (positions) hide_earlier_documents(s, m, n, t0, positions, -INFINITY);
       loops.softmax(s, m, n, t0, inv, lse + (b * d.heads + h) * T + t0);
+      if (positions) hide_earlier_documents(s, m, n, t0, positions, 0.0f);
       if (rounds) round_through(s, m * n, qkv_type);
       // O = P V, then each row divided by its sum.
       float* o = o_tile.get();
@@ -129,7 +132,10 @@ void attention_backward_cpu(const Node& node, const KernelContext& ctx) {
             float* p = p_tile.get();
             float* ds = ds_tile.get();
             sgemm('N', 'T', m, n, hd, scale, q.data, q.ld, k.data, k.ld, 0.0f, p, n);
+            const int32_t* positions = document_positions(node, ctx, b);
+            if (positions) hide_earlier_documents(p, m, n, t0, positions, -INFINITY);
             loops.probabilities(p, m, n, t0, lse + (b * d.heads + h) * T + t0);
+            if (positions) hide_earlier_documents(p, m, n, t0, positions, 0.0f);
             const float* p_product = p;  // what dV's product reads: P, or P rounded to 16 bits
             if (rounds) {
               std::copy_n(p, m * n, p_rounded.get());
@@ -167,8 +173,9 @@ void attention_grad(GradBuilder& gb, const Node& node) {
   ValueId dout = gb.grad(node.outputs[0]);
   if (dout == kNoValue) return;
   auto t = gb.target(node.inputs[0]);
-  gb.emit(kCausalAttentionBackward, {dout, node.inputs[0], node.outputs[0], node.outputs[1]}, {t.value}, t, node.attrs,
-          node.name);
+  std::vector<ValueId> inputs{dout, node.inputs[0], node.outputs[0], node.outputs[1]};
+  if (node.inputs.size() > 1) inputs.push_back(node.inputs[1]);  // packed documents' position ids
+  gb.emit(kCausalAttentionBackward, inputs, {t.value}, t, node.attrs, node.name);
 }
 
 // Scores and weighted sum over the causal half, per query head: grouping saves memory, not FLOPs.
@@ -177,12 +184,23 @@ double attention_flops(const Shape& s, const Node& n, double per_entry) {
   return 2.0 * double(d.batch) * double(d.time) * double(d.time + 1) / 2 * double(d.channels) * per_entry;
 }
 
+// The GPU kernels attend over the whole causal window: packed documents' position ids are refused
+// there (the recipe rules refuse data.document_end on a GPU first).
+void attention_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
+  cuda::attention(node, ctx);
+}
+void attention_backward_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 4) throw UserError(node.name + ": packed documents are not on the GPU yet");
+  cuda::attention_backward(node, ctx);
+}
+
 }  // namespace
 
 const OpDef kCausalAttention{
     .name = "causal_attention",
     .cpu = attention_cpu,
-    .cuda = cuda::attention,
+    .cuda = attention_cuda,
     .grad = attention_grad,
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
     .native_16bit = kTiles16,
@@ -193,20 +211,27 @@ const OpDef kCausalAttention{
 const OpDef kCausalAttentionBackward{
     .name = "causal_attention_backward",
     .cpu = attention_backward_cpu,
-    .cuda = cuda::attention_backward,
+    .cuda = attention_backward_cuda,
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); },
     .native_16bit = kTiles16,
     .cuda_16bit_for = cuda::cudnn_attention_supports,
     .cuda_workspace = cuda::cudnn_attention_workspace};
 
-ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads) {
+ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads,
+                         ValueId positions) {
   const Shape& s = g.value(qkv).shape;
   const QkvLayout layout = qkv_layout(s, n_head, kv_heads, name);
   kv_heads = layout.kv_heads;
   const int64_t c = layout.head_size * n_head;
   ValueId out = g.add_activation(name + ".out", Shape{s[0], s[1], c});
   ValueId lse = g.add_activation(name + ".lse", Shape{s[0], n_head, s[1]});
-  g.add_node(Node{&kCausalAttention, {qkv}, {out, lse}, Attrs{{n_head, kv_heads}, {}}, false, false, name});
+  std::vector<ValueId> inputs{qkv};
+  if (positions != kNoValue) {
+    if (g.value(positions).shape != Shape{s[0], s[1]} || g.value(positions).dtype != DType::i32)
+      shape_error(name, "position ids must be (B, T) int32");
+    inputs.push_back(positions);
+  }
+  g.add_node(Node{&kCausalAttention, inputs, {out, lse}, Attrs{{n_head, kv_heads}, {}}, false, false, name});
   return out;
 }
 

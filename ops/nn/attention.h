@@ -25,7 +25,10 @@
 namespace engine::ops {
 
 // kv_heads 0 means n_head (no grouping).
-ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads = 0);
+// With position ids (B, T) i32 (packed documents), a query at t attends to keys
+// [t - positions[t], t] only: its own document.
+ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::string& name, int64_t kv_heads = 0,
+                         ValueId positions = kNoValue);
 
 extern const OpDef kCausalAttention, kCausalAttentionBackward;
 

@@ -76,7 +76,10 @@ void attention16_forward(const Node& node, const KernelContext& ctx) {
       float* s = scores.get();
       scores16(d, type, m, n, q, k, s);
       float inv[kBlock];
+      const int32_t* positions = document_positions(node, ctx, b);
+      if (positions) hide_earlier_documents(s, m, n, t0, positions, -INFINITY);
       loops.softmax(s, m, n, t0, inv, lse + (b * d.heads + h) * T + t0);
+      if (positions) hide_earlier_documents(s, m, n, t0, positions, 0.0f);
       narrow_serial(s, p16.get(), type, m * n);
       float* o = o_tile.get();
       gemm16({.m = m, .n = hd, .k = n, .lda = n, .ldb = d.row, .ldc = hd, .operands = type, .result = DType::f32},
@@ -129,7 +132,10 @@ void attention16_backward(const Node& node, const KernelContext& ctx) {
             float* ds = ds_tile.get();
             // P = exp(Q K^T / sqrt(hd) - lse), zero above the diagonal.
             scores16(d, type, m, n, q, k, p);
+            const int32_t* positions = document_positions(node, ctx, b);
+            if (positions) hide_earlier_documents(p, m, n, t0, positions, -INFINITY);
             loops.probabilities(p, m, n, t0, lse + (b * d.heads + h) * T + t0);
+            if (positions) hide_earlier_documents(p, m, n, t0, positions, 0.0f);
             narrow_serial(p, p16.get(), type, m * n);
             // dV += P^T dO;  dP = dO V^T;  dS = P (dP - delta).
             gemm16({.transa = true,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "core/convert.h"
@@ -52,6 +53,25 @@ inline void store_row(float* src, void* dst, DType type, int64_t offset, int64_t
   auto* d = static_cast<uint16_t*>(dst) + offset;
   if (accumulate) widen_serial(d, type, src, n, true);  // src = stored + fresh
   narrow_serial(src, d, type, n);
+}
+
+// The batch row's position ids of a packed attention node: the forward's input 1, the backward's
+// input 4; null without them.
+inline const int32_t* document_positions(const Node& node, const KernelContext& ctx, int64_t b) {
+  const size_t index = node.inputs.size() == 2 ? 1 : node.inputs.size() == 5 ? 4 : 0;
+  if (index == 0) return nullptr;
+  return ctx.i32(node.inputs[index]) + b * ctx.shape(node.inputs[index])[1];
+}
+
+// Packed documents: a query at t sees keys [t - positions[t], t] only (positions: each token's
+// position within its document, for the batch row). Sets a block's scores of keys before that to
+// `value`: -inf before the softmax (so they change neither a row's max nor, at exp's floor, its
+// sum), then 0 in the probabilities, which the products with V and the gradients then ignore.
+inline void hide_earlier_documents(float* s, int64_t m, int64_t n, int64_t t0, const int32_t* positions, float value) {
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t start = std::min(n, t0 + i - int64_t(positions[t0 + i]));
+    std::fill_n(s + i * n, std::max<int64_t>(start, 0), value);
+  }
 }
 
 // x[0, n) rounded to the 16-bit `type` and widened back, in place: what a 16-bit product reads of

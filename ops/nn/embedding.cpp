@@ -17,6 +17,7 @@ void embedding_cpu(const Node& node, const KernelContext& ctx) {
   int64_t batch = ts[0], time = ts[1], channels = ctx.shape(node.inputs[1])[1];
   const int32_t* tokens = ctx.i32(node.inputs[0]);
   const bool has_positions = node.inputs.size() > 2;
+  const int32_t* ids = node.inputs.size() > 3 ? ctx.i32(node.inputs[3]) : nullptr;
   const InputRows table = input_rows(ctx, node.inputs[1], channels);
   const InputRows positions = input_rows(ctx, node.inputs[has_positions ? 2 : 1], channels);
   const OutputRows out = output_rows(ctx, node.outputs[0], channels, false);
@@ -28,7 +29,7 @@ void embedding_cpu(const Node& node, const KernelContext& ctx) {
       const float* row = table.row(tokens[bt], table_buffer.data());
       float* o = out.row(bt, out_buffer.data());
       if (has_positions) {
-        const float* pos = positions.row(bt % time, position_buffer.data());
+        const float* pos = positions.row(ids ? ids[bt] : bt % time, position_buffer.data());
         for (int64_t c = 0; c < channels; ++c) o[c] = row[c] + pos[c];
       } else {
         std::copy(row, row + channels, o);
@@ -38,12 +39,13 @@ void embedding_cpu(const Node& node, const KernelContext& ctx) {
   }
 }
 
-// inputs: dout (B, T, C), tokens (B, T); outputs: dtable [, dpositions]
+// inputs: dout (B, T, C), tokens (B, T) [, position ids (B, T)]; outputs: dtable [, dpositions]
 void embedding_backward_cpu(const Node& node, const KernelContext& ctx) {
   const Shape& ds = ctx.shape(node.inputs[0]);
   int64_t batch = ds[0], time = ds[1], channels = ds[2];
   const float* dout = ctx.f32(node.inputs[0]);
   const int32_t* tokens = ctx.i32(node.inputs[1]);
+  const int32_t* ids = node.inputs.size() > 2 ? ctx.i32(node.inputs[2]) : nullptr;
   float* dtable = ctx.f32(node.outputs[0]);
   float* dpos = node.outputs.size() > 1 ? ctx.f32(node.outputs[1]) : nullptr;
   const int64_t block = 16;
@@ -55,7 +57,7 @@ void embedding_backward_cpu(const Node& node, const KernelContext& ctx) {
       float* row = dtable + int64_t(tokens[bt]) * channels;
       for (int64_t c = c0; c < c1; ++c) row[c] += d[c];
       if (dpos) {
-        float* p = dpos + (bt % time) * channels;
+        float* p = dpos + (ids ? ids[bt] : bt % time) * channels;
         for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
       }
     }
@@ -67,14 +69,27 @@ void embedding_grad(GradBuilder& gb, const Node& node) {
   if (dout == kNoValue) return;
   std::vector<ValueId> outs{gb.target(node.inputs[1]).value};
   if (node.inputs.size() > 2) outs.push_back(gb.target(node.inputs[2]).value);
-  gb.graph().add_node(Node{&kEmbeddingBackward, {dout, node.inputs[0]}, outs, {}, true, true, node.name});
+  std::vector<ValueId> ins{dout, node.inputs[0]};
+  if (node.inputs.size() > 3) ins.push_back(node.inputs[3]);
+  gb.graph().add_node(Node{&kEmbeddingBackward, ins, outs, {}, true, true, node.name});
+}
+
+// The GPU kernels read positions t: packed documents' position ids are refused there (the recipe
+// rules refuse data.document_end on a GPU first).
+void embedding_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 3) throw UserError(node.name + ": position ids (packed documents) are not on the GPU yet");
+  cuda::embedding(node, ctx);
+}
+void embedding_backward_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 2) throw UserError(node.name + ": position ids (packed documents) are not on the GPU yet");
+  cuda::embedding_backward(node, ctx);
 }
 
 }  // namespace
 
 const OpDef kEmbedding{.name = "embedding",
                        .cpu = embedding_cpu,
-                       .cuda = cuda::embedding,
+                       .cuda = embedding_cuda,
                        .grad = embedding_grad,
                        .flops = elementwise_flops,
                        .native_16bit = kWidenedRows,
@@ -82,11 +97,12 @@ const OpDef kEmbedding{.name = "embedding",
 const OpDef kEmbeddingBackward{
     .name = "embedding_backward",
     .cpu = embedding_backward_cpu,
-    .cuda = cuda::embedding_backward,
+    .cuda = embedding_backward_cuda,
     .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
     .cuda_16bit = "16-bit gradients read directly, sums in fp32 rounded once into the gradients' types"};
 
-ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name) {
+ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name,
+                  ValueId position_ids) {
   const Shape& ts = g.value(tokens).shape;
   const Shape& tab = g.value(table).shape;
   if (ts.rank() != 2 || g.value(tokens).dtype != DType::i32) shape_error(name, "tokens must be (B, T) int32");
@@ -98,6 +114,11 @@ ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, co
       shape_error(name, "position table " + ps.str() + " cannot cover " + std::to_string(ts[1]) +
                             " positions of width " + std::to_string(tab[1]));
     inputs.push_back(positions);
+    if (position_ids != kNoValue) {
+      if (g.value(position_ids).shape != ts || g.value(position_ids).dtype != DType::i32)
+        shape_error(name, "position ids must be (B, T) int32 like the tokens");
+      inputs.push_back(position_ids);
+    }
   }
   ValueId out = g.add_activation(name + ".out", Shape{ts[0], ts[1], tab[1]});
   g.add_node(Node{&kEmbedding, inputs, {out}, {}, false, false, name});

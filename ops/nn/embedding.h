@@ -3,6 +3,9 @@
 //   tokens (B, T) i32   table (V, C)   positions (P, C) or none, P >= T   ->   out (B, T, C)
 //   out[b, t] = table[tokens[b, t]] + positions[t]
 //
+// With position ids (B, T) i32 (packed documents: each token's position within its document), the
+// position row is positions[ids[b, t]] instead of positions[t].
+//
 // Backward (embedding_backward): dtable[tokens[b, t]] += dout[b, t], dpositions[t] += dout[b, t].
 // Rows hit by several tokens are summed in a fixed order: each thread owns a slice of channels.
 #pragma once
@@ -11,7 +14,8 @@
 
 namespace engine::ops {
 
-ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name);
+ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name,
+                  ValueId position_ids = kNoValue);
 
 extern const OpDef kEmbedding, kEmbeddingBackward;
 

@@ -22,6 +22,7 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
   const bool accumulate = ctx.accumulates(node, 0);
   const InputRows in = input_rows(ctx, node.inputs[0], row);
   const OutputRows out = output_rows(ctx, node.outputs[0], row, accumulate);
+  const int32_t* ids = node.inputs.size() > 1 ? ctx.i32(node.inputs[1]) : nullptr;  // packed documents
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(theta, -2.0 * double(i) / double(hd));
 #pragma omp parallel
@@ -29,7 +30,7 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
     std::vector<float> in_buffer = in.buffer(), out_buffer = out.buffer();
 #pragma omp for schedule(static)
     for (int64_t bt = 0; bt < batch * time; ++bt) {
-      int64_t t = bt % time;
+      const int64_t t = ids ? ids[bt] : bt % time;
       const float* src = in.row(bt, in_buffer.data());
       float* dst = out.row(bt, out_buffer.data());
       for (int64_t h = 0; h < heads + kv_heads; ++h) {
@@ -57,7 +58,19 @@ void rotary_grad(GradBuilder& gb, const Node& node) {
   ValueId dy = gb.grad(node.outputs[0]);
   if (dy == kNoValue) return;
   auto t = gb.target(node.inputs[0]);
-  gb.emit(kRotaryBackward, {dy}, {t.value}, t, node.attrs, node.name);
+  std::vector<ValueId> inputs{dy};
+  if (node.inputs.size() > 1) inputs.push_back(node.inputs[1]);
+  gb.emit(kRotaryBackward, inputs, {t.value}, t, node.attrs, node.name);
+}
+
+// The GPU kernels rotate by t: packed documents' position ids are refused there.
+void rotary_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
+  cuda::rotary(node, ctx);
+}
+void rotary_backward_cuda(const Node& node, const KernelContext& ctx) {
+  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
+  cuda::rotary_backward(node, ctx);
 }
 
 }  // namespace
@@ -66,7 +79,7 @@ double rotary_flops(const Graph& g, const Node& n) { return 3.0 * double(g.value
 
 const OpDef kRotary{.name = "rotary",
                     .cpu = rotary_cpu,
-                    .cuda = cuda::rotary,
+                    .cuda = rotary_cuda,
                     .grad = rotary_grad,
                     .flops = rotary_flops,
                     .native_16bit = kWidenedRows,
@@ -74,18 +87,25 @@ const OpDef kRotary{.name = "rotary",
                     .cheap_to_recompute = true};
 const OpDef kRotaryBackward{.name = "rotary_backward",
                             .cpu = rotary_backward_cpu,
-                            .cuda = cuda::rotary_backward,
+                            .cuda = rotary_backward_cuda,
                             .flops = rotary_flops,
                             .native_16bit = kWidenedRows,
                             .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic"};
 
-ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads) {
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads,
+               ValueId positions) {
   const Shape& s = g.value(qkv).shape;
   const QkvLayout layout = qkv_layout(s, n_head, kv_heads, name);  // the layout causal_attention reads
   kv_heads = layout.kv_heads;
   if (layout.head_size % 2 != 0) shape_error(name, "rotary needs an even head size");
   ValueId y = g.add_activation(name + ".out", s);
-  g.add_node(Node{&kRotary, {qkv}, {y}, Attrs{{n_head, kv_heads}, {theta}}, false, false, name});
+  std::vector<ValueId> inputs{qkv};
+  if (positions != kNoValue) {
+    if (g.value(positions).shape != Shape{s[0], s[1]} || g.value(positions).dtype != DType::i32)
+      shape_error(name, "position ids must be (B, T) int32");
+    inputs.push_back(positions);
+  }
+  g.add_node(Node{&kRotary, inputs, {y}, Attrs{{n_head, kv_heads}, {theta}}, false, false, name});
   return y;
 }
 

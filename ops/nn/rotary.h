@@ -15,7 +15,10 @@
 namespace engine::ops {
 
 // kv_heads 0 means n_head.
-ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads = 0);
+// With position ids (B, T) i32 (packed documents), a token is rotated by its position ids[b, t]
+// rather than t.
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads = 0,
+               ValueId positions = kNoValue);
 
 extern const OpDef kRotary, kRotaryBackward;
 

@@ -48,6 +48,16 @@ void declare_data(Schema& schema) {
           "where a token is not predicted (a prompt), 1 where it is (a response); as "
           "scripts/prepare-tokens --mask-out writes it. The loss is the mean over the trained tokens of "
           "each step (all its micro-batches and ranks), as PyTorch's ignore_index gives it.");
+  data.key("document_end", &DataSection::document_end)
+      .min(0)
+      .limit(int64_t(1) << 31)
+      .derived_default("none (auto): a window is one sequence")
+      .only_when("source", file_sources)
+      .help(
+          "Packing: the token that ends a document (the tokenizer's end-of-text, as scripts/prepare-tokens "
+          "writes it after each one). A window then holds several documents that do not see each other: "
+          "attention stays within a document, positions restart at 0 after each end token, and the end "
+          "token's target (the next document's first token) is not trained. CPU only for now.");
   data.key("val_fraction", &DataSection::val_fraction)
       .def(0.05)
       .min(0)
