@@ -19,6 +19,7 @@
 
 #include "../equivalence/run_util.h"
 #include "../temp_dir.h"
+#include "core/error.h"
 #include "loss/cross_entropy.h"
 
 namespace engine {
@@ -149,6 +150,28 @@ TEST_P(Packing, EachDocumentTrainsAsIfItWereAlone) {
   for (int64_t i = 0; i < kWindow - kLengths.back() - 1; ++i)
     last_only.targets[size_t(i)] = last_unpacked.targets[size_t(i)] = ops::kIgnoredTarget;
   EXPECT_GT(std::abs(train_one(r, last_only).loss - train_one(r, last_unpacked).loss), 1e-4);
+}
+
+// What packing cannot do yet, or cannot mean, is refused by the recipe's rules, naming the keys.
+TEST(PackingRecipe, AGpuRunAndAnEndTokenOutsideTheVocabularyAreRefused) {
+  const testing::TempDir dir("packing");
+  write_tokens(dir / "docs.bin");
+  auto refusal = [&](const std::string& extra, const std::string& device = "run.device=cpu") {
+    try {
+      testing::quickstart({"data.source=tokens", "~data.order", "data.path=" + (dir / "docs.bin").string(),
+                           "data.format=raw_uint16", extra, device});
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refusal("data.document_end=64")
+                .find("data.document_end: the document end token 64 is not below "
+                      "model.vocab_size 64"),
+            std::string::npos)
+      << refusal("data.document_end=64");
+  const std::string gpu = refusal("data.document_end=0", "run.device=cuda");
+  EXPECT_NE(gpu.find("packed documents (data.document_end) run on CPU only for now"), std::string::npos) << gpu;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Packing,
