@@ -274,7 +274,7 @@ int generate(const GenerateArgs& args) {
 
   std::vector<int32_t> tokens;
   if (tokenizer) {
-    tokens = tokenizer->encode(args.prompt);
+    tokens = tokenizer->encode(args.prompt, true);  // with the special tokens the model was trained to see first
     if (tokens.empty()) throw UserError("engine generate: give a --prompt to continue (it encodes to no tokens)");
   } else {
     for (unsigned char byte : args.prompt) tokens.push_back(byte);

@@ -66,6 +66,48 @@ std::vector<std::string> code_points(const std::string& text) {
   return out;
 }
 
+// The length of the valid UTF-8 sequence at text[i], or 0 where the bytes there are not one.
+size_t utf8_sequence(std::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xbf;  // the second byte's range (RFC 3629's table)
+  if (lead < 0x80) return 1;
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    length = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;
+  } else {
+    return 0;
+  }
+  if (i + length > text.size() || byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < length; ++k)
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
+  return length;
+}
+
+// Bytes as UTF-8, each invalid byte replaced by U+FFFD.
+std::string lossy_utf8(std::string_view bytes) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size();) {
+    const size_t length = utf8_sequence(bytes, i);
+    if (length == 0) {
+      out += "\xef\xbf\xbd";
+      ++i;
+    } else {
+      out.append(bytes.substr(i, length));
+      i += length;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Tokenizer::Pattern {
@@ -77,8 +119,17 @@ struct Tokenizer::Pattern {
     pcre2_match_data* match = pcre2_match_data_create_from_pattern(code, nullptr);
     size_t at = 0, gap = 0;
     while (at <= text.size()) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match, nullptr);
-      if (rc < 0) break;
+      // The text was checked to be UTF-8 once, in encode().
+      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, PCRE2_NO_UTF_CHECK,
+                                 match, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(match);
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        throw UserError(std::string("the tokenizer's pre-tokenizer regex failed: ") +
+                        reinterpret_cast<const char*>(message));
+      }
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
       const size_t begin = ovector[0], end = ovector[1];
       if (end == begin) {  // an empty match: step over one code point
@@ -114,8 +165,8 @@ Tokenizer Tokenizer::load(const fs::path& file) {
   }
   auto unsupported = [&](const std::string& what) {
     return UserError(where + ": " + what +
-                     "; the engine reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen): prepare token files with "
-                     "scripts/prepare-tokens for others");
+                     "; the engine reads byte-level BPE tokenizers without a normalizer (GPT-2, Llama 3): prepare "
+                     "token files with scripts/prepare-tokens for others");
   };
   Tokenizer t;
   const Json& model = j.value("model", Json::object());
@@ -176,23 +227,50 @@ Tokenizer Tokenizer::load(const fs::path& file) {
     for (const Json& step : pre.at("pretokenizers")) steps.push_back(step);
   else
     steps.push_back(pre);
-  for (const Json& step : steps) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Json& step = steps[i];
     const std::string type = step.value("type", "");
     if (type == "ByteLevel") {
-      t.byte_level_ = true;
-      t.add_prefix_space_ = step.value("add_prefix_space", false);
-      if (step.value("use_regex", true)) t.splits_.push_back({compile(kGpt2Pattern)});
+      // The bytes are mapped after the last step: a step after ByteLevel would see them mapped.
+      if (i + 1 != steps.size()) throw unsupported("a pre-tokenizer after ByteLevel");
+      t.pre_tokenizers_.push_back(
+          {step.value("use_regex", true) ? compile(kGpt2Pattern) : nullptr, step.value("add_prefix_space", false)});
     } else if (type == "Split") {
       if (step.value("behavior", "") != "Isolated" || step.value("invert", false))
         throw unsupported("Split pre-tokenizer with behavior " + step.value("behavior", std::string("?")));
       const Json& pattern = step.at("pattern");
       if (!pattern.contains("Regex")) throw unsupported("Split pre-tokenizer on a plain string");
-      t.splits_.push_back({compile(pattern.at("Regex").get<std::string>())});
+      t.pre_tokenizers_.push_back({compile(pattern.at("Regex").get<std::string>()), false});
     } else {
       throw unsupported("pre_tokenizer " + type);
     }
   }
-  if (!t.byte_level_) throw unsupported("no ByteLevel pre-tokenizer");
+  if (steps.empty() || steps.back().value("type", "") != "ByteLevel") throw unsupported("no ByteLevel pre-tokenizer");
+  // The post-processor: ByteLevel (offsets only), TemplateProcessing's single-sequence template,
+  // or a Sequence of those.
+  std::vector<Json> processors;
+  const Json& post = j.value("post_processor", Json());
+  if (!post.is_null()) {
+    if (post.value("type", "") == "Sequence")
+      for (const Json& processor : post.at("processors")) processors.push_back(processor);
+    else
+      processors.push_back(post);
+  }
+  for (const Json& processor : processors) {
+    const std::string type = processor.value("type", "");
+    if (type == "ByteLevel") continue;
+    if (type != "TemplateProcessing") throw unsupported("post_processor " + type);
+    bool after = false;
+    for (const Json& piece : processor.at("single")) {
+      if (piece.contains("Sequence")) {
+        after = true;
+        continue;
+      }
+      const std::string name = piece.at("SpecialToken").at("id");
+      for (const Json& id : processor.at("special_tokens").at(name).at("ids"))
+        (after ? t.suffix_ : t.prefix_).push_back(id.get<int32_t>());
+    }
+  }
   const Json& decoder = j.value("decoder", Json());
   if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
     throw unsupported("decoder " + decoder.value("type", std::string("?")));
@@ -235,11 +313,16 @@ void Tokenizer::encode_piece(const std::string& mapped, std::vector<int32_t>& ou
 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
   std::vector<std::string> pieces{std::string(text)};
-  if (add_prefix_space_ && !text.empty() && text.front() != ' ') pieces[0].insert(0, " ");
-  for (const Split& split : splits_) {
+  for (const PreTokenizer& step : pre_tokenizers_) {
     std::vector<std::string> next;
-    for (const std::string& piece : pieces)
-      for (std::string& part : split.pattern->split(piece)) next.push_back(std::move(part));
+    for (std::string& piece : pieces) {
+      if (step.add_prefix_space && !piece.empty() && piece.front() != ' ') piece.insert(0, " ");
+      if (!step.pattern) {
+        next.push_back(std::move(piece));
+        continue;
+      }
+      for (std::string& part : step.pattern->split(piece)) next.push_back(std::move(part));
+    }
     pieces = std::move(next);
   }
   for (const std::string& piece : pieces) {
@@ -249,8 +332,14 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  for (size_t i = 0; i < text.size();) {
+    const size_t length = utf8_sequence(text, i);
+    if (length == 0) throw UserError("the text to encode is not UTF-8 at byte " + std::to_string(i));
+    i += length;
+  }
   std::vector<int32_t> out;
+  if (add_special_tokens) out = prefix_;
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
     const auto found = std::find_if(added_tokens_.begin(), added_tokens_.end(), [&](const auto& added) {
@@ -266,25 +355,29 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     start = i;
   }
   if (start < text.size()) encode_ordinary(text.substr(start), out);
+  if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string text;
+  std::string text, bytes;  // bytes: the byte-level tokens since the last added one
   for (int32_t id : ids) {
     if (id < 0 || id >= id_limit_ || (tokens_[size_t(id)].empty() && !added_[size_t(id)]))
       throw UserError("token id " + std::to_string(id) + " is not in the tokenizer's vocabulary");
     if (added_[size_t(id)]) {
-      text += tokens_[size_t(id)];
+      text += lossy_utf8(bytes) + tokens_[size_t(id)];
+      bytes.clear();
       continue;
     }
     for (const std::string& symbol : code_points(tokens_[size_t(id)])) {
       auto it = byte_of_symbol().find(symbol);
-      if (it == byte_of_symbol().end()) throw UserError("token " + tokens_[size_t(id)] + " is not byte-level");
-      text += char(it->second);
+      if (it == byte_of_symbol().end())
+        bytes += symbol;  // not of the byte alphabet: its own bytes, as the library's decoder
+      else
+        bytes += char(it->second);
     }
   }
-  return text;
+  return text + lossy_utf8(bytes);
 }
 
 }  // namespace engine

@@ -1,18 +1,23 @@
 // A Hugging Face tokenizer (tokenizer.json), for the commands that turn text into a model's token
-// ids and back (`engine generate`): byte-level BPE as GPT-2, GPT-NeoX, Qwen and Llama 3 use it.
+// ids and back (`engine generate`): byte-level BPE without a normalizer, as GPT-2 and Llama 3 use it.
 //
 // Encoding follows the tokenizers library step by step:
 //   1. added tokens (<|endoftext|>, <|im_start|>, ...) are cut out of the text where they occur,
 //      the longest first at each position, and become their own ids;
-//   2. the rest is pre-tokenized: the pre_tokenizer's Split regex (Llama 3's pattern) and/or the
-//      ByteLevel one (GPT-2's pattern, with its add_prefix_space), matched with PCRE2 in Unicode
-//      mode, and each piece's UTF-8 bytes mapped to GPT-2's printable byte alphabet;
+//   2. the rest is pre-tokenized, step by step: Split (Llama 3's regex) and ByteLevel (its
+//      add_prefix_space on each piece, then GPT-2's regex where use_regex), regexes matched with
+//      PCRE2 in Unicode mode; each piece's UTF-8 bytes are then mapped to GPT-2's printable byte
+//      alphabet;
 //   3. each piece is merged by BPE, lowest merge rank first (a whole piece found in the vocabulary
-//      is one id where the model sets ignore_merges, as Llama 3's does).
-// Decoding maps tokens back through the byte alphabet; added tokens decode as their text. A
-// tokenizer.json this does not implement (a normalizer, SentencePiece's Metaspace, WordPiece,
-// byte fallback, ...) is refused at load, naming the field, rather than encoded differently:
-// tests/hf/hf_test.cpp checks the ids against the tokenizers library on non-ASCII text.
+//      is one id where the model sets ignore_merges, as Llama 3's does);
+//   4. with add_special_tokens, the post-processor's single-sequence template adds its special
+//      tokens (Llama 3's <|begin_of_text|>), as the library's encode() does by default.
+// Decoding maps tokens back through the byte alphabet (a token outside it as its own bytes) and
+// replaces invalid UTF-8 with U+FFFD, as the library's ByteLevel decoder does; added tokens decode
+// as their text. A tokenizer.json this does not implement (a normalizer such as Qwen's or
+// GPT-NeoX's NFC, SentencePiece's Metaspace, WordPiece, byte fallback, ...) is refused at load,
+// naming the field, rather than encoded differently; text that is not UTF-8 is refused with its
+// byte offset. tests/hf/hf_test.cpp checks the ids against the tokenizers library.
 //
 //   const Tokenizer tokenizer = Tokenizer::load("path/to/model/tokenizer.json");
 //   std::vector<int32_t> ids = tokenizer.encode("Hello, café");
@@ -35,7 +40,7 @@ class Tokenizer {
   // Throws UserError naming the file and what is missing or unsupported.
   static Tokenizer load(const std::filesystem::path& file);
 
-  std::vector<int32_t> encode(std::string_view text) const;
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   // Ids outside the vocabulary throw UserError.
   std::string decode(const std::vector<int32_t>& ids) const;
   // One past the largest id (the vocabulary and the added tokens).
@@ -47,9 +52,10 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  struct Pattern;  // a compiled PCRE2 regex
-  struct Split {
-    std::unique_ptr<Pattern> pattern;
+  struct Pattern;                      // a compiled PCRE2 regex
+  struct PreTokenizer {                // one step: Split, or ByteLevel
+    std::unique_ptr<Pattern> pattern;  // the pieces' split (none: ByteLevel without use_regex)
+    bool add_prefix_space = false;     // ByteLevel: " " before each piece that lacks one
   };
 
   void encode_piece(const std::string& mapped, std::vector<int32_t>& out) const;
@@ -60,8 +66,9 @@ class Tokenizer {
   std::vector<bool> added_;          // id -> whether it is an added token (decoded as it is)
   std::map<std::pair<std::string, std::string>, int> merge_ranks_;
   std::vector<std::pair<std::string, int32_t>> added_tokens_;  // longest first
-  std::vector<Split> splits_;  // applied in order, each to every piece of the one before
-  bool byte_level_ = false, add_prefix_space_ = false, ignore_merges_ = false;
+  std::vector<PreTokenizer> pre_tokenizers_;  // applied in order, each to every piece of the one before
+  std::vector<int32_t> prefix_, suffix_;      // the post-processor's special tokens around a sequence
+  bool ignore_merges_ = false;
   int64_t id_limit_ = 0;
 };
 

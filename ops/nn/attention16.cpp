@@ -12,9 +12,9 @@ using namespace attention_detail;
 bool attention16_types(const Node& node, const KernelContext& ctx) {
   const DType type = ctx.dtype(node.inputs[0]);
   if (type == DType::f32) return false;
-  for (ValueId id : node.inputs)
-    if (ctx.dtype(id) != type && ctx.dtype(id) != DType::f32) return false;
-  const bool forward = node.inputs.size() == 1;
+  for (ValueId id : node.inputs)  // (packed documents' position ids are i32)
+    if (ctx.dtype(id) != type && ctx.dtype(id) != DType::f32 && ctx.dtype(id) != DType::i32) return false;
+  const bool forward = node.outputs.size() == 2;  // out and lse; the backward writes dqkv alone
   // Forward: qkv and out; backward: dout, qkv and dqkv, all of the one 16-bit type (lse is fp32).
   return forward ? ctx.dtype(node.outputs[0]) == type
                  : ctx.dtype(node.inputs[1]) == type && ctx.dtype(node.outputs[0]) == type;

@@ -342,6 +342,20 @@ TEST_F(HuggingFace, TheEnginesTokenizerGivesTheLibrarysIdsAndGenerateSpeaksText)
       EXPECT_EQ(tokenizer.decode(ids[i]), texts[i]) << shape;
     }
   }
+  // The post-processor's special tokens (Llama 3's <|begin_of_text|>), as encode() adds them.
+  const Tokenizer split = Tokenizer::load(dir / "split" / "tokenizer.json");
+  const auto special = expected.at("round_trip_split_special").get<std::vector<std::vector<int32_t>>>();
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(split.encode(texts[i], true), special[i]) << texts[i];
+  // Decoding half a character gives U+FFFD, as the library does; text that is not UTF-8 is refused.
+  const Tokenizer bpe = Tokenizer::load(dir / "bpe" / "tokenizer.json");
+  EXPECT_EQ(bpe.decode({expected.at("half_character_id").get<int32_t>()}),
+            expected.at("half_character_decoded").get<std::string>());
+  try {
+    bpe.encode("caf\xc3 au lait");
+    ADD_FAILURE() << "text that is not UTF-8 was encoded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not UTF-8 at byte 3"), std::string::npos) << e.what();
+  }
   try {  // word-level: refused by name
     Tokenizer::load(dir / "wide" / "tokenizer.json");
     ADD_FAILURE() << "a WordLevel tokenizer loaded";

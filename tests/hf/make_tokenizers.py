@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 out = sys.argv[1]
 os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
@@ -38,7 +38,7 @@ with open(os.path.join(out, "chat.jsonl"), "w", encoding="utf-8") as f:
         f.write(json.dumps(c) + "\n")
 
 conversations = [
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What jumps?"},
+    [{"role": "system", "content": "Be <brief> & café."}, {"role": "user", "content": "What jumps?"},
      {"role": "assistant", "content": "The fox."}, {"role": "user", "content": "And the dog?"},
      {"role": "assistant", "content": "Lazy."}],
     [{"role": "user", "content": "Café?"}, {"role": "assistant", "content": "Naïve."}],
@@ -46,8 +46,11 @@ conversations = [
 with open(os.path.join(out, "conversations.jsonl"), "w", encoding="utf-8") as f:
     for c in conversations:
         f.write(json.dumps({"messages": c}) + "\n")
-chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML, with the tojson transformers' Jinja environment defines (it escapes neither HTML nor
+# non-ASCII, as jinja2's own does).
+chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                 "{% if m['role'] == 'system' %}{{ m['content'] | tojson }}{% else %}{{ m['content'] }}{% endif %}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 round_trip_texts = [
     "The quick brown fox jumps over the lazy dog.",
@@ -81,6 +84,9 @@ split.pre_tokenizer = pre_tokenizers.Sequence([
     pre_tokenizers.Split(Regex(llama3_pattern), behavior="isolated", invert=False),
     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 split.decoder = decoders.ByteLevel()
+# Llama 3's post-processor: <|begin_of_text|> before every sequence (special tokens are added).
+split.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                     special_tokens=[("<|begin_of_text|>", 0)])
 split.train_from_iterator(training, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>"],
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 split.save(os.path.join(out, "split", "tokenizer.json"))
@@ -132,6 +138,11 @@ expected = {
     "round_trip_texts": round_trip_texts,
     "round_trip_bpe": [bpe.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "round_trip_split": [split.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
+    "round_trip_split_special": [split.encode(t).ids for t in round_trip_texts],
+    # Half of a two-byte character ("Ã" is byte 0xc3 in the byte alphabet): the library's decoder
+    # replaces what is not UTF-8 with U+FFFD.
+    "half_character_id": bpe.token_to_id("\u00c3"),
+    "half_character_decoded": bpe.decode([bpe.token_to_id("\u00c3")]),
     "conversations": conversation_ids,
     "conversations_mask": conversation_mask,
     "chat_mask": sum(([0] * len(bpe.encode(c["prompt"], add_special_tokens=False).ids) +

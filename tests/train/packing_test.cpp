@@ -143,6 +143,21 @@ TEST_P(Packing, EachDocumentTrainsAsIfItWereAlone) {
   }
   std::printf("%s %s: loss within %.2g, gradients within %.2g (relative)\n", arch, precision, worst_loss,
               worst_gradient);
+  // A window that is one document: the packed model (positions 0 .. T-1) computes the unpacked
+  // one's bits, on the same kernels (the 16-bit attention path included).
+  Batch one_document(1, kWindow, 0);
+  one_document.positions.resize(size_t(kWindow));
+  for (int64_t i = 0; i < kWindow; ++i) {
+    one_document.tokens[size_t(i)] = 1 + int32_t(i * 7 % 60);
+    one_document.targets[size_t(i)] = 1 + int32_t((i + 1) * 7 % 60);
+    one_document.positions[size_t(i)] = int32_t(i);
+  }
+  recipe::Recipe unpacked_recipe = r;
+  unpacked_recipe.data.document_end.reset();
+  const StepOutcome packed_model = train_one(r, one_document),
+                    unpacked_model = train_one(unpacked_recipe, one_document);
+  EXPECT_EQ(packed_model.loss, unpacked_model.loss);
+  EXPECT_TRUE(packed_model.gradients == unpacked_model.gradients) << "the packed model's gradients differ";
   // The masks matter: without them, a later document's loss sees the earlier ones.
   Batch unpacked = packed;
   for (int64_t i = 0; i < kWindow; ++i) unpacked.positions[size_t(i)] = int32_t(i);
