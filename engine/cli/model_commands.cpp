@@ -301,8 +301,14 @@ int generate(const GenerateArgs& args) {
     std::vector<std::pair<float, int32_t>> candidates;
     const int64_t sampled = tokenizer ? tokenizer->id_limit() : std::min<int64_t>(vocab, 256);
     for (int64_t v = 0; v < sampled; ++v) candidates.emplace_back(logits[v], int32_t(v));
-    std::sort(candidates.begin(), candidates.end(), std::greater<>());
-    if (args.top_k > 0 && size_t(args.top_k) < candidates.size()) candidates.resize(size_t(args.top_k));
+    // Only the top k need ordering (a tokenizer's vocabulary is up to 128k ids); (logit, id) pairs
+    // are all distinct, so the order is the full sort's.
+    if (args.top_k > 0 && size_t(args.top_k) < candidates.size()) {
+      std::partial_sort(candidates.begin(), candidates.begin() + args.top_k, candidates.end(), std::greater<>());
+      candidates.resize(size_t(args.top_k));
+    } else {
+      std::sort(candidates.begin(), candidates.end(), std::greater<>());
+    }
     int32_t next = candidates.front().second;
     if (args.temperature > 0) {
       double total = 0;

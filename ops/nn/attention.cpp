@@ -184,23 +184,12 @@ double attention_flops(const Shape& s, const Node& n, double per_entry) {
   return 2.0 * double(d.batch) * double(d.time) * double(d.time + 1) / 2 * double(d.channels) * per_entry;
 }
 
-// The GPU kernels attend over the whole causal window: packed documents' position ids are refused
-// there (the recipe rules refuse data.document_end on a GPU first).
-void attention_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
-  cuda::attention(node, ctx);
-}
-void attention_backward_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 4) throw UserError(node.name + ": packed documents are not on the GPU yet");
-  cuda::attention_backward(node, ctx);
-}
-
 }  // namespace
 
 const OpDef kCausalAttention{
     .name = "causal_attention",
     .cpu = attention_cpu,
-    .cuda = attention_cuda,
+    .cuda = cuda_without_position_ids<cuda::attention, 1>,
     .grad = attention_grad,
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[0]).shape, n, 2); },
     .native_16bit = kTiles16,
@@ -211,7 +200,7 @@ const OpDef kCausalAttention{
 const OpDef kCausalAttentionBackward{
     .name = "causal_attention_backward",
     .cpu = attention_backward_cpu,
-    .cuda = attention_backward_cuda,
+    .cuda = cuda_without_position_ids<cuda::attention_backward, 4>,
     .flops = [](const Graph& g, const Node& n) { return attention_flops(g.value(n.inputs[1]).shape, n, 5); },
     .native_16bit = kTiles16,
     .cuda_16bit_for = cuda::cudnn_attention_supports,

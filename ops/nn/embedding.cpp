@@ -74,22 +74,11 @@ void embedding_grad(GradBuilder& gb, const Node& node) {
   gb.graph().add_node(Node{&kEmbeddingBackward, ins, outs, {}, true, true, node.name});
 }
 
-// The GPU kernels read positions t: packed documents' position ids are refused there (the recipe
-// rules refuse data.document_end on a GPU first).
-void embedding_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 3) throw UserError(node.name + ": position ids (packed documents) are not on the GPU yet");
-  cuda::embedding(node, ctx);
-}
-void embedding_backward_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 2) throw UserError(node.name + ": position ids (packed documents) are not on the GPU yet");
-  cuda::embedding_backward(node, ctx);
-}
-
 }  // namespace
 
 const OpDef kEmbedding{.name = "embedding",
                        .cpu = embedding_cpu,
-                       .cuda = embedding_cuda,
+                       .cuda = cuda_without_position_ids<cuda::embedding, 3>,
                        .grad = embedding_grad,
                        .flops = elementwise_flops,
                        .native_16bit = kWidenedRows,
@@ -97,7 +86,7 @@ const OpDef kEmbedding{.name = "embedding",
 const OpDef kEmbeddingBackward{
     .name = "embedding_backward",
     .cpu = embedding_backward_cpu,
-    .cuda = embedding_backward_cuda,
+    .cuda = cuda_without_position_ids<cuda::embedding_backward, 2>,
     .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); },
     .cuda_16bit = "16-bit gradients read directly, sums in fp32 rounded once into the gradients' types"};
 

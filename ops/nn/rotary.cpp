@@ -63,23 +63,13 @@ void rotary_grad(GradBuilder& gb, const Node& node) {
   gb.emit(kRotaryBackward, inputs, {t.value}, t, node.attrs, node.name);
 }
 
-// The GPU kernels rotate by t: packed documents' position ids are refused there.
-void rotary_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
-  cuda::rotary(node, ctx);
-}
-void rotary_backward_cuda(const Node& node, const KernelContext& ctx) {
-  if (node.inputs.size() > 1) throw UserError(node.name + ": packed documents are not on the GPU yet");
-  cuda::rotary_backward(node, ctx);
-}
-
 }  // namespace
 
 double rotary_flops(const Graph& g, const Node& n) { return 3.0 * double(g.value(n.inputs[0]).shape.numel()); }
 
 const OpDef kRotary{.name = "rotary",
                     .cpu = rotary_cpu,
-                    .cuda = rotary_cuda,
+                    .cuda = cuda_without_position_ids<cuda::rotary, 1>,
                     .grad = rotary_grad,
                     .flops = rotary_flops,
                     .native_16bit = kWidenedRows,
@@ -87,7 +77,7 @@ const OpDef kRotary{.name = "rotary",
                     .cheap_to_recompute = true};
 const OpDef kRotaryBackward{.name = "rotary_backward",
                             .cpu = rotary_backward_cpu,
-                            .cuda = rotary_backward_cuda,
+                            .cuda = cuda_without_position_ids<cuda::rotary_backward, 1>,
                             .flops = rotary_flops,
                             .native_16bit = kWidenedRows,
                             .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic"};

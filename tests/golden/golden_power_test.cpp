@@ -38,6 +38,19 @@ Comparison check(const Golden& g, const TrajectoryProbes& probes) {
   return compare(g.file, run_trajectory(g.recipe, probes), g.elsewhere);
 }
 
+// The golden's run with the learning rate of one step multiplied by `factor`, compared as if on
+// another machine. The lr column would show the change at once, so it is reported as recorded:
+// the loss, the gradient norm and the final weights must catch it.
+Comparison with_wrong_learning_rate(const Golden& g, int64_t wrong_step, double factor) {
+  TrajectoryProbes probes;
+  probes.before_update = [&](int64_t step, double& lr) {
+    if (step == wrong_step) lr *= factor;
+  };
+  Trajectory got = run_trajectory(g.recipe, probes);
+  for (size_t i = 0; i < got.steps.size(); ++i) got.steps[i].lr = g.file.trajectory.steps[i].lr;
+  return compare(g.file, got, g.elsewhere);
+}
+
 class GoldenPower : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenPower, OneUlpGradientNoisePassesTheBandButNotTheBitwiseCheck) {
@@ -68,17 +81,8 @@ TEST_P(GoldenPower, AWrongLearningRateInOneStepFails) {
     double factor;
   };
   for (const WrongStep wrong : {WrongStep{2, 1.1}, WrongStep{12, 1.25}}) {
-    const int64_t wrong_step = wrong.step;
-    const double factor = wrong.factor;
-    TrajectoryProbes probes;
-    probes.before_update = [&](int64_t step, double& lr) {
-      if (step == wrong_step) lr *= factor;
-    };
-    Trajectory got = run_trajectory(g.recipe, probes);
-    // The lr column would show the change at once; the loss and gradient norm must catch it.
-    for (size_t i = 0; i < got.steps.size(); ++i) got.steps[i].lr = g.file.trajectory.steps[i].lr;
-    Comparison c = compare(g.file, got, g.elsewhere);
-    EXPECT_FALSE(c.ok) << "lr x " << factor << " at step " << wrong_step + 1 << " passed: " << c.movement;
+    Comparison c = with_wrong_learning_rate(g, wrong.step, wrong.factor);
+    EXPECT_FALSE(c.ok) << "lr x " << wrong.factor << " at step " << wrong.step + 1 << " passed: " << c.movement;
   }
 }
 
@@ -92,13 +96,7 @@ TEST_P(GoldenPower, AWrongLearningRateInTheLastStepFailsOnTheFinalWeights) {
   const int64_t last = int64_t(g.file.trajectory.steps.size()) - 1;
   const std::vector<double> factors = GetParam() == "gpt_bf16" ? std::vector<double>{0, 2} : std::vector{1.1, 0.9};
   for (const double factor : factors) {
-    TrajectoryProbes probes;
-    probes.before_update = [&](int64_t step, double& lr) {
-      if (step == last) lr *= factor;
-    };
-    Trajectory got = run_trajectory(g.recipe, probes);
-    for (size_t i = 0; i < got.steps.size(); ++i) got.steps[i].lr = g.file.trajectory.steps[i].lr;
-    Comparison c = compare(g.file, got, g.elsewhere);
+    Comparison c = with_wrong_learning_rate(g, last, factor);
     EXPECT_FALSE(c.ok) << "lr x " << factor << " at the last step passed: " << c.mode;
     EXPECT_NE(c.report.find("final weights:"), std::string::npos) << c.report;
   }

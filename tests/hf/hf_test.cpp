@@ -21,6 +21,7 @@
 #include "../shell.h"
 #include "../temp_dir.h"
 #include "core/error.h"
+#include "core/whole_file.h"
 #include "data/tokenizer.h"
 
 namespace engine::testing {
@@ -281,10 +282,11 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
               "--prompt-field prompt --response-field response --mask-out '" + (dir / "chat.mask").string() + "'");
   ASSERT_EQ(chat.status, 0) << chat.output;
   EXPECT_EQ(tokens_of("chat.bin", 1), expected.at("chat").get<std::vector<int64_t>>());
-  std::ifstream mask_file(dir / "chat.mask", std::ios::binary);
-  const std::string mask_bytes((std::istreambuf_iterator<char>(mask_file)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(std::vector<int64_t>(mask_bytes.begin(), mask_bytes.end()),
-            expected.at("chat_mask").get<std::vector<int64_t>>());
+  const auto mask_of = [&](const std::string& file) {  // one byte per token
+    const std::string bytes = read_whole_file(dir / file).value_or("");
+    return std::vector<int64_t>(bytes.begin(), bytes.end());
+  };
+  EXPECT_EQ(mask_of("chat.mask"), expected.at("chat_mask").get<std::vector<int64_t>>());
   // Conversations: the chat template's rendering, as transformers' apply_chat_template encodes it,
   // with only the assistant's turns in the loss mask.
   const ShellResult conversation =
@@ -292,11 +294,7 @@ TEST_F(HuggingFace, TextAndJsonlBecomeTokenFilesWithTheModelsTokenizer) {
               "--messages-field messages --mask-out '" + (dir / "conversations.mask").string() + "'");
   ASSERT_EQ(conversation.status, 0) << conversation.output;
   EXPECT_EQ(tokens_of("conversations.bin", 1), expected.at("conversations").get<std::vector<int64_t>>());
-  std::ifstream conversation_mask(dir / "conversations.mask", std::ios::binary);
-  const std::string conversation_bytes((std::istreambuf_iterator<char>(conversation_mask)),
-                                       std::istreambuf_iterator<char>());
-  EXPECT_EQ(std::vector<int64_t>(conversation_bytes.begin(), conversation_bytes.end()),
-            expected.at("conversations_mask").get<std::vector<int64_t>>());
+  EXPECT_EQ(mask_of("conversations.mask"), expected.at("conversations_mask").get<std::vector<int64_t>>());
   const ShellResult no_template = prepare("wide", "conversations.jsonl", "never.bin", "--messages-field messages");
   EXPECT_NE(no_template.output.find("no chat_template string"), std::string::npos) << no_template.output;
   for (const auto& [file, vocab] : {std::pair{"corpus.bin", 400}, std::pair{"wide.bin", 70001}}) {
