@@ -229,6 +229,74 @@ int main(int argc, char** argv) {
       cublasLtMatmulDescDestroy(setup.op);
     }
   }
+  // GELU in the epilogue (ops/linalg/linear_gelu.h): the fc product with GELU_AUX_BIAS against
+  // BIAS, and the fc projection's input gradient with DGELU and DGELU_BGRAD (f32 and bf16 sums)
+  // against none; every candidate the heuristic offers for each.
+  struct EpilogueCase {
+    const char* name;
+    Product p;
+    cublasLtEpilogue_t epilogue;
+    cudaDataType_t vector_type;  // of the bias or its gradient (unused without one)
+  };
+  const int64_t fc = 4 * d;
+  const Product fc_forward{"forward", true, false, fc, rows, d, d, d, fc, CUDA_R_16BF, 0.0f};
+  const Product proj_input{"input gradient", false, false, fc, rows, d, fc, d, fc, CUDA_R_16BF, 0.0f};
+  const EpilogueCase epilogue_cases[] = {
+      {"fc forward BIAS", fc_forward, CUBLASLT_EPILOGUE_BIAS, CUDA_R_16BF},
+      {"fc forward GELU_AUX_BIAS", fc_forward, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUDA_R_16BF},
+      {"fc_proj dx plain", proj_input, CUBLASLT_EPILOGUE_DEFAULT, CUDA_R_32F},
+      {"fc_proj dx DGELU", proj_input, CUBLASLT_EPILOGUE_DGELU, CUDA_R_32F},
+      {"fc_proj dx DGELU_BGRAD f32", proj_input, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUDA_R_32F},
+      {"fc_proj dx DGELU_BGRAD bf16", proj_input, CUBLASLT_EPILOGUE_DGELU_BGRAD, CUDA_R_16BF},
+  };
+  std::printf("GELU epilogues (fc %lld x %lld, rows %lld)\n", (long long)d, (long long)fc, (long long)rows);
+  for (const EpilogueCase& e : epilogue_cases) {
+    const Setup setup = describe(e.p);
+    check(cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e.epilogue, sizeof(e.epilogue)),
+          "epilogue");
+    // D at c; the aux matrix 1 GiB past it; the bias (or its gradient) 2 GiB past it.
+    char* base = static_cast<char*>(c);
+    const void* aux = base + (size_t(1) << 30);
+    const void* vector = base + (size_t(2) << 30);
+    const int64_t aux_ld = e.p.m;
+    if (e.epilogue != CUBLASLT_EPILOGUE_DEFAULT && e.epilogue != CUBLASLT_EPILOGUE_DGELU) {
+      cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector));
+      cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &e.vector_type,
+                                     sizeof(e.vector_type));
+    }
+    if (e.epilogue != CUBLASLT_EPILOGUE_DEFAULT && e.epilogue != CUBLASLT_EPILOGUE_BIAS) {
+      cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
+      cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
+    }
+    cublasLtMatmulPreference_t preference = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&preference), "preference");
+    const uint64_t bytes = workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
+    cublasLtMatmulHeuristicResult_t results[16]{};
+    int count = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, setup.op, setup.a, setup.b, setup.c, setup.c,
+                                                                 preference, 16, results, &count);
+    const double flops = 2.0 * double(e.p.m) * double(e.p.n) * double(e.p.k);
+    double first = -1, best = 1e30;
+    int best_at = -1;
+    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < count; ++i) {
+      const double ms = time_ms(handle, setup, e.p, results[i].algo, a, b, c, workspace, workspace_bytes, stream);
+      const Config cfg = config_of(results[i].algo);
+      std::printf("%-30s %4d %5d %5u %4d %6u %9.3f %8.1f\n", e.name, i, cfg.algo_id, cfg.tile, cfg.splits, cfg.scheme,
+                  ms, ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0);
+      if (i == 0) first = ms;
+      if (ms > 0 && ms < best) best = ms, best_at = i;
+    }
+    if (best_at < 0)
+      std::printf("%-30s no algorithm runs (heuristic status %d, %d offered)\n", e.name, int(status), count);
+    else
+      std::printf("%-30s first %.3f ms, best %.3f ms (candidate %d)\n", e.name, first, best, best_at);
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(setup.a);
+    cublasLtMatrixLayoutDestroy(setup.b);
+    cublasLtMatrixLayoutDestroy(setup.c);
+    cublasLtMatmulDescDestroy(setup.op);
+  }
   cublasLtDestroy(handle);
   cudaStreamDestroy(stream);
   return 0;

@@ -19,16 +19,23 @@ vocab=50304 context=1024 layers=12 heads=12 width=768 batch=32
 params=$((vocab * width + context * width + layers * (12 * width * width + 13 * width) + 2 * width))
 flops_per_token=$((6 * params + 6 * layers * context * width))
 
-# Timed without the op table (its events cost the step a little), then once more with it.
-"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out" \
-  > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
-engine_rate=$(python3 - "$out/gpt2-124m-gpu/metrics.jsonl" <<'PY'
+median_rate() {  # metrics.jsonl: the median tokens/s of the timed steps
+  python3 - "$1" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rates = [r["tokens_per_second"] for r in rows if "tokens_per_second" in r and r["step"] > 3]
 print(f"{statistics.median(rates):.1f}")
 PY
-)
+}
+# Timed without the op table (its events cost the step a little), then without the GPU plan's
+# fusions (run.fusions=false: what they gain), then once more with the op table.
+"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out" \
+  > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
+engine_rate=$(median_rate "$out/gpt2-124m-gpu/metrics.jsonl")
+"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out/unfused" run.fusions=false \
+  > "$out/engine-unfused.log" 2>&1 || { cat "$out/engine-unfused.log"; exit 1; }
+unfused_rate=$(median_rate "$out/unfused/gpt2-124m-gpu/metrics.jsonl")
+unfused_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unfused.log" | head -1 | sed 's/device memory peak //' || true)
 "${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out/op-table" \
   telemetry.op_table=true > "$out/engine-op-table.log" 2>&1 || { cat "$out/engine-op-table.log"; exit 1; }
 engine_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine.log" | head -1 | sed 's/device memory peak //' || true)
@@ -49,6 +56,7 @@ echo "MFU: model FLOPs against the datasheet's dense bf16 peak (989 TFLOP/s), an
 echo "| run                    |  tokens/s  |  MFU  | MFU measured | peak memory  |"
 echo "|------------------------|------------|-------|--------------|--------------|"
 row engine "$engine_rate" "${engine_peak:-?}"
+row "engine, fusions off" "$unfused_rate" "${unfused_peak:-?}"
 row "pytorch eager" "$(value tokens_per_second "$eager")" "$(( $(value peak_memory_bytes "$eager") >> 20 )) MiB"
 row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(( $(value peak_memory_bytes "$compiled") >> 20 )) MiB"
 echo

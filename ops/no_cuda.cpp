@@ -3,6 +3,7 @@
 // cuda in such a build before any of these could run; they are the last line.
 #include "core/error.h"
 #include "cuda_kernels.h"
+#include "linalg/linear_gelu.h"
 #include "linalg/matmul_probe.h"
 
 namespace engine::cuda {
@@ -14,6 +15,8 @@ namespace engine::cuda {
   }
 ENGINE_CUDA_KERNELS(ENGINE_NO_CUDA_KERNEL)
 #undef ENGINE_NO_CUDA_KERNEL
+
+GeluProducts gelu_products() { return {}; }
 
 double measure_matmul_flops(DType, int64_t) { throw UserError("this engine was built without CUDA: no GPU to probe"); }
 double measure_copy_bandwidth(int64_t) { throw UserError("this engine was built without CUDA: no GPU to probe"); }

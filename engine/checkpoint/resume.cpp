@@ -58,8 +58,8 @@ Change classify(const std::string& key) {
   for (const char* k :
        {"train.steps", "train.gradient_clipping", "scheduler.", "optimizer.lr", "optimizer.weight_decay",
         "distributed.", "offload.", "activation_checkpointing.", "plugins", "precision.growth_interval",
-        "precision.scale_factor", "precision.hysteresis", "precision.min_scale", "precision.on_min_scale",
-        "run.device"})  // a checkpoint is the host's record: it resumes on either device
+        "precision.scale_factor", "precision.hysteresis", "precision.min_scale", "precision.on_min_scale", "run.device",
+        "run.fusions"})  // a checkpoint is the host's record: it resumes on either device
     if (starts_with(key, k)) return Change::noted;
   return Change::refused;
 }

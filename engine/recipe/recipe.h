@@ -27,6 +27,7 @@ struct RunSection {
   int64_t seed;
   RunDevice device;  // auto: cuda when the build has CUDA and a device is present, else cpu
   bool cuda_graphs;  // replay each plan as a CUDA graph after one eager run (cuda only)
+  bool fusions;      // fuse op pairs into one kernel where the GPU plan has a fused kernel (cuda only)
 };
 
 enum class Arch { gpt, llama, mlp };

@@ -55,7 +55,8 @@ WrapPolicySpec wrap_policy(const recipe::DistributedSection& d) {
   return {WrapPolicySpec::Kind::block, d.wrap_size};
 }
 
-ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute) {
+ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute,
+                                ops::GeluFusions& fusions) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
@@ -65,6 +66,8 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeRep
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
   recompute = apply_recompute(model.graph, r.activation_checkpointing);
+  // The GPU's fused kernels (ops/linalg/linear_gelu.h); a CPU plan keeps every op its own kernel.
+  if (r.run.fusions && planned_for_cuda(r)) fusions = ops::fuse_linear_gelu(model.graph);
   return model;
 }
 
@@ -159,7 +162,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
         "type they accumulate in, so that every ZeRO stage and world size sums the same bits; set "
         "communication_dtype to the accumulation_dtype (or accumulation_dtype to the type to communicate in)");
   CompiledStep c;
-  c.model = build_differentiated(r, world, c.recompute);
+  c.model = build_differentiated(r, world, c.recompute, c.fusions);
   Graph& g = c.model.graph;
   c.sharding = ShardingSpec{world, 0, int(r.distributed.zero_stage), *r.train.gradient_accumulation_steps};
   const ShardLayout layout(g.units(), world, 0);

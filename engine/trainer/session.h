@@ -24,6 +24,7 @@
 #include "dist/communicator.h"
 #include "dist/zero_step.h"
 #include "graph/recompute.h"
+#include "linalg/linear_gelu.h"
 #include "models/model.h"
 #include "offload/offloaded_state.h"
 #include "optim/device_optimizer.h"
@@ -81,7 +82,8 @@ struct CompiledStep {
   // or how its kernels are built. flops_per_micro_batch is what the hardware executes.
   double model_flops_per_micro_batch = 0;
   RecomputeReport recompute;
-  ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
+  ops::GeluFusions fusions;  // GPU plans: the fc products that carry their GELU (run.fusions)
+  ShardingSpec sharding;     // rank 0's; the plan is the same on every rank
   TrafficPlan traffic;
   OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
 };

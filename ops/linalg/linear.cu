@@ -5,18 +5,22 @@
 // epilogue: float column sums, in the algorithm's fixed order, so the same bits on every run of a
 // card and library) and added to db; where cuBLASLt offers no algorithm with that epilogue (fp32's
 // pure fp32 compute, say), a column sum of dy of its own in a fixed row order, in double, as the
-// CPU sums it.
+// CPU sums it. linear_gelu and linear_backward_input_gelu (ops/linalg/linear_gelu.h) carry GELU in
+// the epilogue (GELU_AUX_BIAS forward, DGELU backward), composing the unfused kernels where
+// cuBLASLt has no algorithm for that epilogue.
 //
 // Row-major operands are column-major transposes, so each row-major product C = A B is issued as
 // C^T = B^T A^T with the operands swapped (m and n swap with them).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <tuple>
 
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
+#include "linalg/linear_gelu.h"
 
 namespace engine::cuda {
 namespace {
@@ -39,6 +43,8 @@ cudaDataType_t blas_type(DType type) {
   }
 }
 
+enum class GeluEpilogue { none, gelu_aux, dgelu };
+
 // One column-major product D = alpha op(A) op(B) + beta C (C is D), batched by strides.
 struct Product {
   bool transpose_a = false, transpose_b = false;
@@ -55,30 +61,39 @@ struct Product {
   float beta = 0;
   const void* bias = nullptr;      // (m) added to every column: the BIAS epilogue
   float* bias_gradient = nullptr;  // (n) op(B)'s sums over k, written: the BGRADB epilogue
+  // GELU in the epilogue, with an auxiliary matrix of D's shape and type (leading dimension m):
+  //   gelu_aux  D = gelu(product + bias), aux = product + bias (GELU_AUX_BIAS)
+  //   dgelu     D = gelu'(aux) * product (DGELU)
+  GeluEpilogue gelu = GeluEpilogue::none;
+  void* aux = nullptr;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
   size_t workspace_bytes = 0;  // of the context's workspace cuBLASLt may use (0: all of it)
 };
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool,
-                           int64_t, bool>;
+                           int64_t, bool, int>;
 
 // Choices measured once per card and library: for a product where bench/cublaslt_candidates found
 // a candidate the heuristic offers clearly faster than its first (1.15x or more), that candidate's
 // place in the heuristic's list. A fixed table rather than a timing at run time, so that a run's
 // algorithms, and so its bits, do not follow the timing noise. For bf16 operands with f32 compute,
-// no epilogue, beta 0, unbatched; (card, cuBLASLt major version, transposes, m, n, k).
+// no bias, beta 0, unbatched; (card, cuBLASLt major version, transposes, m, n, k, candidate, GELU
+// epilogue).
 struct MeasuredChoice {
   const char* card;
   int blas_major;
   bool transpose_a, transpose_b;
   int64_t m, n, k;
   int candidate;
+  GeluEpilogue gelu = GeluEpilogue::none;
 };
 constexpr MeasuredChoice kMeasuredChoices[] = {
     // GPT-2 124M at 32 x 1024 tokens (H100 80GB, cuBLASLt 13.0, 2026-11-26):
     {"NVIDIA H100 80GB HBM3", 13, true, false, 50304, 32768, 768, 6},   // head forward: 3.90 -> 3.55 ms
     {"NVIDIA H100 80GB HBM3", 13, false, false, 768, 32768, 50304, 5},  // head input gradient: 4.08 -> 3.49 ms
     {"NVIDIA H100 80GB HBM3", 13, false, false, 3072, 32768, 768, 6},   // fc_proj input gradient: 0.26 -> 0.21 ms
+    // ... with GELU's backward in the epilogue (DGELU, 2026-11-27): 0.360 -> 0.304 ms
+    {"NVIDIA H100 80GB HBM3", 13, false, false, 3072, 32768, 768, 3, GeluEpilogue::dgelu},
 };
 
 // The table's candidate for product `p` on the current device, or 0 (the heuristic's first).
@@ -94,7 +109,7 @@ int measured_candidate(const Product& p) {
   static const int blas_major = int(cublasLtGetVersion() / 10000);
   for (const MeasuredChoice& c : kMeasuredChoices)
     if (card == c.card && blas_major == c.blas_major && p.transpose_a == c.transpose_a &&
-        p.transpose_b == c.transpose_b && p.m == c.m && p.n == c.n && p.k == c.k)
+        p.transpose_b == c.transpose_b && p.m == c.m && p.n == c.n && p.k == c.k && p.gelu == c.gelu)
       return c.candidate;
   return 0;
 }
@@ -131,8 +146,8 @@ cublasLtMatrixLayout_t layout(DType type, int64_t rows, int64_t cols, int64_t ld
   return out;
 }
 
-// Runs the product; false, having run nothing, where it asks for the bias gradient's epilogue and
-// cuBLASLt has no algorithm for it.
+// Runs the product; false, having run nothing, where it asks for the bias gradient's or a GELU
+// epilogue and cuBLASLt has no algorithm for it.
 bool run_product(const KernelContext& ctx, const Product& p) {
   if (p.a_type != p.b_type) throw InternalError("cuBLASLt product of operands of different types");
   auto handle = static_cast<cublasLtHandle_t>(ctx.blas);
@@ -142,26 +157,39 @@ bool run_product(const KernelContext& ctx, const Product& p) {
                           tb = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
-  if (p.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
-               "epilogue");
-    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)),
-               "bias");
-    const cudaDataType_t bias_type = blas_type(p.c_type);
-    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-               "bias type");
+  // The epilogue: BIAS, BGRADB, GELU_AUX(_BIAS) or DGELU, with their vectors and aux matrix.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* vector = nullptr;
+  cudaDataType_t vector_type = blas_type(p.c_type);
+  switch (p.gelu) {
+    case GeluEpilogue::none:
+      if (p.bias) epilogue = CUBLASLT_EPILOGUE_BIAS, vector = p.bias;
+      if (p.bias_gradient) epilogue = CUBLASLT_EPILOGUE_BGRADB, vector = p.bias_gradient, vector_type = CUDA_R_32F;
+      break;
+    case GeluEpilogue::gelu_aux:
+      epilogue = p.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, vector = p.bias;
+      break;
+    case GeluEpilogue::dgelu:
+      if (p.bias_gradient) throw InternalError("cuBLASLt product: DGELU with a bias gradient");
+      epilogue = CUBLASLT_EPILOGUE_DGELU;
+      break;
   }
-  if (p.bias_gradient) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
     check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
                "epilogue");
-    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias_gradient,
-                                              sizeof(p.bias_gradient)),
-               "bias gradient");
-    const cudaDataType_t bias_type = CUDA_R_32F;
-    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-               "bias gradient type");
+  if (vector) {
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vector, sizeof(vector)),
+               "bias");
+    check_blas(
+        cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vector_type, sizeof(vector_type)),
+        "bias type");
+  }
+  if (p.gelu != GeluEpilogue::none) {
+    const int64_t aux_ld = p.m;  // the aux matrix's type is D's (the attribute left unset)
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)),
+               "aux");
+    check_blas(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+               "aux leading dimension");
   }
   l.a = layout(p.a_type, p.transpose_a ? p.k : p.m, p.transpose_a ? p.m : p.k, p.lda, p.batch, p.stride_a);
   l.b = layout(p.b_type, p.transpose_b ? p.n : p.k, p.transpose_b ? p.k : p.n, p.ldb, p.batch, p.stride_b);
@@ -180,7 +208,8 @@ bool run_product(const KernelContext& ctx, const Product& p) {
                     p.bias != nullptr,
                     p.beta != 0,
                     p.batch,
-                    p.bias_gradient != nullptr};
+                    p.bias_gradient != nullptr,
+                    int(p.gelu)};
   auto& cache = algorithm_cache();
   auto found = cache.find(key);
   if (found == cache.end()) {
@@ -197,7 +226,8 @@ bool run_product(const KernelContext& ctx, const Product& p) {
                                                                  candidate > 0 ? kOffers : 1, results, &count);
     const cublasLtMatmulHeuristicResult_t& result = results[candidate < count ? candidate : 0];
     cublasLtMatmulPreferenceDestroy(preference);
-    if (p.bias_gradient && (status != CUBLAS_STATUS_SUCCESS || count == 0)) {
+    const bool composable = p.bias_gradient || p.gelu != GeluEpilogue::none;  // the caller composes without it
+    if (composable && (status != CUBLAS_STATUS_SUCCESS || count == 0)) {
       cache.emplace(key, std::nullopt);
       return false;
     }
@@ -207,9 +237,16 @@ bool run_product(const KernelContext& ctx, const Product& p) {
   }
   if (!found->second) return false;
   const float alpha = 1.0f;
-  check_blas(cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &*found->second,
-                            ctx.workspace, p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes, stream(ctx)),
-             "matmul");
+  const cublasStatus_t status =
+      cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &*found->second,
+                     ctx.workspace, p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes, stream(ctx));
+  if (status == CUBLAS_STATUS_INVALID_VALUE && (p.bias_gradient || p.gelu != GeluEpilogue::none)) {
+    // An epilogue the heuristic offered but the call refuses for these types: compose, from now on.
+    cache.erase(found);
+    cache.emplace(key, std::nullopt);
+    return false;
+  }
+  check_blas(status, "matmul");
   return true;
 }
 
@@ -335,9 +372,11 @@ __global__ void add_column_sums(const float* sums, int64_t cols, void* db, DType
 
 }  // namespace
 
+namespace {
+
 // y (rows, M) = x (rows, K) W^T + b: C^T (M, rows) = W (M, K) x^T, W stored (K, M) column-major.
-void linear(const Node& node, const KernelContext& ctx) {
-  const ValueId x = node.inputs[0], w = node.inputs[1], y = node.outputs[0];
+Product forward_product(const Node& node, const KernelContext& ctx, ValueId y) {
+  const ValueId x = node.inputs[0], w = node.inputs[1];
   const Shape& ws = ctx.shape(w);
   const int64_t m = ws[0], k = ws[1], rows = ctx.shape(x).numel() / k;
   Product p;
@@ -351,11 +390,11 @@ void linear(const Node& node, const KernelContext& ctx) {
     if (ctx.dtype(node.inputs[2]) != p.c_type) throw InternalError("linear: bias and output types differ on CUDA");
     p.bias = ctx.data(node.inputs[2]);
   }
-  run_product(ctx, p);
+  return p;
 }
 
 // dx (rows, K) (+)= dy (rows, M) W (M, K): dx^T (K, rows) = W^T dy^T, both stored as they are.
-void linear_backward_input(const Node& node, const KernelContext& ctx) {
+Product input_gradient_product(const Node& node, const KernelContext& ctx) {
   const ValueId dy = node.inputs[0], w = node.inputs[1], dx = node.outputs[0];
   const Shape& ws = ctx.shape(w);
   const int64_t m = ws[0], k = ws[1], rows = ctx.shape(dy).numel() / m;
@@ -365,8 +404,64 @@ void linear_backward_input(const Node& node, const KernelContext& ctx) {
   p.b = ctx.data(dy), p.b_type = ctx.dtype(dy), p.ldb = m;
   p.c = ctx.data(dx), p.c_type = ctx.dtype(dx), p.ldc = k;
   p.beta = ctx.accumulates(node, 0) ? 1.0f : 0.0f;
-  run_product(ctx, p);
+  return p;
 }
+
+// Where a product's epilogue leaves `count` float sums: the workspace's last bytes (cuBLASLt has the
+// rest), or nullptr where the workspace is too small to split.
+float* split_sums(const KernelContext& ctx, Product& p, int64_t count) {
+  const size_t sums_bytes = (size_t(count) * sizeof(float) + 255) / 256 * 256;
+  if (ctx.workspace_bytes <= 2 * sums_bytes) return nullptr;
+  p.workspace_bytes = ctx.workspace_bytes - sums_bytes;
+  return reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + p.workspace_bytes);
+}
+
+std::atomic<int64_t> fused_gelu_products{0}, composed_gelu_products{0};
+
+}  // namespace
+
+void linear(const Node& node, const KernelContext& ctx) {
+  run_product(ctx, forward_product(node, ctx, node.outputs[0]));
+}
+
+void linear_backward_input(const Node& node, const KernelContext& ctx) {
+  run_product(ctx, input_gradient_product(node, ctx));
+}
+
+// a = x W^T + b, f = gelu(a): one product with the GELU_AUX_BIAS epilogue (a is its aux matrix);
+// where cuBLASLt has none for the shape or types, the product and the GELU kernel.
+void linear_gelu(const Node& node, const KernelContext& ctx) {
+  const ValueId a = node.outputs[0], f = node.outputs[1];
+  Product p = forward_product(node, ctx, f);
+  p.gelu = GeluEpilogue::gelu_aux;
+  p.aux = ctx.data(a);
+  if (p.beta == 0 && ctx.dtype(a) == ctx.dtype(f) && run_product(ctx, p)) {
+    ++fused_gelu_products;
+    return;
+  }
+  ++composed_gelu_products;
+  linear(Node{node.op, node.inputs, {a}, {}, false, node.backward, node.name}, ctx);
+  gelu(Node{node.op, {a}, {f}, {}, false, node.backward, node.name}, ctx);
+}
+
+// da = gelu'(a) * (dy W): one product with the DGELU epilogue; where cuBLASLt has none, the product
+// and the GELU backward kernel over its result in place.
+void linear_backward_input_gelu(const Node& node, const KernelContext& ctx) {
+  const ValueId a = node.inputs[2], da = node.outputs[0];
+  const Node product{node.op, {node.inputs[0], node.inputs[1]}, {da}, {}, false, true, node.name};
+  Product p = input_gradient_product(product, ctx);
+  p.gelu = GeluEpilogue::dgelu;
+  p.aux = ctx.data(a);
+  if (p.beta == 0 && ctx.dtype(a) == ctx.dtype(da) && run_product(ctx, p)) {
+    ++fused_gelu_products;
+    return;
+  }
+  ++composed_gelu_products;
+  linear_backward_input(product, ctx);
+  gelu_backward(Node{node.op, {a, da}, {da}, {}, false, true, node.name}, ctx);
+}
+
+GeluProducts gelu_products() { return {fused_gelu_products.load(), composed_gelu_products.load()}; }
 
 // dW (M, K) += dy^T x: dW^T (K, M) = x^T (K, rows) dy (rows, M); db (M) += column sums of dy.
 void linear_backward_weight(const Node& node, const KernelContext& ctx) {
@@ -385,12 +480,8 @@ void linear_backward_weight(const Node& node, const KernelContext& ctx) {
   }
   const ValueId db = node.outputs[1];
   if (!ctx.accumulates(node, 1)) throw InternalError("linear_backward_weight: the bias gradient always accumulates");
-  // The product's epilogue sums dy's columns into the workspace's last bytes (cuBLASLt has the
-  // rest); then they are added to db.
-  const size_t sums_bytes = (size_t(m) * sizeof(float) + 255) / 256 * 256;
-  if (ctx.workspace_bytes > 2 * sums_bytes) {
-    p.workspace_bytes = ctx.workspace_bytes - sums_bytes;
-    p.bias_gradient = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + p.workspace_bytes);
+  // The product's epilogue sums dy's columns into the workspace's last bytes; then they are added to db.
+  if ((p.bias_gradient = split_sums(ctx, p, m))) {
     if (run_product(ctx, p)) {
       add_column_sums<<<blocks_for(m, 128), 128, 0, stream(ctx)>>>(p.bias_gradient, m, ctx.data(db), ctx.dtype(db));
       check_launch("add_column_sums");

@@ -4,6 +4,8 @@
 
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
+#include "linalg/linear_gelu.h"
+#include "nn/activation.h"
 #include "recipe/diagnostic.h"
 #include "trainer/device.h"
 
@@ -97,6 +99,38 @@ TEST(DeviceSelection, StagedDeviceMemoryPlanHoldsOnlyWhatTheStepReads) {
     EXPECT_EQ(d.gradients, stage < 2 ? resident.gradients : 0) << stage;
     EXPECT_EQ(d.masters + d.optimizer_state + d.gradient_sum, 0) << stage;
     EXPECT_EQ(d.activations, std::max(step.train.arena_bytes, step.eval.arena_bytes)) << stage;
+  }
+}
+
+// The GPU plan runs each of GPT's MLPs as two fused nodes (ops/linalg/linear_gelu.h): every gelu and
+// gelu_backward node gone into a product, the same FLOPs, and an arena no larger (the gradient
+// between the input-gradient product and GELU's backward never exists). run.fusions=false and a
+// CPU plan keep the unfused graph.
+TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
+  auto count = [](const CompiledStep& step, const OpDef& op) {
+    int n = 0;
+    for (const Node& node : step.model.graph.nodes()) n += node.op == &op;
+    return n;
+  };
+  for (const char* mode : {"fp32", "bf16"}) {
+    const std::string precision = std::string("precision.mode=") + mode;
+    const recipe::Recipe gpu_recipe = quickstart({precision, "run.device=cuda"}).recipe;
+    const int layers = int(gpu_recipe.model.n_layer);
+    const CompiledStep gpu = compile_step(gpu_recipe);
+    const CompiledStep unfused = compile_step(quickstart({precision, "run.device=cuda", "run.fusions=false"}).recipe);
+    const CompiledStep cpu = compile_step(quickstart({precision, "run.device=cpu"}).recipe);
+    EXPECT_EQ(gpu.fusions.forward, layers) << mode;
+    EXPECT_EQ(gpu.fusions.backward, layers) << mode;
+    EXPECT_EQ(count(gpu, ops::kLinearGelu), layers) << mode;
+    EXPECT_EQ(count(gpu, ops::kLinearBackwardInputGelu), layers) << mode;
+    EXPECT_EQ(count(gpu, ops::kGelu) + count(gpu, ops::kGeluBackward), 0) << mode;
+    EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch) << mode;
+    EXPECT_LE(gpu.train.arena_bytes, unfused.train.arena_bytes) << mode;
+    for (const CompiledStep* plain : {&unfused, &cpu}) {
+      EXPECT_EQ(plain->fusions.forward + plain->fusions.backward, 0) << mode;
+      EXPECT_EQ(count(*plain, ops::kGelu), layers) << mode;
+      EXPECT_EQ(count(*plain, ops::kGeluBackward), layers) << mode;
+    }
   }
 }
 

@@ -16,6 +16,8 @@
 
 #include "core/build_flags.h"
 #include "core/device_info.h"
+#include "linalg/gemm16.h"
+#include "linalg/linear_gelu.h"
 #include "op_harness.h"
 
 namespace engine::op_harness {
@@ -34,7 +36,9 @@ TEST_P(CudaBackend, EveryOpMatchesTheCpu) {
   std::mt19937 shape_rng{static_cast<uint32_t>(seed)};
   int64_t compared = 0, bits_differ = 0, bit_equal_cases = 0, ran = 0;
   double worst_forward = 0, worst_backward = 0;
-  for (const Case& c : cases(shape_rng)) {
+  std::vector<Case> all = cases(shape_rng);
+  for (Case& c : fusion_cases(shape_rng)) all.push_back(std::move(c));
+  for (const Case& c : all) {
     DeviceComparison result;
     try {
       result = run_case_against_cpu(c, uint64_t(seed) + 11, {.storage = storage});
@@ -49,6 +53,9 @@ TEST_P(CudaBackend, EveryOpMatchesTheCpu) {
     worst_forward = std::max(worst_forward, result.worst_forward);
     worst_backward = std::max(worst_backward, result.worst_backward);
   }
+  const cuda::GeluProducts gelu = cuda::gelu_products();
+  std::cout << "GELU products so far: " << gelu.fused << " in cuBLASLt's epilogue, " << gelu.composed
+            << " as the product and the GELU kernel\n";
   std::cout << storage_name(storage) << " seed " << seed << ": " << ran << " cases, " << bit_equal_cases
             << " bit-equal; " << bits_differ << " of " << compared << " elements bit-different; worst forward "
             << worst_forward << ", backward " << worst_backward << "\n";
@@ -80,6 +87,23 @@ TEST_P(CudaHarness, CpuAgainstCpuIsBitEqual) {
     EXPECT_EQ(result.bits_differ, 0) << c.name << ": two CPU runs of the same step differ";
     EXPECT_EQ(result.worst_forward, 0) << c.name;
     EXPECT_EQ(result.worst_backward, 0) << c.name;
+  }
+}
+
+// The fused sequences, fused on the second CPU run: the fused ops' CPU kernels run the unfused
+// kernels in turn, so they give the unfused graph's bits wherever the products take the 16-bit
+// values as they are (f32, and 16-bit types this CPU's matmul computes natively; elsewhere the
+// executor widens the fused node's values, and its GELU reads the product before it is rounded).
+TEST_P(CudaHarness, FusedCpuKernelsGiveTheUnfusedBits) {
+  const DType storage = GetParam();
+  std::mt19937 shape_rng{1};
+  for (const Case& c : fusion_cases(shape_rng)) {
+    const DeviceComparison result = run_case_against_cpu(c, 12, {.storage = storage}, Device{});
+    EXPECT_EQ(result.fused, 2) << c.name << ": the forward and the backward pair fused";
+    EXPECT_GT(result.compared, 0) << c.name;
+    if (storage == DType::f32 || ops::matmul_16bit_available(storage)) {
+      EXPECT_EQ(result.bits_differ, 0) << c.name;
+    }
   }
 }
 

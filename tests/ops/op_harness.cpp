@@ -16,6 +16,7 @@
 #include "graph/autodiff.h"
 #include "graph/precision.h"
 #include "linalg/linear.h"
+#include "linalg/linear_gelu.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
 
@@ -310,7 +311,13 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
   const DeviceRun cpu = run_on(*built, store, in, seed, Device{});
   for (size_t p = 0; p < built->params.size(); ++p)
     std::memcpy(store.param_storage(int(p)), saved[p].data(), saved[p].size());
-  const DeviceRun other = run_on(*built, store, in, seed, device);
+  // The same values and parameters, the pairs the GPU plan fuses fused.
+  std::unique_ptr<CaseGraph> fused = build_case_graph(c, storage);
+  if (options.fuse_on_device) {
+    const ops::GeluFusions counts = ops::fuse_linear_gelu(fused->graph);
+    comparison.fused = counts.forward + counts.backward;
+  }
+  const DeviceRun other = run_on(*fused, store, in, seed, device);
 
   // Tolerances relative to max |cpu| of each tensor (op_harness.h). f32: each device is within the
   // case's tolerance t (1 + |y|) of the reference, so the two within 2 t (1 + M) of each other, M
@@ -327,13 +334,13 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
   const bool sixteen = storage != DType::f32;
   const double ulp = 2 * unit_roundoff(storage);
   const double forward_tolerance = c.forward_tolerance == 0 ? 0
-                                   : sixteen                ? 2 * ulp
+                                   : sixteen                ? 2 * ulp * c.rounded_steps
                                                             : f32_tolerance(c.forward_tolerance, cpu.out);
   compare_to_cpu(cpu.out, other.out, forward_tolerance, "output", comparison.worst_forward, comparison);
   if (c.differentiable)
     for (size_t p = 0; p < cpu.grads.size(); ++p) {
       const double backward_tolerance = c.straight_through ? 0
-                                        : sixteen          ? 4 * ulp
+                                        : sixteen          ? 4 * ulp * c.rounded_steps
                                                            : f32_tolerance(c.backward_tolerance, cpu.grads[p]);
       compare_to_cpu(cpu.grads[p], other.grads[p], backward_tolerance, "d input " + std::to_string(p),
                      comparison.worst_backward, comparison);
@@ -342,7 +349,8 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
     std::cout << "  " << c.name << " [" << dtype_name(storage) << "] " << device_name(device)
               << " against cpu: worst forward " << comparison.worst_forward << " (tolerance " << forward_tolerance
               << "), backward " << comparison.worst_backward << "; bit-different " << comparison.bits_differ << " of "
-              << comparison.compared << (comparison.bits_differ == 0 ? " (bit-equal)" : "") << "\n";
+              << comparison.compared << (comparison.bits_differ == 0 ? " (bit-equal)" : "")
+              << (comparison.fused ? "; " + std::to_string(comparison.fused) + " fused nodes" : std::string()) << "\n";
   return comparison;
 }
 

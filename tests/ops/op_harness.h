@@ -42,12 +42,19 @@ struct Case {
   bool weighted = true;           // false for the loss op, whose gradient ignores R (R = 1)
   bool straight_through = false;  // the gradient is the op applied to dy (rounding), not finite differences
   bool differentiable = true;     // false for ops without a gradient rule (host_copy): forward only
+  // 16-bit device comparisons: ops in sequence whose rounded outputs feed the next (a flip in one
+  // moves the next by up to an ulp of its own): the bounds scale with it.
+  int rounded_steps = 1;
 };
 
 struct RunOptions {
   DType storage = DType::f32;     // where the graph's values are stored (bf16, fp16: through the precision pass)
   bool rounded_gradient = false;  // 16-bit: the parameters' gradient is rounded to the storage type on its way
   bool print_path = false;        // print how the linear ops compute in this storage type
+  // run_case_against_cpu: the other device runs the graph after the GPU plan's fusion pass
+  // (ops/linalg/linear_gelu.h), the CPU the unfused graph: each fused kernel against its unfused
+  // CPU composition.
+  bool fuse_on_device = true;
 };
 
 // Runs case `c`: its forward against the reference, then its backward against finite differences.
@@ -77,11 +84,15 @@ struct DeviceComparison {
   double worst_forward = 0, worst_backward = 0;  // relative to max |cpu| of each tensor
   int64_t compared = 0;                          // elements compared (output and gradients)
   int64_t bits_differ = 0;                       // of them, not bit-equal
+  int fused = 0;                                 // nodes the other device ran fused
 };
 DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOptions& options = {},
                                       Device device = Device{Device::Kind::cuda, 0});
 
 // Every op's case, on shapes drawn from `shape_rng`.
 std::vector<Case> cases(std::mt19937& shape_rng);
+// Op sequences the GPU plan fuses (GPT's MLP: linear, gelu, linear), on odd shapes and on shapes
+// whose sizes are multiples of 8 (cuBLASLt's GELU epilogues need them).
+std::vector<Case> fusion_cases(std::mt19937& shape_rng);
 
 }  // namespace engine::op_harness
