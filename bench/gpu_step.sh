@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU step against PyTorch on the same card, in one run: GPT-2 124M (bench/gpt2-124m-gpu.yaml:
-# bf16, batch 32 x 1024, AdamW) trained by this engine, by PyTorch eager (bf16 autocast, SDPA,
-# fused AdamW) and by torch.compile of the same model. Prints tokens/s, MFU (model FLOPs per token:
-# 6 N + 6 L T C, over the card's dense bf16 peak, 989 TFLOP/s for an H100/H200 SXM) and peak
-# memory, then the engine's ten most expensive ops (telemetry.op_table, timed with CUDA events).
+# bf16, batch 32 x 1024, AdamW) or a Llama of 1.1B (bench/llama-1b-gpu.yaml: bf16, batch 8 x 2048,
+# GQA, SwiGLU, RoPE, AdamW) trained by this engine, by PyTorch eager (bf16 autocast, SDPA, fused
+# AdamW) and by torch.compile of the same model. Prints tokens/s, MFU (model FLOPs per token:
+# 6 N + 6 L T C, N the parameters the products use, over the card's dense bf16 peak, 989 TFLOP/s
+# for an H100/H200 SXM, and over its measured cuBLASLt rate) and peak memory (the engine's with its
+# plan), then the engine's ten most expensive ops (telemetry.op_table, timed with CUDA events).
 #
-#   bench/gpu_step.sh [STEPS]    (default 12; the first 3 steps of each run are not timed)
+#   bench/gpu_step.sh [STEPS] [gpt2 | llama]   (default 12 gpt2; the first 3 steps of each run are not timed)
 #   ENGINE   the engine's command (default build/engine; e.g. "bash .device/run.sh engine")
 #   PYTHON   the Python with PyTorch and CUDA (default python3)
 set -euo pipefail
@@ -15,9 +17,25 @@ read -r -a engine <<< "${ENGINE:-build/engine}"
 python=${PYTHON:-python3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-vocab=50304 context=1024 layers=12 heads=12 width=768 batch=32
-params=$((vocab * width + context * width + layers * (12 * width * width + 13 * width) + 2 * width))
-flops_per_token=$((6 * params + 6 * layers * context * width))
+model=${2:-gpt2}
+case $model in
+  gpt2)
+    recipe=bench/gpt2-124m-gpu.yaml title="GPT-2 124M" arch=gpt
+    vocab=50304 context=1024 layers=12 heads=12 width=768 batch=32 torch_extra=()
+    # Every parameter, as llm.c counts GPT-2's 124M.
+    counted_params=$((vocab * width + context * width + layers * (12 * width * width + 13 * width) + 2 * width))
+    ;;
+  llama)
+    recipe=bench/llama-1b-gpu.yaml title="Llama 1.1B (GQA 32/4, SwiGLU 5632, RoPE)" arch=llama
+    vocab=32000 context=2048 layers=22 heads=32 width=2048 batch=8 kv_heads=4 ffn=5632 torch_extra=(4 5632)
+    kv=$((kv_heads * width / heads))
+    # Every parameter but the input embedding, a lookup (as torchtitan counts a Llama's).
+    counted_params=$((vocab * width + layers * (width * (width + 2 * kv) + width * width + 3 * width * ffn + 2 * width) + width))
+    ;;
+  *) echo "gpu_step.sh: the model is gpt2 or llama, not $model" >&2; exit 2 ;;
+esac
+name=$(sed -n 's/^  name: //p' "$recipe" | head -1)
+flops_per_token=$((6 * counted_params + 6 * layers * context * width))
 
 median_rate() {  # metrics.jsonl: the median tokens/s of the timed steps
   python3 - "$1" <<'PY'
@@ -29,18 +47,19 @@ PY
 }
 # Timed without the op table (its events cost the step a little), then without the GPU plan's
 # fusions (run.fusions=false: what they gain), then once more with the op table.
-"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out" \
+"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out" \
   > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
-engine_rate=$(median_rate "$out/gpt2-124m-gpu/metrics.jsonl")
-"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out/unfused" run.fusions=false \
+engine_rate=$(median_rate "$out/$name/metrics.jsonl")
+"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/unfused" run.fusions=false \
   > "$out/engine-unfused.log" 2>&1 || { cat "$out/engine-unfused.log"; exit 1; }
-unfused_rate=$(median_rate "$out/unfused/gpt2-124m-gpu/metrics.jsonl")
+unfused_rate=$(median_rate "$out/unfused/$name/metrics.jsonl")
 unfused_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unfused.log" | head -1 | sed 's/device memory peak //' || true)
-"${engine[@]}" train bench/gpt2-124m-gpu.yaml "train.steps=$steps" run.output_dir="$out/op-table" \
+"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/op-table" \
   telemetry.op_table=true > "$out/engine-op-table.log" 2>&1 || { cat "$out/engine-op-table.log"; exit 1; }
 engine_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine.log" | head -1 | sed 's/device memory peak //' || true)
 run_torch() {
-  (cd bench && "$python" pytorch_gpt_cuda.py $vocab $context $layers $heads $width $batch "$steps" "$1") \
+  (cd bench && "$python" pytorch_lm_cuda.py $arch $vocab $context $layers $heads $width $batch "$steps" "$1" \
+    "${torch_extra[@]}") \
     2> "$out/torch_$1.log" || { cat "$out/torch_$1.log"; return 1; }
 }
 eager=$(run_torch eager)
@@ -51,7 +70,7 @@ measured=$(grep -o 'MFU against [0-9.]* GFLOP/s' "$out/engine.log" | head -1 | g
 row() {  # name tokens/s peak
   python3 -c "import sys; r=float(sys.argv[2]); m=float('${measured:-0}')*1e9 or float('nan'); f=r*$flops_per_token; print(f'| {sys.argv[1]:<22} | {r/1e3:9.1f}K | {100*f/989e12:5.1f}% | {100*f/m:11.1f}% | {sys.argv[3]:>12} |')" "$@"
 }
-echo "GPT-2 124M, bf16, batch $batch x $context, AdamW, $steps steps (3 untimed); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+echo "$title, bf16, batch $batch x $context, AdamW, $steps steps (3 untimed); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 echo "MFU: model FLOPs against the datasheet's dense bf16 peak (989 TFLOP/s), and against the card's measured cuBLASLt bf16 rate (${measured:-?} GFLOP/s)"
 echo "| run                    |  tokens/s  |  MFU  | MFU measured | peak memory  |"
 echo "|------------------------|------------|-------|--------------|--------------|"

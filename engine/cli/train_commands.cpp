@@ -197,11 +197,11 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     std::printf("  recompute        %.4g per step (+%.1f%%): %lld forward nodes rerun in %d segments\n",
                 rc.extra_flops * double(accumulation), 100 * rc.extra_flops / (flops_micro - rc.extra_flops),
                 (long long)rc.cloned_nodes, rc.segments);
-  if (session.fusions.forward + session.fusions.backward > 0)
+  if (session.fusions.total() > 0)
     std::printf(
-        "  fused            %d products with the GELU after them, %d input gradients with GELU's backward "
-        "(run.fusions)\n",
-        session.fusions.forward, session.fusions.backward);
+        "  fused            %d products with the GELU after them, %d input gradients with GELU's backward, "
+        "%d gradient copies into the norm backward that adds to them (run.fusions)\n",
+        session.fusions.gelu.forward, session.fusions.gelu.backward, session.fusions.gradient_copies);
 
   std::cout << "\nprecision (" << dtype_name(compute_dtype(r)) << "; master weights and optimizer state fp32):\n"
             << "  op                         nodes  stores    computes\n"

@@ -48,6 +48,18 @@ ValueId Graph::add_activation(std::string name, Shape shape, DType dtype) {
   return static_cast<ValueId>(values_.size() - 1);
 }
 
+void Graph::remove_nodes(const std::vector<bool>& removed) {
+  std::vector<Node> kept;
+  size_t forward = 0;
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    if (n < removed.size() && removed[n]) continue;
+    if (n < forward_size_) ++forward;
+    kept.push_back(std::move(nodes_[n]));
+  }
+  nodes_ = std::move(kept);
+  forward_size_ = forward;
+}
+
 void Graph::add_node(Node node) {
   ENGINE_CHECK(node.op != nullptr, "node without op");
   for (ValueId id : node.inputs) ENGINE_CHECK(id >= 0 && id < static_cast<ValueId>(values_.size()), "bad input");

@@ -121,6 +121,8 @@ class Graph {
   void set_forward_size(size_t size) { forward_size_ = size; }
   // For graph passes (recompute) that rewrite the backward part of the node list.
   std::vector<Node>& mutable_nodes() { return nodes_; }
+  // Drops the nodes whose index `removed` marks (fusion passes), keeping the forward part's end.
+  void remove_nodes(const std::vector<bool>& removed);
   Value& mutable_value(ValueId id) { return values_[static_cast<size_t>(id)]; }
   // For the wrap pass, which regroups units (and so every parameter's unit and offset).
   std::vector<Param>& mutable_params() { return params_; }

@@ -55,8 +55,7 @@ WrapPolicySpec wrap_policy(const recipe::DistributedSection& d) {
   return {WrapPolicySpec::Kind::block, d.wrap_size};
 }
 
-ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute,
-                                ops::GeluFusions& fusions) {
+ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute, FusionReport& fusions) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
@@ -66,8 +65,11 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeRep
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
   recompute = apply_recompute(model.graph, r.activation_checkpointing);
-  // The GPU's fused kernels (ops/linalg/linear_gelu.h); a CPU plan keeps every op its own kernel.
-  if (r.run.fusions && planned_for_cuda(r)) fusions = ops::fuse_linear_gelu(model.graph);
+  // The GPU's fused kernels (FusionReport); a CPU plan keeps every op its own kernel.
+  if (r.run.fusions && planned_for_cuda(r)) {
+    fusions.gelu = ops::fuse_linear_gelu(model.graph);
+    fusions.gradient_copies = ops::fuse_gradient_copies(model.graph);
+  }
   return model;
 }
 

@@ -26,6 +26,7 @@
 #include "graph/recompute.h"
 #include "linalg/linear_gelu.h"
 #include "models/model.h"
+#include "nn/layernorm.h"
 #include "offload/offloaded_state.h"
 #include "optim/device_optimizer.h"
 #include "optim/loss_scaler.h"
@@ -72,6 +73,14 @@ struct TrafficPlan {
 
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
 // plans of a training and an evaluation step. `engine plan` stops here.
+// What the GPU plan's fusion passes changed (run.fusions): products that carry their GELU
+// (ops/linalg/linear_gelu.h), gradient copies a norm's backward reads instead (nn/layernorm.h).
+struct FusionReport {
+  ops::GeluFusions gelu;
+  int gradient_copies = 0;
+  int total() const { return gelu.forward + gelu.backward + gradient_copies; }
+};
+
 struct CompiledStep {
   ModelGraph model;
   Plan train, eval;
@@ -82,8 +91,8 @@ struct CompiledStep {
   // or how its kernels are built. flops_per_micro_batch is what the hardware executes.
   double model_flops_per_micro_batch = 0;
   RecomputeReport recompute;
-  ops::GeluFusions fusions;  // GPU plans: the fc products that carry their GELU (run.fusions)
-  ShardingSpec sharding;     // rank 0's; the plan is the same on every rank
+  FusionReport fusions;   // GPU plans (run.fusions)
+  ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
   TrafficPlan traffic;
   OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
 };

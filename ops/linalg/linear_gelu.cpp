@@ -113,15 +113,7 @@ GeluFusions fuse_linear_gelu(Graph& g) {
     erased[i] = true;
     ++fused.backward;
   }
-  std::vector<Node> kept;
-  size_t forward_size = 0;
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    if (erased[n]) continue;
-    if (n < g.forward_size()) ++forward_size;
-    kept.push_back(std::move(nodes[n]));
-  }
-  nodes = std::move(kept);
-  g.set_forward_size(forward_size);
+  g.remove_nodes(erased);
   return fused;
 }
 

@@ -9,6 +9,7 @@
 #include "core/cpu_isa.h"
 #include "cuda_kernels.h"
 #include "elementwise/widened.h"
+#include "graph/autodiff.h"
 #include "nn/softmax_rows.h"
 
 namespace engine::ops {
@@ -242,6 +243,15 @@ double norm_flops(const Graph& g, const Node& n) { return 8.0 * double(g.value(n
 
 constexpr const char* kCudaRows16 = "16-bit rows read and written directly, fp32 arithmetic";
 
+// inputs dy, x, w, mean, rstd, base; outputs dx, dw [, db]: base copied to dx, the backward added.
+void norm_backward_onto_cpu(const Node& node, const KernelContext& ctx) {
+  copy_kernel(Node{&kAccumulate, {node.inputs[5]}, {node.outputs[0]}, {}, false, true, node.name}, ctx);
+  std::vector<ValueId> inputs(node.inputs.begin(), node.inputs.begin() + 5);
+  norm_backward_cpu(Node{node.op, inputs, node.outputs, node.attrs, true, true, node.name}, ctx);
+}
+
+bool is_norm_backward(const OpDef* op) { return op == &kLayerNormBackward || op == &kRmsNormBackward; }
+
 }  // namespace
 
 constexpr uint32_t kStatisticsInFp32 = 0b110;  // outputs 1 and 2: mean and rstd
@@ -275,6 +285,48 @@ const OpDef kRmsNormBackward{.name = "rmsnorm_backward",
                              .flops = norm_flops,
                              .native_16bit = kWidenedRows,
                              .cuda_16bit = kCudaRows16};
+
+const OpDef kNormBackwardOnto{.name = "norm_backward_onto",
+                              .cpu = norm_backward_onto_cpu,
+                              .cuda = cuda::norm_backward,
+                              .flops = norm_flops,
+                              .native_16bit = kWidenedRows,
+                              .cuda_16bit = kCudaRows16};
+
+int fuse_gradient_copies(Graph& g) {
+  std::vector<Node>& nodes = g.mutable_nodes();
+  std::vector<bool> erased(nodes.size());
+  int fused = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& copy = nodes[i];
+    if (copy.op != &kAccumulate || copy.accumulate) continue;
+    const ValueId base = copy.inputs[0], dx = copy.outputs[0];
+    if (g.value(dx).placement != Placement::activation || g.value(base).dtype != g.value(dx).dtype) continue;
+    // The next node that touches the copy; base must not change before it reads it.
+    size_t j = i + 1;
+    bool base_written = false;
+    for (; j < nodes.size(); ++j) {
+      const Node& n = nodes[j];
+      bool touches = false;
+      for (ValueId v : n.inputs) touches = touches || v == dx;
+      for (ValueId v : n.outputs) {
+        touches = touches || v == dx;
+        base_written = base_written || v == base;
+      }
+      if (touches) break;
+    }
+    if (j == nodes.size() || base_written) continue;
+    Node& norm = nodes[j];
+    if (!is_norm_backward(norm.op) || !norm.accumulate || norm.outputs[0] != dx || norm.inputs.size() != 5) continue;
+    norm.op = &kNormBackwardOnto;
+    norm.inputs.push_back(base);
+    norm.accumulate = false;
+    erased[i] = true;
+    ++fused;
+  }
+  g.remove_nodes(erased);
+  return fused;
+}
 
 ValueId layernorm(Graph& g, ValueId x, ValueId w, ValueId b, double eps, const std::string& name) {
   return norm(g, kLayerNorm, x, w, b, eps, false, name);

@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(ops::kNormBackwardLanes)
                          FloatArray<W> w,                               // (c)
                          FloatArray<void> mean, FloatArray<void> rstd,  // (rows)
                          FloatArray<T> dx,                              // (rows, c)
+                         FloatArray<T> base,                            // (rows, c): dx, or what dx starts from
                          float* dw_groups,                              // (groups, c)
                          float* db_groups,                              // (groups, c) or null
                          int64_t rows, int64_t c, int64_t group_rows, bool rms, bool accumulate) {
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(ops::kNormBackwardLanes)
   const int64_t g = blockIdx.x;
   const int64_t begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
   ops::norm_backward_rows(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
-                          db_groups ? db_groups + g * c : nullptr, dx, accumulate);
+                          db_groups ? db_groups + g * c : nullptr, dx, base, accumulate);
 }
 
 // One warp per group of rows, kNormRowsPerBlock groups a block; P the rows' pack, K packs a lane at
@@ -71,7 +72,7 @@ template <class T, class W, int P, int K>
 __global__ void __launch_bounds__(kBlockThreads, 2)  // two blocks an SM at least: 16 warps, 128 registers each
     norm_backward_registers_kernel(FloatArray<T> dy, FloatArray<T> x, FloatArray<W> w,  // (rows, c), (rows, c), (c)
                                    FloatArray<void> mean, FloatArray<void> rstd,        // (rows)
-                                   FloatArray<T> dx,                                    // (rows, c)
+                                   FloatArray<T> dx, FloatArray<T> base,                // (rows, c) each
                                    float* dw_groups, float* db_groups,                  // (groups, c); db or null
                                    int64_t rows, int64_t c, int64_t groups, int64_t group_rows, bool rms,
                                    bool accumulate) {
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)  // two blocks an SM at leas
   if (g >= groups) return;
   const int64_t begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
   ops::norm_backward_rows_in_registers<P, K>(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
-                                             db_groups ? db_groups + g * c : nullptr, dx, accumulate);
+                                             db_groups ? db_groups + g * c : nullptr, dx, base, accumulate);
 }
 
 // The groups' partial sums are added in kSumSlices slices of consecutive groups, each slice by a
@@ -167,7 +168,8 @@ void norm(const Node& node, const KernelContext& ctx) {
   check_launch("norm_forward_kernel");
 }
 
-// inputs dy, x, w, mean, rstd; outputs dx, dw [, db] (the scale and shift gradients are added to)
+// inputs dy, x, w, mean, rstd [, base]; outputs dx, dw [, db] (the scale and shift gradients are
+// added to). With base (norm_backward_onto, nn/layernorm.h), dx = base + the input gradient.
 void norm_backward(const Node& node, const KernelContext& ctx) {
   const Shape& xs = ctx.shape(node.inputs[1]);
   const int64_t rows = xs.rows(), c = xs.last();
@@ -179,7 +181,9 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   const DType type = ctx.dtype(node.inputs[1]);
   const int64_t pack = 16 / int64_t(dtype_size(type));
   bool in_registers = c % pack == 0 && c <= kMaxPacks * 32 * pack && pack_aligned(ctx.data(node.inputs[2]));
-  for (ValueId id : {node.inputs[0], node.inputs[1], node.outputs[0]})
+  const ValueId base = node.inputs.size() > 5 ? node.inputs[5] : node.outputs[0];
+  const bool accumulate = base != node.outputs[0] || ctx.accumulates(node, 0);
+  for (ValueId id : {node.inputs[0], node.inputs[1], node.outputs[0], base})
     in_registers = in_registers && ctx.dtype(id) == type && pack_aligned(ctx.data(id));
   // The groups' partial sums live in the workspace: fewer, longer groups if it is short.
   // The slices' double sums take the workspace's first bytes.
@@ -209,8 +213,8 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
             kernel<<<blocks_of(groups), kBlockThreads, 0, stream(ctx)>>>(
                 float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
                 float_array<W>(ctx, node.inputs[2]), float_array<void>(ctx, node.inputs[3]),
-                float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), dw_groups, db_groups,
-                rows, c, groups, group_rows, is_rms(node), ctx.accumulates(node, 0));
+                float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), float_array<T>(ctx, base),
+                dw_groups, db_groups, rows, c, groups, group_rows, is_rms(node), accumulate);
           };
           if (packs_per_lane <= 2)
             launch(norm_backward_registers_kernel<T, W, P, 2>);
@@ -223,15 +227,15 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
     });
     check_launch("norm_backward_registers_kernel");
   } else {
-    with_float_type(ctx, {node.inputs[0], node.inputs[1], node.outputs[0]}, [&](auto rows_tag) {
+    with_float_type(ctx, {node.inputs[0], node.inputs[1], node.outputs[0], base}, [&](auto rows_tag) {
       using T = typename decltype(rows_tag)::type;
       with_float_type(ctx, {node.inputs[2]}, [&](auto params_tag) {
         using W = typename decltype(params_tag)::type;
         norm_backward_kernel<T, W><<<unsigned(groups), ops::kNormBackwardLanes, 0, stream(ctx)>>>(
             float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
             float_array<W>(ctx, node.inputs[2]), float_array<void>(ctx, node.inputs[3]),
-            float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), dw_groups, db_groups, rows, c,
-            group_rows, is_rms(node), ctx.accumulates(node, 0));
+            float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), float_array<T>(ctx, base),
+            dw_groups, db_groups, rows, c, group_rows, is_rms(node), accumulate);
       });
     });
     check_launch("norm_backward_kernel");

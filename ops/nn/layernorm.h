@@ -16,4 +16,13 @@ ValueId rmsnorm(Graph& g, ValueId x, ValueId w, double eps, const std::string& n
 
 extern const OpDef kLayerNorm, kLayerNormBackward, kRmsNorm, kRmsNormBackward;
 
+// norm_backward_onto: either norm's backward with a sixth input, base: dx = base + the input
+// gradient. A residual stream's value feeds both a norm and an addition, so autodiff copies the
+// addition's gradient (an accumulate node) and the norm's backward adds onto the copy; this op
+// reads the gradient where it lies instead, one pass over the rows fewer and the same bits (the
+// copy is exact, the sum rounded once either way). fuse_gradient_copies puts it in a GPU plan (after
+// autodiff and recompute) and returns how many copies it removed; the CPU kernel copies and adds.
+extern const OpDef kNormBackwardOnto;
+int fuse_gradient_copies(Graph& g);
+
 }  // namespace engine::ops

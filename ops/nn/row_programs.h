@@ -207,12 +207,13 @@ ENGINE_HOST_DEVICE inline float norm_input_gradient(float d, float w, float x, f
   return s * (d * w - mean_g - (x - m) * s * mean_gx);
 }
 
-// Rows [begin, end) of the backward: dx (= or +=) rstd (g - mean(g) - xhat mean(g xhat)), g = dy w
-// (rmsnorm: no mean(g) term); the rows' scale (and shift) gradients summed in float, in row order,
-// into dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
+// Rows [begin, end) of the backward: dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (rmsnorm:
+// no mean(g) term), or with `accumulate` dx = base + that (base: dx itself, or another gradient the
+// result starts from); the rows' scale (and shift) gradients summed in float, in row order, into
+// dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
 template <class L, class DY, class X, class W, class S, class DX>
 ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
-                                           int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx,
+                                           int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx, DX base,
                                            bool accumulate) {
   constexpr int n = L::kCount;
   lanes.each([&](int l) {
@@ -227,6 +228,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
     const auto dyr = dy + r * c;
     const auto xr = x + r * c;
     const auto dxr = dx + r * c;
+    const auto baser = base + r * c;
     const float m = row_load(mean, r), s = row_load(rstd, r);
     lanes.each([&](int l) {
       float a = 0.0f, ax = 0.0f;
@@ -246,7 +248,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
     lanes.each([&](int l) {
       for (int64_t i = l; i < c; i += n) {
         const float v = norm_input_gradient(row_load(dyr, i), row_load(w, i), row_load(xr, i), m, s, mean_g, mean_gx);
-        row_store(dxr, i, accumulate ? row_load(dxr, i) + v : v);
+        row_store(dxr, i, accumulate ? row_load(baser, i) + v : v);
       }
     });
   }
@@ -264,7 +266,7 @@ struct PackRegisters {
 template <int P, int K, class L, class DY, class X, class W, class S, class DX>
 ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
                                                         int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx,
-                                                        bool accumulate) {
+                                                        DX base, bool accumulate) {
   constexpr int n = L::kCount;
   const int64_t packs = c / P;
   typename L::template Local<PackRegisters<P, K>> dw_acc, db_acc;
@@ -278,6 +280,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
     const auto dyr = dy + r * c;
     const auto xr = x + r * c;
     const auto dxr = dx + r * c;
+    const auto baser = base + r * c;
     const float m = row_load(mean, r), s = row_load(rstd, r);
     lanes.each([&](int l) {
       float a = 0.0f, ax = 0.0f;
@@ -309,7 +312,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
         row_load_pack<P>(dyr, p, d);
         row_load_pack<P>(xr, p, xv);
         row_load_pack<P>(w, p, wv);
-        if (accumulate) row_load_pack<P>(dxr, p, out);
+        if (accumulate) row_load_pack<P>(baser, p, out);
         for (int j = 0; j < P; ++j) {
           const float v = norm_input_gradient(d[j], wv[j], xv[j], m, s, mean_g, mean_gx);
           out[j] = accumulate ? out[j] + v : v;

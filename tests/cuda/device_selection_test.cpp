@@ -4,8 +4,10 @@
 
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
+#include "graph/autodiff.h"
 #include "linalg/linear_gelu.h"
 #include "nn/activation.h"
+#include "nn/layernorm.h"
 #include "recipe/diagnostic.h"
 #include "trainer/device.h"
 
@@ -103,9 +105,10 @@ TEST(DeviceSelection, StagedDeviceMemoryPlanHoldsOnlyWhatTheStepReads) {
 }
 
 // The GPU plan runs each of GPT's MLPs as two fused nodes (ops/linalg/linear_gelu.h): every gelu and
-// gelu_backward node gone into a product, the same FLOPs, and an arena no larger (the gradient
-// between the input-gradient product and GELU's backward never exists). run.fusions=false and a
-// CPU plan keep the unfused graph.
+// gelu_backward node gone into a product; and each residual gradient copy into the norm backward
+// that adds to it (nn/layernorm.h). The same FLOPs but the copies', and an arena no larger (the
+// gradient between the input-gradient product and GELU's backward, and the copies, never exist).
+// run.fusions=false and a CPU plan keep the unfused graph.
 TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
   auto count = [](const CompiledStep& step, const OpDef& op) {
     int n = 0;
@@ -119,15 +122,21 @@ TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
     const CompiledStep gpu = compile_step(gpu_recipe);
     const CompiledStep unfused = compile_step(quickstart({precision, "run.device=cuda", "run.fusions=false"}).recipe);
     const CompiledStep cpu = compile_step(quickstart({precision, "run.device=cpu"}).recipe);
-    EXPECT_EQ(gpu.fusions.forward, layers) << mode;
-    EXPECT_EQ(gpu.fusions.backward, layers) << mode;
+    EXPECT_EQ(gpu.fusions.gelu.forward, layers) << mode;
+    EXPECT_EQ(gpu.fusions.gelu.backward, layers) << mode;
     EXPECT_EQ(count(gpu, ops::kLinearGelu), layers) << mode;
     EXPECT_EQ(count(gpu, ops::kLinearBackwardInputGelu), layers) << mode;
     EXPECT_EQ(count(gpu, ops::kGelu) + count(gpu, ops::kGeluBackward), 0) << mode;
-    EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch) << mode;
+    // Each block's two residual gradients: read by the norm's backward instead of copied for it.
+    EXPECT_EQ(gpu.fusions.gradient_copies, 2 * layers) << mode;
+    EXPECT_EQ(count(gpu, ops::kNormBackwardOnto), 2 * layers) << mode;
+    EXPECT_EQ(count(unfused, kAccumulate) - count(gpu, kAccumulate), 2 * layers) << mode;
+    const double copies_flops = 2.0 * double(layers) * double(gpu_recipe.model.n_embd) *
+                                double(*gpu_recipe.train.micro_batch_size * *gpu_recipe.data.sequence_length);
+    EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch - copies_flops) << mode;
     EXPECT_LE(gpu.train.arena_bytes, unfused.train.arena_bytes) << mode;
     for (const CompiledStep* plain : {&unfused, &cpu}) {
-      EXPECT_EQ(plain->fusions.forward + plain->fusions.backward, 0) << mode;
+      EXPECT_EQ(plain->fusions.total(), 0) << mode;
       EXPECT_EQ(count(*plain, ops::kGelu), layers) << mode;
       EXPECT_EQ(count(*plain, ops::kGeluBackward), layers) << mode;
     }

@@ -51,9 +51,9 @@ struct RunOptions {
   DType storage = DType::f32;     // where the graph's values are stored (bf16, fp16: through the precision pass)
   bool rounded_gradient = false;  // 16-bit: the parameters' gradient is rounded to the storage type on its way
   bool print_path = false;        // print how the linear ops compute in this storage type
-  // run_case_against_cpu: the other device runs the graph after the GPU plan's fusion pass
-  // (ops/linalg/linear_gelu.h), the CPU the unfused graph: each fused kernel against its unfused
-  // CPU composition.
+  // run_case_against_cpu: the other device runs the graph after the GPU plan's fusion passes
+  // (ops/linalg/linear_gelu.h, nn/layernorm.h), the CPU the unfused graph: each fused kernel
+  // against its unfused CPU composition.
   bool fuse_on_device = true;
 };
 
@@ -91,8 +91,9 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
 
 // Every op's case, on shapes drawn from `shape_rng`.
 std::vector<Case> cases(std::mt19937& shape_rng);
-// Op sequences the GPU plan fuses (GPT's MLP: linear, gelu, linear), on odd shapes and on shapes
-// whose sizes are multiples of 8 (cuBLASLt's GELU epilogues need them).
+// Op sequences the GPU plan fuses: GPT's MLP (linear, gelu, linear), on odd shapes and on shapes
+// whose sizes are multiples of 8 (cuBLASLt's GELU epilogues need them); a residual stream through a
+// norm (h + norm(h)), whose gradient copy the norm's backward reads instead.
 std::vector<Case> fusion_cases(std::mt19937& shape_rng);
 
 }  // namespace engine::op_harness

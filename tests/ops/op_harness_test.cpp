@@ -508,6 +508,37 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
   // Sizes cuBLASLt's GELU epilogues take: leading dimensions multiples of 8.
   all.push_back(
       mlp("mlp: linear, gelu, linear (multiples of 8)", pick(1, 40), 8 * pick(1, 4), 8 * pick(2, 8), 8 * pick(1, 4)));
+  // A residual stream through a norm: h = a + b, out = h + norm(h).
+  auto residual = [](std::string name, bool rms, int64_t rows, int64_t c) {
+    std::vector<Shape> inputs{Shape{rows, c}, Shape{rows, c}, Shape{c}};
+    if (!rms) inputs.push_back(Shape{c});
+    return Case{std::move(name),
+                inputs,
+                {},
+                0,
+                [rms](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                  const ValueId h = ops::add(g, p[0], p[1], "residual_1");
+                  const ValueId n =
+                      rms ? ops::rmsnorm(g, h, p[2], 1e-5, "norm") : ops::layernorm(g, h, p[2], p[3], 1e-5, "norm");
+                  return ops::add(g, h, n, "residual_2");
+                },
+                [=](const std::vector<Tensor>& x, const auto&) {
+                  Tensor h(x[0].size());
+                  for (size_t i = 0; i < h.size(); ++i) h[i] = x[0][i] + x[1][i];
+                  const Tensor n = ref_norm(h, x[2], rms ? nullptr : &x[3], rows, c, rms, 1e-5);
+                  for (size_t i = 0; i < h.size(); ++i) h[i] += n[i];
+                  return h;
+                },
+                1e-4,
+                2e-6,
+                true,
+                false,
+                true,
+                // The sum, the norm and the second sum, each rounded.
+                3};
+  };
+  all.push_back(residual("residual: h + layernorm(h)", false, pick(1, 40), pick(2, 70)));
+  all.push_back(residual("residual: h + rmsnorm(h) (packed rows)", true, pick(1, 40), 8 * pick(1, 40)));
   return all;
 }
 

@@ -141,7 +141,7 @@ void check_norm(const NormCase& nc) {
   for (int64_t k = 0; k < groups; ++k)
     ops::norm_backward_rows(backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c,
                             nc.rms, k * group_rows, std::min(rows, (k + 1) * group_rows), dw_groups.data() + k * c,
-                            nc.shift ? db_groups.data() + k * c : nullptr, pdx.data(), true);
+                            nc.shift ? db_groups.data() + k * c : nullptr, pdx.data(), pdx.data(), true);
   std::vector<float> pdw(static_cast<size_t>(c)), pdb(static_cast<size_t>(c));
   for (int64_t i = 0; i < c; ++i) {
     pdw[size_t(i)] = dw0[size_t(i)] + float(column_sum(dw_groups, groups, c, i));
@@ -212,7 +212,8 @@ void check_norm(const NormCase& nc) {
       ops::norm_backward_rows_in_registers<4, 8>(
           lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
           k * ops::kNormRegisterGroupRows, std::min(rows, (k + 1) * ops::kNormRegisterGroupRows),
-          rdw_groups.data() + k * c, nc.shift ? rdb_groups.data() + k * c : nullptr, rdx_packed.data(), true);
+          rdw_groups.data() + k * c, nc.shift ? rdb_groups.data() + k * c : nullptr, rdx_packed.data(),
+          rdx_packed.data(), true);
     std::vector<float> rdw_packed(static_cast<size_t>(c)), rdb_packed(static_cast<size_t>(c));
     for (int64_t i = 0; i < c; ++i) {
       rdw_packed[size_t(i)] = dw0[size_t(i)] + float(column_sum(rdw_groups, packed_groups, c, i));
@@ -228,11 +229,20 @@ void check_norm(const NormCase& nc) {
                        same_db(static_cast<size_t>(groups * c));
     if (c <= 8 * ops::kNormBackwardLanes) {
       for (int64_t k = 0; k < groups; ++k)
-        ops::norm_backward_rows_in_registers<1, 8>(backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(),
-                                                   cpu_rstd.data(), c, nc.rms, k * group_rows,
-                                                   std::min(rows, (k + 1) * group_rows), same_dw.data() + k * c,
-                                                   nc.shift ? same_db.data() + k * c : nullptr, same_dx.data(), true);
+        ops::norm_backward_rows_in_registers<1, 8>(
+            backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
+            k * group_rows, std::min(rows, (k + 1) * group_rows), same_dw.data() + k * c,
+            nc.shift ? same_db.data() + k * c : nullptr, same_dx.data(), same_dx.data(), true);
       EXPECT_EQ(same_dx, pdx) << what;
+      // Onto another gradient (the GPU plan's fused copy, nn/layernorm.h): dx = base + the result
+      // gives the in-place accumulation's bits, whatever dx held before.
+      std::vector<float> onto(dx0.size(), 12345.0f), base = dx0, onto_dw(same_dw.size()), onto_db(same_db.size());
+      for (int64_t k = 0; k < groups; ++k)
+        ops::norm_backward_rows_in_registers<1, 8>(
+            backward_lanes, dys.data(), xs.data(), ws.data(), cpu_mean.data(), cpu_rstd.data(), c, nc.rms,
+            k * group_rows, std::min(rows, (k + 1) * group_rows), onto_dw.data() + k * c,
+            nc.shift ? onto_db.data() + k * c : nullptr, onto.data(), base.data(), true);
+      EXPECT_EQ(onto, pdx) << what << " onto a separate gradient";
       EXPECT_EQ(same_dw, dw_groups) << what;
       if (nc.shift) {
         EXPECT_EQ(same_db, db_groups) << what;

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/gpu_step.sh on one GPU: the engine's GPT (bench/pytorch_gpt_model.py)
-in bf16 autocast with SDPA attention and fused AdamW, eager or torch.compile'd, timed per step with
-CUDA events after warm-up.
+or Llama (bench/pytorch_llama_model.py) in bf16 autocast with SDPA attention and fused AdamW, eager
+or torch.compile'd, timed per step with CUDA events after warm-up.
 
-  pytorch_gpt_cuda.py VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS MODE
+  pytorch_lm_cuda.py gpt   VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS MODE
+  pytorch_lm_cuda.py llama VOCAB CONTEXT LAYERS HEADS WIDTH BATCH STEPS MODE KV_HEADS FFN
   MODE: eager | compile
 
 Prints tokens_per_second=<value> and peak_memory_bytes=<value>."""
@@ -11,13 +12,19 @@ import sys
 
 import torch
 
-from pytorch_gpt_model import GPT
-
-vocab, context, layers, heads, width, batch, steps = (int(a) for a in sys.argv[1:8])
-mode = sys.argv[8]
+arch = sys.argv[1]
+vocab, context, layers, heads, width, batch, steps = (int(a) for a in sys.argv[2:9])
+mode = sys.argv[9]
 torch.manual_seed(0)
 torch.backends.cuda.matmul.allow_tf32 = True
-model = GPT(vocab, context, layers, heads, width).cuda()
+if arch == "llama":
+    from pytorch_llama_model import Llama
+
+    model = Llama(vocab, context, layers, heads, width, int(sys.argv[10]), int(sys.argv[11])).cuda()
+else:
+    from pytorch_gpt_model import GPT
+
+    model = GPT(vocab, context, layers, heads, width).cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
 step_fn = torch.compile(model) if mode == "compile" else model
 tokens = torch.randint(0, vocab, (batch, context + 1), device="cuda")
