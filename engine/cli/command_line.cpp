@@ -184,7 +184,10 @@ void add_export_and_generate(CLI::App& app, Commands& commands) {
   generate_command->add_option("--prompt", args->prompt, "Text to continue");
   generate_command->add_option("--tokenizer", args->tokenizer,
                                "tokenizer.json or its directory (default: the model directory the run started from)");
-  generate_command->add_option("--tokens", args->tokens, "Tokens to sample")->check(CLI::Range(1, 100000));
+  generate_command
+      ->add_option("--tokens", args->tokens,
+                   "Tokens to sample at most (a run trained on packed documents stops at data.document_end)")
+      ->check(CLI::Range(1, 100000));
   generate_command->add_option("--temperature", args->temperature, "0 picks the most likely token")
       ->check(CLI::Range(0.0, 100.0));
   generate_command->add_option("--top-k", args->top_k, "Sample among the k most likely tokens (0: all)")

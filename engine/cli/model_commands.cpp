@@ -285,6 +285,9 @@ int generate(const GenerateArgs& args) {
   const int64_t vocab = r.model.vocab_size;
   const int64_t sequence = model.sequence;
   std::string output;
+  // A run trained on packed documents learned to end one with data.document_end: generation stops
+  // there, the end token not printed (as Hugging Face's generate stops at eos).
+  const std::optional<int64_t> document_end = r.data.document_end;
   for (int64_t n = 0; n < args.tokens; ++n) {
     // The last `sequence` tokens, left-aligned; causal attention makes the padding irrelevant.
     int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - sequence);
@@ -323,6 +326,7 @@ int generate(const GenerateArgs& args) {
         if ((u -= weights[i]) <= 0) break;
       }
     }
+    if (document_end && next == *document_end) break;
     tokens.push_back(next);
   }
   (void)context;

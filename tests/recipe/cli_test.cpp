@@ -175,6 +175,31 @@ TEST(Cli, EvalGivesTheValidationLossTheRunLoggedForItsWeights) {
   EXPECT_TRUE(contains(r.output, "engine eval runs in a single process")) << r.output;
 }
 
+// A model trained on packed documents (data.document_end) stops generating at the end token, as
+// Hugging Face's generate stops at eos: here every document is "abc", so greedy decoding from "a"
+// gives "bc" and then the end; without the stop it would go on to "\nabc\nabc...".
+TEST(Cli, GenerateStopsAtTheDocumentEnd) {
+  const engine::testing::TempDir dir("generate_end");
+  {
+    std::ofstream text(dir / "docs.txt");
+    for (int i = 0; i < 4000; ++i) text << "abc\n";
+  }
+  const std::string recipe =
+      "recipes/quickstart.yaml data.source=text ~data.order data.path=" + (dir / "docs.txt").string() +
+      " model.vocab_size=256 train.steps=60 run.device=cpu ";
+  Result r = run("train " + recipe + "data.document_end=10 run.name=run run.output_dir=" + dir.path().string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run("generate " + (dir / "run").string() + " --prompt a --tokens 40 --temperature 0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, "abc\n");
+  // Trained without the end token, the same text keeps going past it.
+  r = run("train " + recipe + "run.name=plain run.output_dir=" + dir.path().string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run("generate " + (dir / "plain").string() + " --prompt a --tokens 40 --temperature 0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "abc\nabc")) << r.output;
+}
+
 // data.loss_mask: a mask of ones trains the bits of no mask (the step's normalisation is exactly 1);
 // a mask that leaves tokens out trains something else; a mask of the wrong size, or a byte other than
 // 0 and 1, is refused naming the file.
