@@ -330,12 +330,17 @@ int generate(const GenerateArgs& args) {
     tokens.push_back(next);
   }
   (void)context;
-  const std::vector<int32_t> generated(tokens.begin() + std::ptrdiff_t(prompt_length), tokens.end());
-  if (tokenizer)
-    output = tokenizer->decode(generated);
-  else
-    for (int32_t byte : generated) output.push_back(char(byte));
-  std::cout << args.prompt << output << "\n";
+  if (tokenizer) {
+    // The prompt's ids and the continuation decoded together: a SentencePiece tokenizer's decoder
+    // drops the space its encoding put first, which a continuation decoded alone would lose.
+    const size_t special = tokenizer->special_prefix().size();
+    output = tokenizer->decode(std::vector<int32_t>(tokens.begin() + std::ptrdiff_t(special), tokens.end()));
+  } else {
+    output = args.prompt;
+    for (auto it = tokens.begin() + std::ptrdiff_t(prompt_length); it != tokens.end(); ++it)
+      output.push_back(char(*it));
+  }
+  std::cout << output << "\n";
   return kExitOk;
 }
 

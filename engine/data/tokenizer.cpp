@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,30 @@ namespace {
 
 // GPT-2's pre-tokenizer pattern, which tokenizers' ByteLevel applies with use_regex.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// SentencePiece's space, U+2581.
+constexpr const char* kMetaspace = "\xe2\x96\x81";
+
+// Llama 2's normalizer: Prepend("▁"), then Replace(" ", "▁").
+bool is_llama2_normalizer(const Json& n) {
+  if (n.value("type", "") != "Sequence") return false;
+  const Json& steps = n.value("normalizers", Json::array());
+  return steps.size() == 2 && steps[0].value("type", "") == "Prepend" && steps[0].value("prepend", "") == kMetaspace &&
+         steps[1].value("type", "") == "Replace" && steps[1].value("content", "") == kMetaspace &&
+         steps[1].value("pattern", Json::object()).value("String", "") == " ";
+}
+
+// Llama 2's decoder: Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0). (Metaspace's own
+// decoder leaves <0xXX> tokens as they are: refused.)
+bool is_sentencepiece_decoder(const Json& d) {
+  if (d.value("type", "") != "Sequence") return false;
+  const Json& steps = d.value("decoders", Json::array());
+  return steps.size() == 4 && steps[0].value("type", "") == "Replace" && steps[0].value("content", "") == " " &&
+         steps[0].value("pattern", Json::object()).value("String", "") == kMetaspace &&
+         steps[1].value("type", "") == "ByteFallback" && steps[2].value("type", "") == "Fuse" &&
+         steps[3].value("type", "") == "Strip" && steps[3].value("content", "") == " " &&
+         steps[3].value("start", 0) == 1 && steps[3].value("stop", 0) == 0;
+}
 
 // GPT-2's byte alphabet: every byte as a printable code point (bytes_to_unicode), as UTF-8.
 const std::array<std::string, 256>& byte_alphabet() {
@@ -165,19 +190,22 @@ Tokenizer Tokenizer::load(const fs::path& file) {
   }
   auto unsupported = [&](const std::string& what) {
     return UserError(where + ": " + what +
-                     "; the engine reads byte-level BPE tokenizers without a normalizer (GPT-2, Llama 3): prepare "
-                     "token files with scripts/prepare-tokens for others");
+                     "; the engine reads byte-level BPE tokenizers without a normalizer (GPT-2, Llama 3) and "
+                     "SentencePiece's BPE with byte fallback (Llama 2): prepare token files with "
+                     "scripts/prepare-tokens for others");
   };
   Tokenizer t;
   const Json& model = j.value("model", Json::object());
   if (model.value("type", "") != "BPE") throw unsupported("model type " + model.value("type", std::string("none")));
-  if (model.value("byte_fallback", false)) throw unsupported("byte_fallback (a SentencePiece-style BPE)");
+  t.sentencepiece_ = model.value("byte_fallback", false);
   for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(affix) && !model[affix].is_null() && !model[affix].get<std::string>().empty())
       throw unsupported(std::string(affix));
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw unsupported("normalizer " + j["normalizer"].value("type", std::string("?")));
+  const Json& normalizer = j.value("normalizer", Json());
+  if (!normalizer.is_null() && !(t.sentencepiece_ && is_llama2_normalizer(normalizer)))
+    throw unsupported("normalizer " + normalizer.value("type", std::string("?")));
   t.ignore_merges_ = model.value("ignore_merges", false);
+  t.fuse_unknown_ = model.value("fuse_unk", false);
 
   for (const auto& [token, id] : model.at("vocab").items()) {
     t.vocab_[token] = id.get<int32_t>();
@@ -195,6 +223,10 @@ Tokenizer Tokenizer::load(const fs::path& file) {
       pair = {merge.at(0).get<std::string>(), merge.at(1).get<std::string>()};
     }
     t.merge_ranks_.emplace(std::move(pair), rank++);
+  }
+  if (const Json& unk = model.value("unk_token", Json()); unk.is_string()) {
+    const auto it = t.vocab_.find(unk.get<std::string>());
+    if (it != t.vocab_.end()) t.unknown_ = it->second;
   }
   for (const Json& added : j.value("added_tokens", Json::array())) {
     if (added.value("lstrip", false) || added.value("rstrip", false) || added.value("single_word", false))
@@ -222,8 +254,23 @@ Tokenizer Tokenizer::load(const fs::path& file) {
   };
   std::vector<Json> steps;
   const Json& pre = j.value("pre_tokenizer", Json());
-  if (pre.is_null()) throw unsupported("no pre_tokenizer");
-  if (pre.value("type", "") == "Sequence")
+  if (t.sentencepiece_) {
+    // Llama 2: the normalizer prepends and replaces, no pre-tokenizer; newer conversions: Metaspace.
+    if (normalizer.is_null()) {
+      if (pre.value("type", "") != "Metaspace" || pre.value("replacement", "") != kMetaspace ||
+          pre.value("split", true) || pre.value("prepend_scheme", "always") == "never")
+        throw unsupported("a byte-fallback BPE whose pre_tokenizer is not Llama 2's (Metaspace without split)");
+      t.prepend_first_only_ = pre.value("prepend_scheme", "always") == "first";
+      t.metaspace_ = true;
+    } else if (!pre.is_null()) {
+      throw unsupported("pre_tokenizer " + pre.value("type", std::string("?")) + " after Llama 2's normalizer");
+    }
+  } else if (pre.is_null()) {
+    throw unsupported("no pre_tokenizer");
+  }
+  if (t.sentencepiece_)
+    ;  // no pre-tokenizer steps: each stretch of text is one piece
+  else if (pre.value("type", "") == "Sequence")
     for (const Json& step : pre.at("pretokenizers")) steps.push_back(step);
   else
     steps.push_back(pre);
@@ -245,7 +292,8 @@ Tokenizer Tokenizer::load(const fs::path& file) {
       throw unsupported("pre_tokenizer " + type);
     }
   }
-  if (steps.empty() || steps.back().value("type", "") != "ByteLevel") throw unsupported("no ByteLevel pre-tokenizer");
+  if (!t.sentencepiece_ && (steps.empty() || steps.back().value("type", "") != "ByteLevel"))
+    throw unsupported("no ByteLevel pre-tokenizer");
   // The post-processor: ByteLevel (offsets only), TemplateProcessing's single-sequence template,
   // or a Sequence of those.
   std::vector<Json> processors;
@@ -272,7 +320,8 @@ Tokenizer Tokenizer::load(const fs::path& file) {
     }
   }
   const Json& decoder = j.value("decoder", Json());
-  if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel")
+  if (t.sentencepiece_ ? !is_sentencepiece_decoder(decoder)
+                       : !decoder.is_null() && decoder.value("type", "") != "ByteLevel")
     throw unsupported("decoder " + decoder.value("type", std::string("?")));
 
   t.tokens_.assign(size_t(t.id_limit_), std::string());
@@ -291,7 +340,14 @@ void Tokenizer::encode_piece(const std::string& mapped, std::vector<int32_t>& ou
       out.push_back(it->second);
       return;
     }
-  std::vector<std::string> symbols = code_points(mapped);
+  for (const std::string& symbol : merged(code_points(mapped))) {
+    auto it = vocab_.find(symbol);
+    if (it == vocab_.end()) throw UserError("the tokenizer has no token for '" + symbol + "' and no unknown token");
+    out.push_back(it->second);
+  }
+}
+
+std::vector<std::string> Tokenizer::merged(std::vector<std::string> symbols) const {
   while (symbols.size() > 1) {
     int best = std::numeric_limits<int>::max();
     size_t at = 0;
@@ -304,14 +360,46 @@ void Tokenizer::encode_piece(const std::string& mapped, std::vector<int32_t>& ou
     symbols[at] += symbols[at + 1];
     symbols.erase(symbols.begin() + std::ptrdiff_t(at) + 1);
   }
-  for (const std::string& symbol : symbols) {
-    auto it = vocab_.find(symbol);
-    if (it == vocab_.end()) throw UserError("the tokenizer has no token for '" + symbol + "' and no unknown token");
-    out.push_back(it->second);
+  return symbols;
+}
+
+void Tokenizer::encode_sentencepiece(std::string_view text, bool first, std::vector<int32_t>& out) const {
+  std::string piece;
+  for (char c : text)
+    if (c == ' ')
+      piece += kMetaspace;
+    else
+      piece += c;
+  // Llama 2's Prepend always; Metaspace where the stretch is the text's first (scheme "first") and
+  // does not start with "▁" already.
+  if (!metaspace_ || ((first || !prepend_first_only_) && piece.rfind(kMetaspace, 0) != 0)) piece.insert(0, kMetaspace);
+  bool last_unknown = false;
+  for (const std::string& symbol : merged(code_points(piece))) {
+    if (auto it = vocab_.find(symbol); it != vocab_.end()) {
+      out.push_back(it->second);
+      last_unknown = false;
+      continue;
+    }
+    // Byte fallback: the symbol's bytes as <0xXX> tokens, where the vocabulary has them all.
+    std::vector<int32_t> bytes;
+    for (unsigned char byte : symbol) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", byte);
+      if (auto it = vocab_.find(name); it != vocab_.end()) bytes.push_back(it->second);
+    }
+    if (bytes.size() == symbol.size()) {
+      out.insert(out.end(), bytes.begin(), bytes.end());
+      last_unknown = false;
+      continue;
+    }
+    if (unknown_ < 0) throw UserError("the tokenizer has no token for '" + symbol + "' and no unknown token");
+    if (!(fuse_unknown_ && last_unknown)) out.push_back(unknown_);
+    last_unknown = true;
   }
 }
 
-void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_ordinary(std::string_view text, bool first, std::vector<int32_t>& out) const {
+  if (sentencepiece_) return encode_sentencepiece(text, first, out);
   std::vector<std::string> pieces{std::string(text)};
   for (const PreTokenizer& step : pre_tokenizers_) {
     std::vector<std::string> next;
@@ -349,21 +437,50 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       ++i;
       continue;
     }
-    if (i > start) encode_ordinary(text.substr(start, i - start), out);
+    if (i > start) encode_ordinary(text.substr(start, i - start), start == 0, out);
     out.push_back(found->second);
     i += found->first.size();
     start = i;
   }
-  if (start < text.size()) encode_ordinary(text.substr(start), out);
+  if (start < text.size()) encode_ordinary(text.substr(start), start == 0, out);
   if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string text, bytes;  // bytes: the byte-level tokens since the last added one
+std::string Tokenizer::decode_sentencepiece(const std::vector<int32_t>& ids) const {
+  std::string text, bytes;  // bytes: since the last added token
   for (int32_t id : ids) {
+    const std::string& token = tokens_[size_t(id)];
+    if (added_[size_t(id)]) {
+      text += lossy_utf8(bytes) + token;
+      bytes.clear();
+      continue;
+    }
+    if (token.size() == 6 && token.rfind("<0x", 0) == 0 && token.back() == '>') {
+      bytes += char(std::stoi(token.substr(3, 2), nullptr, 16));
+      continue;
+    }
+    for (size_t at = 0; at < token.size();) {
+      if (token.compare(at, 3, kMetaspace) == 0) {
+        bytes += ' ';
+        at += 3;
+      } else {
+        bytes += token[at++];
+      }
+    }
+  }
+  text += lossy_utf8(bytes);
+  if (!text.empty() && text.front() == ' ') text.erase(0, 1);  // the space the encoding put first
+  return text;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  for (int32_t id : ids)
     if (id < 0 || id >= id_limit_ || (tokens_[size_t(id)].empty() && !added_[size_t(id)]))
       throw UserError("token id " + std::to_string(id) + " is not in the tokenizer's vocabulary");
+  if (sentencepiece_) return decode_sentencepiece(ids);
+  std::string text, bytes;  // bytes: the byte-level tokens since the last added one
+  for (int32_t id : ids) {
     if (added_[size_t(id)]) {
       text += lossy_utf8(bytes) + tokens_[size_t(id)];
       bytes.clear();

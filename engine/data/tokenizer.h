@@ -1,5 +1,6 @@
 // A Hugging Face tokenizer (tokenizer.json), for the commands that turn text into a model's token
-// ids and back (`engine generate`): byte-level BPE without a normalizer, as GPT-2 and Llama 3 use it.
+// ids and back (`engine generate`): byte-level BPE without a normalizer, as GPT-2 and Llama 3 use it,
+// and SentencePiece's BPE with byte fallback, as Llama 2, TinyLlama and Mistral use it.
 //
 // Encoding follows the tokenizers library step by step:
 //   1. added tokens (<|endoftext|>, <|im_start|>, ...) are cut out of the text where they occur,
@@ -14,10 +15,20 @@
 //      tokens (Llama 3's <|begin_of_text|>), as the library's encode() does by default.
 // Decoding maps tokens back through the byte alphabet (a token outside it as its own bytes) and
 // replaces invalid UTF-8 with U+FFFD, as the library's ByteLevel decoder does; added tokens decode
-// as their text. A tokenizer.json this does not implement (a normalizer such as Qwen's or
-// GPT-NeoX's NFC, SentencePiece's Metaspace, WordPiece, byte fallback, ...) is refused at load,
-// naming the field, rather than encoded differently; text that is not UTF-8 is refused with its
-// byte offset. tests/hf/hf_test.cpp checks the ids against the tokenizers library.
+// as their text.
+//
+// SentencePiece's shape (byte_fallback): each stretch of text between added tokens has its spaces
+// replaced by "▁" and a "▁" put before it (Llama 2's Prepend and Replace normalizers; or the
+// Metaspace pre-tokenizer, where the stretch does not start with one, and with prepend_scheme
+// "first" before the text's first stretch only), and is merged by BPE as one piece of code points; a symbol outside the
+// vocabulary becomes its UTF-8 bytes' <0xXX> tokens, or the unknown token (consecutive ones fused where fuse_unk).
+// Decoding turns "▁" back into spaces and <0xXX> tokens into their bytes, and drops the one space
+// the encoding put first (Llama 2's Strip, Metaspace's decoder).
+//
+// A tokenizer.json this does not implement (a normalizer such as Qwen's or GPT-NeoX's NFC,
+// WordPiece, ...) is refused at load, naming the field, rather than encoded differently; text that
+// is not UTF-8 is refused with its byte offset. tests/hf/hf_test.cpp checks the ids against the
+// tokenizers library.
 //
 //   const Tokenizer tokenizer = Tokenizer::load("path/to/model/tokenizer.json");
 //   std::vector<int32_t> ids = tokenizer.encode("Hello, café");
@@ -45,6 +56,8 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   // One past the largest id (the vocabulary and the added tokens).
   int64_t id_limit() const { return id_limit_; }
+  // The special tokens encode(text, true) puts before the text (Llama's <s>).
+  const std::vector<int32_t>& special_prefix() const { return prefix_; }
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -58,8 +71,11 @@ class Tokenizer {
     bool add_prefix_space = false;     // ByteLevel: " " before each piece that lacks one
   };
 
+  std::vector<std::string> merged(std::vector<std::string> symbols) const;  // BPE, lowest rank first
   void encode_piece(const std::string& mapped, std::vector<int32_t>& out) const;
-  void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+  void encode_ordinary(std::string_view text, bool first, std::vector<int32_t>& out) const;
+  void encode_sentencepiece(std::string_view text, bool first, std::vector<int32_t>& out) const;
+  std::string decode_sentencepiece(const std::vector<int32_t>& ids) const;
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> tokens_;  // id -> token, byte-level mapped (added tokens: their text)
@@ -70,6 +86,12 @@ class Tokenizer {
   std::vector<int32_t> prefix_, suffix_;      // the post-processor's special tokens around a sequence
   bool ignore_merges_ = false;
   int64_t id_limit_ = 0;
+  // SentencePiece's shape (byte_fallback): "▁" before every stretch of text, or only the first.
+  bool sentencepiece_ = false;
+  bool metaspace_ = false;  // the Metaspace pre-tokenizer (else Llama 2's normalizer)
+  bool prepend_first_only_ = false;
+  bool fuse_unknown_ = false;
+  int32_t unknown_ = -1;  // the unknown token's id, or -1
 };
 
 }  // namespace engine

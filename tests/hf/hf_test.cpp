@@ -340,6 +340,21 @@ TEST_F(HuggingFace, TheEnginesTokenizerGivesTheLibrarysIdsAndGenerateSpeaksText)
       EXPECT_EQ(tokenizer.decode(ids[i]), texts[i]) << shape;
     }
   }
+  // SentencePiece's shape (Llama 2's normalizers, or Metaspace): the same ids and decoded text, with
+  // byte fallback for the letters and emoji the vocabulary lacks, and <s> from the post-processor.
+  const nlohmann::json& sp = expected.at("sentencepiece");
+  const auto sp_texts = expected.at("sp_texts").get<std::vector<std::string>>();
+  for (const char* shape : {"sp", "metaspace"}) {
+    const Tokenizer tokenizer = Tokenizer::load(dir / shape / "tokenizer.json");
+    const auto ids = sp.at(shape).get<std::vector<std::vector<int32_t>>>();
+    const auto special = sp.at(std::string(shape) + "_special").get<std::vector<std::vector<int32_t>>>();
+    const auto decoded = sp.at(std::string(shape) + "_decoded").get<std::vector<std::string>>();
+    for (size_t i = 0; i < sp_texts.size(); ++i) {
+      EXPECT_EQ(tokenizer.encode(sp_texts[i]), ids[i]) << shape << ": " << sp_texts[i];
+      EXPECT_EQ(tokenizer.encode(sp_texts[i], true), special[i]) << shape << ": " << sp_texts[i];
+      EXPECT_EQ(tokenizer.decode(ids[i]), decoded[i]) << shape << ": " << sp_texts[i];
+    }
+  }
   // The post-processor's special tokens (Llama 3's <|begin_of_text|>), as encode() adds them.
   const Tokenizer split = Tokenizer::load(dir / "split" / "tokenizer.json");
   const auto special = expected.at("round_trip_split_special").get<std::vector<std::vector<int32_t>>>();
@@ -382,6 +397,28 @@ TEST_F(HuggingFace, TheEnginesTokenizerGivesTheLibrarysIdsAndGenerateSpeaksText)
   ASSERT_EQ(text.status, 0) << text.output;
   EXPECT_EQ(text.output.rfind("The quick", 0), 0u) << text.output;
   EXPECT_GT(text.output.size(), std::string("The quick\n").size()) << text.output;
+  // A SentencePiece tokenizer's model: the prompt and its continuation decoded together, so the
+  // space before the continuation's first word stays (decoded alone, Llama 2's Strip drops it).
+  const ShellResult sp_prepared =
+      run_shell("'" + kPython.string() + "' scripts/prepare-tokens --tokenizer '" + (dir / "sp").string() +
+                    "' --out '" + (dir / "sp-corpus.bin").string() + "' '" + (dir / "corpus.txt").string() + "'",
+                kSource);
+  ASSERT_EQ(sp_prepared.status, 0) << sp_prepared.output;
+  const ShellResult sp_trained =
+      run_shell("'" ENGINE_BINARY
+                "' train recipes/quickstart.yaml run.device=cpu train.steps=60 "
+                "train.eval_every=0 model.context_length=32 model.n_embd=32 model.n_layer=1 "
+                "model.n_head=2 model.vocab_size=600 data.source=tokens ~data.order "
+                "data.path=" +
+                    (dir / "sp-corpus.bin").string() + " run.output_dir=" + dir.string() + " run.name=sp-run",
+                kSource);
+  ASSERT_EQ(sp_trained.status, 0) << sp_trained.output;
+  const ShellResult sp_text =
+      run_shell("'" ENGINE_BINARY "' generate '" + (dir / "sp-run").string() +
+                    "' --prompt 'The quick' --tokens 6 --temperature 0 --tokenizer '" + (dir / "sp").string() + "'",
+                kSource);
+  ASSERT_EQ(sp_text.status, 0) << sp_text.output;
+  EXPECT_EQ(sp_text.output.rfind("The quick b", 0), 0u) << sp_text.output;
   const ShellResult no_tokenizer = run_shell(generate + "--prompt 'The quick'", kSource);
   EXPECT_NE(no_tokenizer.status, 0);
   EXPECT_NE(no_tokenizer.output.find("trained on token ids: name their tokenizer with --tokenizer"), std::string::npos)

@@ -6,6 +6,9 @@ with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes,
   docs.jsonl, chat.jsonl (prompt and response fields), conversations.jsonl (messages)
   wide/tokenizer.json (eos "</s>"), wide.txt
   split/tokenizer.json: Llama 3's shape (its Split regex, then a ByteLevel without one; ignore_merges)
+  sp/tokenizer.json: Llama 2's SentencePiece shape (Prepend and Replace normalizers, BPE over code
+  points with byte fallback to <0xXX> tokens, <s> before every sequence); metaspace/tokenizer.json:
+  the same model with the Metaspace pre-tokenizer instead (prepend_scheme "first")
   expected.json: the ids each tokenizer gives the inputs, end-of-text after each document,
   chat.jsonl's loss mask (0 for the prompts' tokens), and conversations.jsonl's ids as transformers'
   apply_chat_template gives them, with the mask of their assistant turns, and the ids the bpe and
@@ -17,12 +20,14 @@ import json
 import os
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 out = sys.argv[1]
 os.makedirs(os.path.join(out, "bpe"), exist_ok=True)
 os.makedirs(os.path.join(out, "wide"), exist_ok=True)
 os.makedirs(os.path.join(out, "split"), exist_ok=True)
+os.makedirs(os.path.join(out, "sp"), exist_ok=True)
+os.makedirs(os.path.join(out, "metaspace"), exist_ok=True)
 
 corpus = ("The quick brown fox jumps over the lazy dog. " * 20 + "Ünïcode text, too: naïve café. ") * 3
 documents = ["First document: the fox.", "Second one, with a café and numbers 12345."]
@@ -100,6 +105,45 @@ with open(os.path.join(out, "split", "tokenizer.json"), "w", encoding="utf-8") a
 split = Tokenizer.from_file(os.path.join(out, "split", "tokenizer.json"))
 round_trip_texts.append("a zzzz word")  # not in the training texts: no merge makes \u0120zzzz
 
+# Llama 2's SentencePiece shape: merges learned over code points with spaces as "▁", then the 256
+# byte tokens added to the vocabulary for what it lacks (the emoji, CJK letters and others).
+llama2_normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+# Learned word by word, as SentencePiece's merges never cross a "▁" after the first symbol.
+learner = Tokenizer(models.BPE(unk_token="<unk>"))
+learner.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+learner.train_from_iterator(training, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
+learned = json.loads(learner.to_str())["model"]
+sp_vocab = dict(learned["vocab"])
+for b in range(256):
+    sp_vocab[f"<0x{b:02X}>"] = len(sp_vocab)
+sp_merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+
+
+def sentencepiece(metaspace):
+    t = Tokenizer(models.BPE(sp_vocab, sp_merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if metaspace:
+        t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    else:
+        t.normalizer = llama2_normalizer
+    t.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                   decoders.Strip(" ", 1, 0)])
+    t.add_special_tokens(["<unk>", "<s>", "</s>"])
+    t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return t
+
+
+# The last text's letters and emoji are in no training text: they take the byte fallback.
+sp_texts = [t for t in round_trip_texts if "<|" not in t] + ["<s>hi</s> there", "a\u2581b",
+                                                             "zebra \u03a9\U0001f40d \u4e2d\u6587!"]
+sp_expected = {}
+for shape in ("sp", "metaspace"):
+    t = sentencepiece(shape == "metaspace")
+    t.save(os.path.join(out, shape, "tokenizer.json"))
+    ids = [t.encode(x, add_special_tokens=False).ids for x in sp_texts]
+    sp_expected[shape] = ids
+    sp_expected[shape + "_special"] = [t.encode(x).ids for x in sp_texts]
+    sp_expected[shape + "_decoded"] = [t.decode(i, skip_special_tokens=False) for i in ids]
+    assert any(i >= sp_vocab["<0x00>"] for i in ids[-1]), "the byte fallback is not exercised"
 
 words = ["</s>"] + [f"w{i}" for i in range(70000)]
 wide = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="</s>"))
@@ -139,6 +183,8 @@ expected = {
     "round_trip_bpe": [bpe.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "round_trip_split": [split.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "round_trip_split_special": [split.encode(t).ids for t in round_trip_texts],
+    "sp_texts": sp_texts,
+    "sentencepiece": sp_expected,
     # Half of a two-byte character ("Ã" is byte 0xc3 in the byte alphabet): the library's decoder
     # replaces what is not UTF-8 with U+FFFD.
     "half_character_id": bpe.token_to_id("\u00c3"),
