@@ -59,7 +59,7 @@ unfused_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unfuse
 engine_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine.log" | head -1 | sed 's/device memory peak //' || true)
 run_torch() {
   (cd bench && "$python" pytorch_lm_cuda.py $arch $vocab $context $layers $heads $width $batch "$steps" "$1" \
-    "${torch_extra[@]}") \
+    ${torch_extra[@]+"${torch_extra[@]}"}) \
     2> "$out/torch_$1.log" || { cat "$out/torch_$1.log"; return 1; }
 }
 eager=$(run_torch eager)

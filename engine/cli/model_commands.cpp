@@ -333,8 +333,11 @@ int generate(const GenerateArgs& args) {
   if (tokenizer) {
     // The prompt's ids and the continuation decoded together: a SentencePiece tokenizer's decoder
     // drops the space its encoding put first, which a continuation decoded alone would lose.
-    const size_t special = tokenizer->special_prefix().size();
-    output = tokenizer->decode(std::vector<int32_t>(tokens.begin() + std::ptrdiff_t(special), tokens.end()));
+    // The post-processor's special tokens around the prompt are the model's context, not its text.
+    std::vector<int32_t> text(tokens.begin() + std::ptrdiff_t(tokenizer->special_prefix().size()),
+                              tokens.begin() + std::ptrdiff_t(prompt_length - tokenizer->special_suffix().size()));
+    text.insert(text.end(), tokens.begin() + std::ptrdiff_t(prompt_length), tokens.end());
+    output = tokenizer->decode(text);
   } else {
     output = args.prompt;
     for (auto it = tokens.begin() + std::ptrdiff_t(prompt_length); it != tokens.end(); ++it)

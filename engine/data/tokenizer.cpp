@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -225,9 +226,11 @@ Tokenizer Tokenizer::load(const fs::path& file) {
     t.merge_ranks_.emplace(std::move(pair), rank++);
   }
   if (const Json& unk = model.value("unk_token", Json()); unk.is_string()) {
+    // Needed only where a symbol has no token and no byte fallback (encode says so then).
     const auto it = t.vocab_.find(unk.get<std::string>());
     if (it != t.vocab_.end()) t.unknown_ = it->second;
   }
+
   for (const Json& added : j.value("added_tokens", Json::array())) {
     if (added.value("lstrip", false) || added.value("rstrip", false) || added.value("single_word", false))
       throw unsupported("added token " + added.value("content", std::string()) + " with lstrip, rstrip or single_word");
@@ -456,7 +459,8 @@ std::string Tokenizer::decode_sentencepiece(const std::vector<int32_t>& ids) con
       bytes.clear();
       continue;
     }
-    if (token.size() == 6 && token.rfind("<0x", 0) == 0 && token.back() == '>') {
+    if (token.size() == 6 && token.rfind("<0x", 0) == 0 && token.back() == '>' && std::isxdigit(token[3]) &&
+        std::isxdigit(token[4])) {
       bytes += char(std::stoi(token.substr(3, 2), nullptr, 16));
       continue;
     }

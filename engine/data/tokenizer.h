@@ -56,8 +56,9 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   // One past the largest id (the vocabulary and the added tokens).
   int64_t id_limit() const { return id_limit_; }
-  // The special tokens encode(text, true) puts before the text (Llama's <s>).
+  // The special tokens encode(text, true) puts before the text (Llama's <s>), and after it.
   const std::vector<int32_t>& special_prefix() const { return prefix_; }
+  const std::vector<int32_t>& special_suffix() const { return suffix_; }
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -242,7 +242,8 @@ bool run_product(const KernelContext& ctx, const Product& p) {
   const cublasStatus_t status =
       cublasLtMatmul(handle, l.op, &alpha, p.a, l.a, p.b, l.b, &p.beta, p.c, l.c, p.c, l.c, &*found->second,
                      ctx.workspace, p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes, stream(ctx));
-  if (status == CUBLAS_STATUS_INVALID_VALUE && (p.bias_gradient || p.gelu != GeluEpilogue::none)) {
+  if ((status == CUBLAS_STATUS_INVALID_VALUE || status == CUBLAS_STATUS_NOT_SUPPORTED) &&
+      (p.bias_gradient || p.gelu != GeluEpilogue::none)) {
     // An epilogue the heuristic offered but the call refuses for these types: compose, from now on.
     cache.erase(found);
     cache.emplace(key, std::nullopt);

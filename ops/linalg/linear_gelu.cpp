@@ -1,5 +1,6 @@
 #include "linalg/linear_gelu.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "cuda_kernels.h"
@@ -51,6 +52,19 @@ struct Uses {
 };
 
 bool is_activation(const Graph& g, ValueId v) { return g.value(v).placement == Placement::activation; }
+
+// Whether a node strictly between `from` and `to` writes one of `values` (an output, or an input
+// its op overwrites in place).
+bool writes_between(const std::vector<Node>& nodes, size_t from, size_t to, const std::vector<ValueId>& values) {
+  auto listed = [&](ValueId v) { return std::find(values.begin(), values.end(), v) != values.end(); };
+  for (size_t n = from + 1; n < to; ++n) {
+    for (ValueId v : nodes[n].outputs)
+      if (listed(v)) return true;
+    for (size_t k = 0; k < nodes[n].inputs.size(); ++k)
+      if ((nodes[n].op->overwritten_inputs >> k & 1u) && listed(nodes[n].inputs[k])) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -108,6 +122,8 @@ GeluFusions fuse_linear_gelu(Graph& g) {
     while (i < j && !(nodes[i].outputs.size() == 1 && nodes[i].outputs[0] == df)) ++i;
     if (i == j || erased[i] || nodes[i].op != &kLinearBackwardInput || nodes[i].accumulate) continue;
     const Node& product = nodes[i];
+    // The product moves from i to j: what it reads must not change in between.
+    if (writes_between(nodes, i, j, product.inputs)) continue;
     nodes[j] =
         Node{&kLinearBackwardInputGelu, {product.inputs[0], product.inputs[1], a}, {da}, {}, false, true, gelu.name};
     erased[i] = true;

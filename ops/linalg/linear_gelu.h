@@ -15,7 +15,9 @@
 // at a third of DGELU's speed (bench/cublaslt_candidates).
 //
 // The CPU kernels are the unfused kernels run in turn, so a fused CPU plan gives the unfused plan's
-// bits (CudaHarness checks it); the engine fuses only GPU plans, where cuBLASLt's GELU (the same tanh
+// bits where the products take the values in their own types (f32, and 16-bit types the CPU's
+// matmul computes natively; where the executor widens them, GELU reads the unrounded product;
+// CudaHarness checks both); the engine fuses only GPU plans, where cuBLASLt's GELU (the same tanh
 // form, its own rounding) differs from the engine's GELU kernel in the last bits. Where cuBLASLt has
 // no such epilogue for a shape or type, the CUDA kernels run the unfused kernels too.
 //

@@ -313,6 +313,8 @@ int fuse_gradient_copies(Graph& g) {
         touches = touches || v == dx;
         base_written = base_written || v == base;
       }
+      for (size_t k = 0; k < n.inputs.size(); ++k)  // an input the op overwrites in place
+        base_written = base_written || ((n.op->overwritten_inputs >> k & 1u) && n.inputs[k] == base);
       if (touches) break;
     }
     if (j == nodes.size() || base_written) continue;
