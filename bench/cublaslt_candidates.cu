@@ -64,6 +64,28 @@ Setup describe(const Product& p) {
   return s;
 }
 
+void release(const Setup& s) {
+  cublasLtMatrixLayoutDestroy(s.a);
+  cublasLtMatrixLayoutDestroy(s.b);
+  cublasLtMatrixLayoutDestroy(s.c);
+  cublasLtMatmulDescDestroy(s.op);
+}
+
+// The heuristic's first `wanted` offers (at most 16) for a described product that may use
+// `workspace_bytes`, in its order; the status of the query.
+cublasStatus_t offers(cublasLtHandle_t handle, const Setup& s, size_t workspace_bytes, int wanted,
+                      cublasLtMatmulHeuristicResult_t* results, int* count) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&preference), "preference");
+  const uint64_t bytes = workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
+  *count = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, s.op, s.a, s.b, s.c, s.c, preference, wanted, results, count);
+  cublasLtMatmulPreferenceDestroy(preference);
+  return status;
+}
+
 struct Config {
   uint32_t tile = 0, scheme = 0;
   int32_t splits = 1;
@@ -153,15 +175,9 @@ int main(int argc, char** argv) {
     };
     for (const Product& p : products) {
       const Setup setup = describe(p);
-      cublasLtMatmulPreference_t preference = nullptr;
-      check(cublasLtMatmulPreferenceCreate(&preference), "preference");
-      const uint64_t bytes = workspace_bytes;
-      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
       cublasLtMatmulHeuristicResult_t results[16]{};
       int count = 0;
-      check(cublasLtMatmulAlgoGetHeuristic(handle, setup.op, setup.a, setup.b, setup.c, setup.c, preference, 16,
-                                           results, &count),
-            "heuristic");
+      check(offers(handle, setup, workspace_bytes, 16, results, &count), "heuristic");
       const double flops = 2.0 * double(p.m) * double(p.n) * double(p.k);
       const std::string label = std::string(names[s]) + " " + p.name;
       double first = 0, best = 1e30;
@@ -204,10 +220,9 @@ int main(int argc, char** argv) {
         cublasLtMatmulDescSetAttribute(with_sums.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &sums_type,
                                        sizeof(sums_type));
         cublasLtMatmulHeuristicResult_t offered{};
-        int offers = 0;
-        const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-            handle, with_sums.op, with_sums.a, with_sums.b, with_sums.c, with_sums.c, preference, 1, &offered, &offers);
-        if (status != CUBLAS_STATUS_SUCCESS || offers == 0) {
+        int offered_count = 0;
+        const cublasStatus_t status = offers(handle, with_sums, workspace_bytes, 1, &offered, &offered_count);
+        if (status != CUBLAS_STATUS_SUCCESS || offered_count == 0) {
           std::printf("%-22s with BGRADB: no algorithm offered (status %d)\n", label.c_str(), int(status));
         } else {
           const double ms = time_ms(handle, with_sums, p, offered.algo, a, b, static_cast<char*>(c) + out * 4,
@@ -216,17 +231,10 @@ int main(int argc, char** argv) {
           std::printf("%-22s with BGRADB: %.3f ms against %.3f ms plain (+%.3f ms for the column sums)\n",
                       label.c_str(), ms, first, ms - first);
         }
-        cublasLtMatrixLayoutDestroy(with_sums.a);
-        cublasLtMatrixLayoutDestroy(with_sums.b);
-        cublasLtMatrixLayoutDestroy(with_sums.c);
-        cublasLtMatmulDescDestroy(with_sums.op);
+        release(with_sums);
       }
       std::printf("\n");
-      cublasLtMatmulPreferenceDestroy(preference);
-      cublasLtMatrixLayoutDestroy(setup.a);
-      cublasLtMatrixLayoutDestroy(setup.b);
-      cublasLtMatrixLayoutDestroy(setup.c);
-      cublasLtMatmulDescDestroy(setup.op);
+      release(setup);
     }
   }
   // GELU in the epilogue (ops/linalg/linear_gelu.h): the fc product with GELU_AUX_BIAS against
@@ -268,14 +276,9 @@ int main(int argc, char** argv) {
       cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
       cublasLtMatmulDescSetAttribute(setup.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
     }
-    cublasLtMatmulPreference_t preference = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&preference), "preference");
-    const uint64_t bytes = workspace_bytes;
-    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof(bytes));
     cublasLtMatmulHeuristicResult_t results[16]{};
     int count = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, setup.op, setup.a, setup.b, setup.c, setup.c,
-                                                                 preference, 16, results, &count);
+    const cublasStatus_t status = offers(handle, setup, workspace_bytes, 16, results, &count);
     const double flops = 2.0 * double(e.p.m) * double(e.p.n) * double(e.p.k);
     double first = -1, best = 1e30;
     int best_at = -1;
@@ -291,11 +294,7 @@ int main(int argc, char** argv) {
       std::printf("%-30s no algorithm runs (heuristic status %d, %d offered)\n", e.name, int(status), count);
     else
       std::printf("%-30s first %.3f ms, best %.3f ms (candidate %d)\n", e.name, first, best, best_at);
-    cublasLtMatmulPreferenceDestroy(preference);
-    cublasLtMatrixLayoutDestroy(setup.a);
-    cublasLtMatrixLayoutDestroy(setup.b);
-    cublasLtMatrixLayoutDestroy(setup.c);
-    cublasLtMatmulDescDestroy(setup.op);
+    release(setup);
   }
   cublasLtDestroy(handle);
   cudaStreamDestroy(stream);

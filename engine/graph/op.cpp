@@ -30,6 +30,14 @@ void for_each_16bit_value(const Graph& graph, const Node& node, Visit&& visit) {
 
 }  // namespace
 
+bool writes(const Node& node, ValueId value) {
+  for (ValueId v : node.outputs)
+    if (v == value) return true;
+  for (size_t i = 0; i < node.inputs.size(); ++i)
+    if (node.inputs[i] == value && overwrites_input(node, i)) return true;
+  return false;
+}
+
 bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device) {
   DType type = DType::f32;
   for_each_16bit_value(graph, node, [&](ValueId id) { type = graph.value(id).dtype; });

@@ -110,6 +110,13 @@ struct OpDef {
   bool cheap_to_recompute = false;  // selective checkpointing recomputes it (graph/recompute.cpp)
 };
 
+// Whether `node`'s kernel overwrites its input `index` in place (OpDef::overwritten_inputs).
+inline bool overwrites_input(const Node& node, size_t index) {
+  return index < 32 && (node.op->overwritten_inputs >> index & 1u);
+}
+// Whether `node` writes `value`: one of its outputs, or an input its kernel overwrites in place.
+bool writes(const Node& node, ValueId value);
+
 // Whether the executor converts this node's 16-bit values around its kernel on `device` (see
 // native_16bit and cuda_16bit).
 bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device = Device::Kind::cpu);

@@ -98,8 +98,7 @@ NodeWork node_work(const Graph& graph, const Node& node) {
   NodeWork work;
   if (node.op->flops) work.flops = node.op->flops(graph, node);
   for (size_t i = 0; i < node.inputs.size(); ++i) {
-    const bool overwritten = i < 32 && (node.op->overwritten_inputs >> i & 1u);
-    work.bytes += double(value_bytes(graph.value(node.inputs[i]))) * (overwritten ? 2 : 1);
+    work.bytes += double(value_bytes(graph.value(node.inputs[i]))) * (overwrites_input(node, i) ? 2 : 1);
   }
   // An output the kernel adds to (KernelContext::accumulates: a gradient) is read before it is written.
   for (ValueId id : node.outputs) {

@@ -42,8 +42,7 @@ class F32Copies {
       ctx.pointers[size_t(id)] = f32;
       ctx.dtypes[size_t(id)] = DType::f32;
     };
-    for (size_t i = 0; i < node.inputs.size(); ++i)
-      copy(node.inputs[i], i < 32 && (node.op->overwritten_inputs >> i & 1u), true);
+    for (size_t i = 0; i < node.inputs.size(); ++i) copy(node.inputs[i], overwrites_input(node, i), true);
     for (size_t i = 0; i < node.outputs.size(); ++i) copy(node.outputs[i], true, ctx.accumulates(node, i));
     kernel(node, ctx);
     for (const Slot& slot : slots_) {

@@ -1,6 +1,5 @@
 #include "linalg/linear_gelu.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "cuda_kernels.h"
@@ -53,16 +52,11 @@ struct Uses {
 
 bool is_activation(const Graph& g, ValueId v) { return g.value(v).placement == Placement::activation; }
 
-// Whether a node strictly between `from` and `to` writes one of `values` (an output, or an input
-// its op overwrites in place).
+// Whether a node strictly between `from` and `to` writes one of `values`.
 bool writes_between(const std::vector<Node>& nodes, size_t from, size_t to, const std::vector<ValueId>& values) {
-  auto listed = [&](ValueId v) { return std::find(values.begin(), values.end(), v) != values.end(); };
-  for (size_t n = from + 1; n < to; ++n) {
-    for (ValueId v : nodes[n].outputs)
-      if (listed(v)) return true;
-    for (size_t k = 0; k < nodes[n].inputs.size(); ++k)
-      if ((nodes[n].op->overwritten_inputs >> k & 1u) && listed(nodes[n].inputs[k])) return true;
-  }
+  for (size_t n = from + 1; n < to; ++n)
+    for (ValueId v : values)
+      if (writes(nodes[n], v)) return true;
   return false;
 }
 

@@ -307,15 +307,8 @@ int fuse_gradient_copies(Graph& g) {
     bool base_written = false;
     for (; j < nodes.size(); ++j) {
       const Node& n = nodes[j];
-      bool touches = false;
-      for (ValueId v : n.inputs) touches = touches || v == dx;
-      for (ValueId v : n.outputs) {
-        touches = touches || v == dx;
-        base_written = base_written || v == base;
-      }
-      for (size_t k = 0; k < n.inputs.size(); ++k)  // an input the op overwrites in place
-        base_written = base_written || ((n.op->overwritten_inputs >> k & 1u) && n.inputs[k] == base);
-      if (touches) break;
+      base_written = base_written || writes(n, base);
+      if (writes(n, dx) || std::find(n.inputs.begin(), n.inputs.end(), dx) != n.inputs.end()) break;
     }
     if (j == nodes.size() || base_written) continue;
     Node& norm = nodes[j];
