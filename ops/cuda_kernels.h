@@ -28,6 +28,8 @@
   X(reduce_sum)                 \
   X(reduce_backward)            \
   X(transpose)                  \
+  X(add_columns)                \
+  X(take_columns)               \
   X(norm)                       \
   X(norm_backward)              \
   X(softmax)                    \

@@ -174,12 +174,13 @@ void widen_to_f32(SafeTensor& t) {
 }  // namespace
 
 std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,
-                                             const std::function<const float*(int)>& data) {
+                                             const std::function<const float*(Graph::WeightRef)>& data) {
   std::vector<SafeTensor> tensors;
-  for (size_t i = 0; i < graph.params().size(); ++i) {
-    const Param& p = graph.params()[i];
+  for (const Graph::WeightRef ref : graph.weights()) {
+    const Param& p = graph.weight(ref);
     const Shape& shape = graph.value(p.value).shape;
-    const float* values = data(int(i));
+    const float* values = data(ref);
+    if (!values) continue;  // a weight without the value asked for (a frozen weight's gradient)
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
       SafeTensor t{.name = part.name,
                    .dtype = DType::f32,
@@ -193,37 +194,61 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
   return tensors;
 }
 
+std::function<const float*(Graph::WeightRef)> store_weights(const ParameterStore& store) {
+  auto scratch = std::make_shared<std::vector<float>>();
+  return [&store, scratch](Graph::WeightRef ref) -> const float* {
+    if (!ref.frozen) return store.param(ref.index);
+    *scratch = store.frozen_values(ref.index);
+    return scratch->data();
+  };
+}
+
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata) {
-  save_weights(path, store.graph(), arch, metadata, [&](int i) { return store.param(i); });
+  save_weights(path, store.graph(), arch, metadata, store_weights(store));
 }
 
 void save_weights(const std::filesystem::path& path, const Graph& graph, recipe::Arch arch,
-                  const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param) {
+                  const std::map<std::string, std::string>& metadata,
+                  const std::function<const float*(Graph::WeightRef)>& param) {
   std::map<std::string, std::string> with_format = metadata;
   with_format.emplace("format", "pt");  // what transformers' from_pretrained requires of a file
   write_safetensors(path, hugging_face_tensors(graph, arch, param), with_format);
 }
 
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
-  SafetensorsFile file = read_weights_source(path);
+  load_weight_set(read_weights_source(path), path, store, arch, WeightSet::model);
+}
+
+void load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
+                     WeightSet set) {
   std::map<std::string, SafeTensor> renamed;
   for (auto& [name, tensor] : file.tensors) {
-    std::string plain = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    std::string plain = name;
+    for (const char* prefix : {"base_model.model.", "transformer."})  // PEFT's and GPT-2's
+      if (plain.rfind(prefix, 0) == 0) plain = plain.substr(std::string(prefix).size());
     widen_to_f32(tensor);
     renamed.emplace(plain, std::move(tensor));
   }
   const Graph& g = store.graph();
-  std::map<std::string, int> expected;  // file tensor name -> parameter
+  // The adapters come with the model only when the file has them (a run's own weights); a Hugging
+  // Face model directory is the base alone, and the adapters keep their initial values.
+  bool with_adapters = set == WeightSet::adapters;
+  for (const Param& p : g.params())
+    if (is_adapter(p.name) && renamed.count(p.name)) with_adapters = true;
+  std::map<std::string, int> expected;  // file tensor name -> weight
   std::vector<std::string> problems, non_finite;
-  std::vector<std::vector<float>> values(g.params().size());  // whole parameters, set once all are read
-  for (size_t i = 0; i < g.params().size(); ++i) {
-    const Param& p = g.params()[i];
+  std::vector<Graph::WeightRef> loaded;
+  std::vector<std::vector<float>> values;  // whole weights, set once all are read
+  for (const Graph::WeightRef ref : g.weights()) {
+    const Param& p = g.weight(ref);
+    const bool adapter = is_adapter(p.name);
+    if (adapter ? !with_adapters : set == WeightSet::adapters) continue;
     const Shape& shape = g.value(p.value).shape;
-    std::vector<float>& data = values[i];
-    data.resize(size_t(shape.numel()));
+    loaded.push_back(ref);
+    std::vector<float>& data = values.emplace_back(size_t(shape.numel()));
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
-      expected[part.name] = int(i);
+      expected[part.name] = int(loaded.size() - 1);
       const std::vector<int64_t> want = part.file_shape(shape);
       auto it = renamed.find(part.name);
       if (it == renamed.end()) {
@@ -233,7 +258,8 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
       const SafeTensor& t = it->second;
       if (t.dtype != DType::f32 || t.shape != want) {
         problems.push_back("tensor '" + part.name + "' is " + std::string(dtype_name(t.dtype)) + " " +
-                           Shape(t.shape).str() + ", expected f32 " + Shape(want).str());
+                           Shape(t.shape).str() + ", expected f32 " + Shape(want).str() +
+                           (adapter ? " (is lora.rank the adapter's r?)" : ""));
         continue;
       }
       // A run from NaN or infinite weights diverges at its first step, far from the cause.
@@ -250,13 +276,16 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
     }
   }
   for (const auto& [name, t] : renamed)
-    if (!expected.count(name) && !is_known_buffer(name, expected))
-      problems.push_back("unexpected tensor '" + name + "'");
+    if (!expected.count(name) && !is_known_buffer(name, expected) &&
+        !(set == WeightSet::model && is_adapter(name) && g.frozen().empty()))
+      problems.push_back(
+          "unexpected tensor '" + name + "'" +
+          (is_adapter(name) && g.frozen().empty() ? " (a LoRA adapter: set lora.rank to train with it)" : ""));
   // A tied model takes a file's lm_head.weight only when it is the embedding itself: a head of its
   // own would be dropped, and a different model trained.
   const std::string embedding = arch == recipe::Arch::llama ? "model.embed_tokens.weight" : "wte.weight";
   const auto head = renamed.find("lm_head.weight"), embed = renamed.find(embedding);
-  if (!expected.count("lm_head.weight") && head != renamed.end() && embed != renamed.end() &&
+  if (set == WeightSet::model && !expected.count("lm_head.weight") && head != renamed.end() && embed != renamed.end() &&
       head->second.data != embed->second.data)
     problems.push_back("lm_head.weight differs from " + embedding +
                        ": the checkpoint's head is untied; set model.tie_embeddings: false to load it");
@@ -274,7 +303,11 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
   if (!non_finite.empty()) {
     throw UserError(listing(path.string() + ": initial weights must be finite:", non_finite));
   }
-  for (size_t i = 0; i < values.size(); ++i) store.set_param(int(i), values[i].data());
+  for (size_t i = 0; i < loaded.size(); ++i) store.set_weight(loaded[i], values[i].data());
+}
+
+bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
 std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {

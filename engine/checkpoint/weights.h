@@ -38,13 +38,29 @@
 
 namespace engine {
 
+// Every weight of the model, trained or frozen; a LoRA model's adapters under their own names
+// (model.layers.0.self_attn.q_proj.lora_A.weight), beside the base weights.
 void save_weights(const std::filesystem::path& path, const ParameterStore& store, recipe::Arch arch,
                   const std::map<std::string, std::string>& metadata);
-// The same from any source of whole parameters (`param(i)`: parameter i's fp32 values), such as
-// the masters gathered from every rank's shard.
+// The same from any source of whole weights (`param(ref)`: the weight's fp32 values), such as the
+// masters gathered from every rank's shard.
 void save_weights(const std::filesystem::path& path, const Graph& graph, recipe::Arch arch,
-                  const std::map<std::string, std::string>& metadata, const std::function<const float*(int)>& param);
+                  const std::map<std::string, std::string>& metadata,
+                  const std::function<const float*(Graph::WeightRef)>& param);
+// A store's weights as save_weights reads them (frozen ones widened to fp32).
+std::function<const float*(Graph::WeightRef)> store_weights(const ParameterStore& store);
+
+// Loads every weight of the model from a file or model directory. A LoRA model's adapters are
+// loaded when the file has them (a run's own weights) and keep their values when it has none (a
+// Hugging Face model, the base alone).
 void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
+enum class WeightSet { model, adapters };
+// The same from tensors already read; `adapters`: the LoRA adapters alone (a PEFT adapter's file,
+// its "base_model.model." prefix dropped), every one required.
+void load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
+                     WeightSet set);
+// Whether a tensor name is a LoRA adapter's (.lora_A. or .lora_B.).
+bool is_adapter(const std::string& name);
 
 // The config.json transformers' from_pretrained reads beside the weights, for a gpt (GPT2LMHeadModel)
 // or llama (LlamaForCausalLM) model section; a UserError for what transformers' class cannot
@@ -52,9 +68,9 @@ void load_weights(const std::filesystem::path& path, ParameterStore& store, reci
 // `dtype`: the weights' type, config.json's torch_dtype.
 std::string hugging_face_config(const recipe::ModelSection& model, DType dtype = DType::f32);
 
-// The file tensors, in Hugging Face's names and layouts, of one value per parameter: `data(i)` is
-// parameter i's weights, or its gradient (fp32, the parameter's shape).
+// The file tensors, in Hugging Face's names and layouts, of one value per weight: `data(ref)` is
+// the weight's values, or its gradient (fp32, the weight's shape).
 std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch arch,
-                                             const std::function<const float*(int)>& data);
+                                             const std::function<const float*(Graph::WeightRef)>& data);
 
 }  // namespace engine

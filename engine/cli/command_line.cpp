@@ -171,6 +171,9 @@ void add_export_and_generate(CLI::App& app, Commands& commands) {
       ->add_option("--max-shard-size", *max_shard,
                    "A model directory's weights in shards of at most this size (default 5GB, as save_pretrained)")
       ->type_name("SIZE");
+  export_command->add_flag("--adapter", export_args->adapter,
+                           "A LoRA run: its adapter alone, as a PEFT adapter directory (adapter_model.safetensors, "
+                           "adapter_config.json); without it the adapters are merged into the exported weights");
   commands.push_back({export_command, [export_args, max_shard] {
                         if (!max_shard->empty())
                           export_args->max_shard_bytes = parse_byte_size(*max_shard, "--max-shard-size");

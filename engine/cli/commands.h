@@ -81,6 +81,7 @@ struct ExportArgs {
   std::filesystem::path source, destination;
   std::string dtype;                        // fp32, bf16, fp16; empty: the default above
   int64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
+  bool adapter = false;                     // a LoRA run's adapter alone, as PEFT writes it
 };
 int export_weights(const ExportArgs& args);
 int checkpoint_list(const std::filesystem::path& dir);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "checkpoint/adapters.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
@@ -71,14 +72,20 @@ ExportedWeights weights_of_checkpoint(const fs::path& checkpoint) {
   const Manifest manifest = read_manifest(checkpoint);
   const Recipe r = recipe_of_checkpoint(checkpoint, manifest);
   ModelGraph model = build_model(r, 1, 1.0);
-  // One rank at stage 0 holds every parameter whole; the masters are all it needs.
+  // One rank at stage 0 holds every parameter whole; the masters are all it needs. A LoRA
+  // checkpoint holds the adapters: the frozen base comes from where the run started.
   ParameterStore store(model.graph);
+  if (!model.graph.frozen().empty()) {
+    store.initialize(uint64_t(r.run.seed));
+    if (!r.model.init_from.empty()) load_weights(r.model.init_from, store, r.model.arch);
+  }
   StateKind master{"master", {}};
   for (size_t u = 0; u < model.graph.units().size(); ++u) master.units.push_back(store.master(u));
   load_sharded_state(checkpoint, manifest, store, {master});
   const std::string arch = r.model.arch == Arch::gpt ? "gpt" : r.model.arch == Arch::llama ? "llama" : "mlp";
-  return {hugging_face_tensors(model.graph, r.model.arch, [&](int i) { return store.param(i); }),
-          {{"arch", arch}, {"steps", std::to_string(manifest.step)}},
+  std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(manifest.step)}};
+  if (r.lora.rank > 0) metadata.merge(lora_metadata(r));
+  return {hugging_face_tensors(model.graph, r.model.arch, store_weights(store)), metadata,
           "step " + std::to_string(manifest.step) + " of " + checkpoint.string()};
 }
 
@@ -103,6 +110,19 @@ void convert_tensors(std::vector<SafeTensor>& tensors, DType type) {
     t.data = std::move(narrowed);
     t.dtype = type;
   }
+}
+
+// A PEFT adapter directory: adapter_model.safetensors and adapter_config.json.
+void write_peft_adapter(const fs::path& directory, const ExportedWeights& weights, const LoraSettings& lora,
+                        DType type) {
+  std::vector<SafeTensor> tensors = peft_adapter_tensors(weights.tensors, lora);
+  convert_tensors(tensors, type);
+  write_safetensors(directory / "adapter_model.safetensors", tensors, {{"format", "pt"}});
+  write_file_atomically(directory / "adapter_config.json",
+                        [&](std::ostream& out) { out << peft_adapter_config(lora); });
+  std::cout << "exported the LoRA adapter of " << weights.what << " to " << directory.string() << ": "
+            << tensors.size() / 2 << " adapters of rank " << lora.rank << ", " << dtype_name(type)
+            << "; peft's PeftModel.from_pretrained loads it over the base model\n";
 }
 
 constexpr const char* kShardIndex = "model.safetensors.index.json";
@@ -222,6 +242,20 @@ int export_weights(const ExportArgs& args) {
     if (error) throw UserError(destination.string() + ": cannot create the directory: " + error.message());
   }
   ExportedWeights weights = checkpoint.empty() ? weights_of_run(source) : weights_of_checkpoint(checkpoint);
+  const LoraSettings lora = lora_settings(weights.metadata);
+  if (args.adapter) {
+    if (lora.rank == 0)
+      throw UserError(source.string() + ": --adapter exports a LoRA run's adapter; this run has none");
+    if (!directory) throw UserError(destination.string() + ": --adapter writes a directory (a PEFT adapter)");
+    write_peft_adapter(destination, weights, lora, type);
+    return kExitOk;
+  }
+  if (lora.rank > 0) {  // the merged model: a plain Hugging Face model
+    merge_adapters(weights.tensors, lora);
+    for (const char* key : {"lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules"})
+      weights.metadata.erase(key);
+    weights.what += " (LoRA adapters merged)";
+  }
   if (directory) {
     write_model_directory(destination, recipe, std::move(weights), type, args.max_shard_bytes);
   } else {

@@ -176,6 +176,9 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);
   std::printf("  %-14s %12lld\n", "total", (long long)g.param_count());
+  if (!g.frozen().empty())
+    std::printf("  %-14s %12lld  (LoRA's base model: no gradients, no optimizer state)\n", "frozen",
+                (long long)g.frozen_count());
 
   const int64_t accumulation = *r.train.gradient_accumulation_steps;
   const int64_t tokens_per_micro = session.model.batch * session.model.sequence;
@@ -187,10 +190,13 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   if (r.model.arch != Arch::mlp) {
     // Kaplan et al. / PaLM: 6N per token for the weights (N excludes position embeddings) plus
     // 6 L T C for attention scores and values (3 x the forward's 2 L T C, causal mask ignored).
-    double n = double(g.param_count());
-    if (r.model.arch == Arch::gpt) n -= double(r.model.context_length * r.model.n_embd);
-    double reference = 6 * n + 6.0 * double(r.model.n_layer * session.model.sequence * r.model.n_embd);
-    std::printf("  reference        %.4g per token  (6N + 6 L T C)\n", reference);
+    // Frozen weights (LoRA's base) cost 4 per token: no weight gradient.
+    double trained = double(g.param_count()), frozen = double(g.frozen_count());
+    if (r.model.arch == Arch::gpt) (frozen > 0 ? frozen : trained) -= double(r.model.context_length * r.model.n_embd);
+    double reference =
+        6 * trained + 4 * frozen + 6.0 * double(r.model.n_layer * session.model.sequence * r.model.n_embd);
+    std::printf("  reference        %.4g per token  (6N + 6 L T C%s)\n", reference,
+                frozen > 0 ? "; 4N for frozen weights" : "");
   }
   const RecomputeReport& rc = session.recompute;
   if (r.activation_checkpointing.policy != CheckpointPolicy::none)
@@ -215,6 +221,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     std::printf("  %-18s %12lld  %s\n", what, (long long)bytes, format_bytes(bytes).c_str());
   };
   row("parameters", m.parameters);
+  if (m.frozen) row("  of which frozen", m.frozen);
   row("gradients", m.gradients);
   row("optimizer state", m.optimizer_state);
   row("activation peak", m.activations);

@@ -29,7 +29,7 @@ inline uint64_t mix64(uint64_t x) {
 // core/philox.h's philox4x32_10, which CUDA kernels call).
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
-enum class RandomPurpose : uint32_t { init = 1, data = 2, dropout = 3, sampling = 4, test = 99 };
+enum class RandomPurpose : uint32_t { init = 1, data = 2, dropout = 3, sampling = 4, adapter_init = 5, test = 99 };
 
 class RandomStream {
  public:

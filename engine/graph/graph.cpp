@@ -32,8 +32,21 @@ ValueId Graph::add_param(std::string name, Shape shape, int unit, ParamInit init
   param.value = static_cast<ValueId>(values_.size() - 1);
   values_.push_back({name + ".grad", shape, DType::f32, Placement::gradient, index});
   param.grad = static_cast<ValueId>(values_.size() - 1);
+  weights_.push_back({false, index});
   params_.push_back(param);
   return param.value;
+}
+
+ValueId Graph::add_frozen(std::string name, Shape shape, ParamInit init) {
+  check_size(name, shape);
+  const int index = static_cast<int>(frozen_.size());
+  Param weight{name, kNoValue, kNoValue, -1, frozen_numel_, init, false};
+  frozen_numel_ += shape.numel();
+  values_.push_back({std::move(name), std::move(shape), DType::f32, Placement::frozen, index});
+  weight.value = static_cast<ValueId>(values_.size() - 1);
+  weights_.push_back({true, index});
+  frozen_.push_back(std::move(weight));
+  return frozen_.back().value;
 }
 
 ValueId Graph::add_input(std::string name, Shape shape, DType dtype) {

@@ -5,10 +5,12 @@
 // the layer. autodiff() appends the backward nodes; the planner (plan/) gives every activation an
 // offset in one arena; the executor (runtime/) replays the nodes every step.
 //
-// Values live in one of five places:
+// Values live in one of six places:
 //   activation  intermediate results, placed in the arena by the planner
 //   host        activations moved out of the arena between forward and backward (cpu_checkpointing)
 //   parameter   weights, in the flat buffer of their wrap unit (one transformer block = one unit)
+//   frozen      weights that are read and never trained (LoRA's base model): one buffer in the
+//               compute dtype, whole on every rank, with no gradient and no optimizer state
 //   gradient    parameter gradients, laid out like the parameters; kernels accumulate into them
 //   input       per-step data fed by the trainer (token ids, targets)
 //
@@ -37,14 +39,14 @@ struct OpDef;
 using ValueId = int32_t;
 inline constexpr ValueId kNoValue = -1;
 
-enum class Placement { activation, parameter, gradient, input, host };
+enum class Placement { activation, parameter, gradient, input, host, frozen };
 
 struct Value {
   std::string name;
   Shape shape;
   DType dtype = DType::f32;
   Placement placement = Placement::activation;
-  int param = -1;  // parameter and gradient values: index into Graph::params
+  int param = -1;  // parameter and gradient values: index into Graph::params; frozen: Graph::frozen
 };
 
 // The bytes a value's elements take.
@@ -67,20 +69,25 @@ struct Node {
   int unit = -1;     // forward nodes: the wrap unit being built when the node was added
 };
 
+// How a tensor starts. `normal` draws from the seed's init stream in declaration order (parameters
+// and frozen weights alike, so a model with frozen weights starts where the same model without them
+// does); `uniform` (U(-bound, bound), LoRA's A matrices as PEFT's kaiming_uniform(a=sqrt(5)) makes
+// them) draws from a stream of its own, so adding adapters moves no base weight.
 struct ParamInit {
-  enum class Kind { normal, zeros, ones } kind = Kind::normal;
-  double std = 0.02;
+  enum class Kind { normal, zeros, ones, uniform } kind = Kind::normal;
+  double std = 0.02;  // normal: the standard deviation; uniform: the bound
   static ParamInit normal(double s) { return {Kind::normal, s}; }
   static ParamInit zeros() { return {Kind::zeros, 0}; }
   static ParamInit ones() { return {Kind::ones, 0}; }
+  static ParamInit uniform(double bound) { return {Kind::uniform, bound}; }
 };
 
 struct Param {
   std::string name;
   ValueId value = kNoValue;
-  ValueId grad = kNoValue;
-  int unit = 0;
-  int64_t offset = 0;  // elements from the start of the unit's buffer
+  ValueId grad = kNoValue;  // kNoValue for a frozen weight
+  int unit = 0;             // -1 for a frozen weight
+  int64_t offset = 0;       // elements from the start of the unit's buffer (frozen: of the frozen buffer)
   ParamInit init;
   bool decay = true;  // weight decay applies (off for biases and norms by default)
 };
@@ -97,6 +104,8 @@ class Graph {
   // Starts a wrap unit: parameters name it explicitly, forward nodes added after it belong to it.
   int add_unit(std::string name, bool block = false);
   ValueId add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay = true);
+  // A weight the step reads and never trains (Placement::frozen).
+  ValueId add_frozen(std::string name, Shape shape, ParamInit init);
   ValueId add_input(std::string name, Shape shape, DType dtype);
   ValueId add_activation(std::string name, Shape shape, DType dtype = DType::f32);
   // Appends a node; returns nothing: builders create output values first.
@@ -107,6 +116,18 @@ class Graph {
   const std::deque<Value>& values() const { return values_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<Param>& params() const { return params_; }
+  const std::vector<Param>& frozen() const { return frozen_; }
+  int64_t frozen_count() const { return frozen_numel_; }  // elements of every frozen weight
+  // Every weight, trained or frozen, in the order the builder declared them (what initialisation
+  // draws in, and what a weights file lists).
+  struct WeightRef {
+    bool frozen;
+    int index;  // into params() or frozen()
+  };
+  const std::vector<WeightRef>& weights() const { return weights_; }
+  const Param& weight(WeightRef ref) const {
+    return ref.frozen ? frozen_[size_t(ref.index)] : params_[size_t(ref.index)];
+  }
   const std::vector<Unit>& units() const { return units_; }
   int64_t param_count() const;
   // The type every parameter value, and every gradient value, has (precision.h makes them alike);
@@ -132,6 +153,9 @@ class Graph {
   std::deque<Value> values_;
   std::vector<Node> nodes_;
   std::vector<Param> params_;
+  std::vector<Param> frozen_;
+  int64_t frozen_numel_ = 0;
+  std::vector<WeightRef> weights_;
   std::vector<Unit> units_;
   ValueId loss_ = kNoValue;
   size_t forward_size_ = 0;

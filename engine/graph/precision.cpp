@@ -18,6 +18,7 @@ void apply_precision(Graph& graph, DType compute, DType gradient_accumulation) {
     graph.mutable_value(p.value).dtype = compute;
     graph.mutable_value(p.grad).dtype = gradient_accumulation;
   }
+  for (const Param& w : graph.frozen()) graph.mutable_value(w.value).dtype = compute;
   std::vector<Node> forward = graph.nodes();
   for (const Node& node : forward)
     for (size_t i = 0; i < node.outputs.size(); ++i) {

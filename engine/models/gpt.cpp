@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "elementwise/add.h"
 #include "linalg/linear.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
@@ -20,15 +21,16 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
+  Lora lora(g, recipe);  // with lora.rank > 0: every weight below frozen, adapters trained
 
   auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
-    return g.add_param(name, std::move(shape), unit, ParamInit::normal(s), true);
+    return lora.weight(name, std::move(shape), unit, ParamInit::normal(s), true);
   };
   auto bias = [&](const std::string& name, int64_t n, int unit) {
-    return m.bias ? g.add_param(name, Shape{n}, unit, ParamInit::zeros(), false) : kNoValue;
+    return m.bias ? lora.weight(name, Shape{n}, unit, ParamInit::zeros(), false) : kNoValue;
   };
   auto norm_weight = [&](const std::string& name, int64_t n, int unit) {
-    return g.add_param(name, Shape{n}, unit, ParamInit::ones(), false);
+    return lora.weight(name, Shape{n}, unit, ParamInit::ones(), false);
   };
 
   int embeddings = g.add_unit("embeddings");
@@ -52,13 +54,16 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
     ValueId out_b = bias(p + "mlp.c_proj.bias", C, unit);
 
     ValueId h = ops::layernorm(g, x, ln1_w, ln1_b, m.norm_eps, p + "ln_1");
-    ValueId qkv = ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn");
+    ValueId qkv = lora.adapt(ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn"), h, p, "attn.c_attn", 0, 3 * C, unit);
     ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "attn", 0, model.positions);
-    ValueId proj = ops::dropout(g, ops::linear(g, a, proj_w, proj_b, p + "attn.c_proj"), m.dropout, p + "attn.dropout");
+    ValueId proj = lora.adapt(ops::linear(g, a, proj_w, proj_b, p + "attn.c_proj"), a, p, "attn.c_proj", 0, C, unit);
+    proj = ops::dropout(g, proj, m.dropout, p + "attn.dropout");
     x = ops::add(g, x, proj, p + "residual_1");
     h = ops::layernorm(g, x, ln2_w, ln2_b, m.norm_eps, p + "ln_2");
-    ValueId f = ops::gelu(g, ops::linear(g, h, fc_w, fc_b, p + "mlp.c_fc"), p + "mlp.gelu");
-    ValueId o = ops::dropout(g, ops::linear(g, f, out_w, out_b, p + "mlp.c_proj"), m.dropout, p + "mlp.dropout");
+    ValueId fc = lora.adapt(ops::linear(g, h, fc_w, fc_b, p + "mlp.c_fc"), h, p, "mlp.c_fc", 0, F, unit);
+    ValueId f = ops::gelu(g, fc, p + "mlp.gelu");
+    ValueId o = lora.adapt(ops::linear(g, f, out_w, out_b, p + "mlp.c_proj"), f, p, "mlp.c_proj", 0, C, unit);
+    o = ops::dropout(g, o, m.dropout, p + "mlp.dropout");
     x = ops::add(g, x, o, p + "residual_2");
   }
 

@@ -9,6 +9,7 @@
 
 #include "elementwise/add.h"
 #include "linalg/linear.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
@@ -25,11 +26,12 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
+  Lora lora(g, recipe);  // with lora.rank > 0: every weight below frozen, adapters trained
   auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
-    return g.add_param(name, std::move(shape), unit, ParamInit::normal(s), true);
+    return lora.weight(name, std::move(shape), unit, ParamInit::normal(s), true);
   };
   auto norm_weight = [&](const std::string& name, int unit) {
-    return g.add_param(name, Shape{C}, unit, ParamInit::ones(), false);
+    return lora.weight(name, Shape{C}, unit, ParamInit::ones(), false);
   };
 
   int embeddings = g.add_unit("embeddings");
@@ -49,14 +51,22 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
 
     ValueId h = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
     ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
+    qkv = lora.adapt(qkv, h, p, "self_attn.q_proj", 0, C, unit);
+    qkv = lora.adapt(qkv, h, p, "self_attn.k_proj", C, KVC, unit);
+    qkv = lora.adapt(qkv, h, p, "self_attn.v_proj", C + KVC, KVC, unit);
     qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary", KV, model.positions);
     ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn", KV, model.positions);
-    x = ops::add(g, x, ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), p + "residual_1");
+    ValueId o =
+        lora.adapt(ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), a, p, "self_attn.o_proj", 0, C, unit);
+    x = ops::add(g, x, o, p + "residual_1");
     h = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
-    ValueId gate = ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj");
-    ValueId up = ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj");
+    ValueId gate =
+        lora.adapt(ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj"), h, p, "mlp.gate_proj", 0, F, unit);
+    ValueId up = lora.adapt(ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj"), h, p, "mlp.up_proj", 0, F, unit);
     ValueId f = ops::swiglu(g, gate, up, p + "mlp.swiglu");
-    x = ops::add(g, x, ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), p + "residual_2");
+    ValueId down =
+        lora.adapt(ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), f, p, "mlp.down_proj", 0, C, unit);
+    x = ops::add(g, x, down, p + "residual_2");
   }
 
   int head = g.add_unit("head");

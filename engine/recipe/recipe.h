@@ -173,6 +173,17 @@ struct OffloadSection {
   int64_t chunk_size;      // parameters per chunk of the streamed optimizer step
 };
 
+// LoRA (Hu et al. 2021, as PEFT builds it): each targeted linear layer's weight W is frozen and
+// y = x W^T + (alpha / rank) * (dropout(x) A^T) B^T trains A (rank, in) and B (out, rank) instead;
+// every other weight of the model is frozen too. rank 0: off.
+struct LoraSection {
+  int64_t rank;
+  double alpha;
+  double dropout;
+  std::string target_modules;       // comma-separated module names (PEFT's), or all-linear
+  std::filesystem::path init_from;  // a PEFT adapter to start from; empty: A uniform, B zero
+};
+
 // What a run records about itself besides metrics.jsonl (docs/telemetry.md).
 struct TelemetrySection {
   bool tensorboard;         // event files in <run dir>/tensorboard
@@ -207,6 +218,7 @@ struct Recipe {
   CheckpointSection checkpoint;
   OffloadSection offload;
   TelemetrySection telemetry;
+  LoraSection lora;
 };
 
 }  // namespace engine::recipe

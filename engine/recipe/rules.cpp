@@ -9,6 +9,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "recipe/lora_targets.h"
 #include "recipe/schema.h"
 
 namespace engine::recipe {
@@ -381,6 +382,22 @@ void check_telemetry(RuleContext& c) {
 
 }  // namespace
 
+// LoRA: target modules that exist in the model's blocks, a transformer, and the CPU for now.
+void check_lora(RuleContext& c) {
+  const LoraSection& l = c.r.lora;
+  if (l.rank == 0) return;
+  if (!is_transformer(c.r)) {
+    c.error({"lora.rank", "model.arch"}, "LoRA adapts a transformer's linear layers; model.arch mlp has none to adapt");
+    return;
+  }
+  std::string problem;
+  if (lora_targets(c.r.model.arch, l.target_modules, &problem).empty()) c.error({"lora.target_modules"}, problem);
+  if (c.r.run.device == RunDevice::cuda)
+    c.error({"lora.rank", "run.device"},
+            "LoRA runs on CPU only for now: the GPU runner does not hold frozen weights yet; use run.device: cpu, "
+            "or set lora.rank: 0");
+}
+
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
   // Each rule with the sections it reads; a rule runs only when all of them validated, so it never
   // reasons about a value that was rejected (and left unset) or reports a consequence of it.
@@ -403,6 +420,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"precision"}, check_communication_dtype},
       {{"offload", "distributed"}, check_offload},
       {{"telemetry", "train"}, check_telemetry},
+      {{"lora", "model", "run"}, check_lora},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

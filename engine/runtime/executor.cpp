@@ -166,6 +166,8 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
         return parameters_.param_storage(v.param);
       case Placement::gradient:
         return parameters_.grad_storage(v.param);
+      case Placement::frozen:
+        return parameters_.frozen_storage(v.param);
       default:  // input, host
         return inputs_.at(id).data();
     }

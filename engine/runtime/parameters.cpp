@@ -54,6 +54,8 @@ ParameterStore::Bytes ParameterStore::planned_bytes(const Graph& graph, const Sh
     bytes.gradients += s.micro_grad + s.grad_shard + s.opt_grad;
     bytes.optimizer_elements += range_size(layout, spec, u);
   }
+  if (!graph.frozen().empty())
+    bytes.frozen = graph.frozen_count() * int64_t(dtype_size(graph.value(graph.frozen()[0].value).dtype));
   return bytes;
 }
 
@@ -86,6 +88,26 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const Offl
     b.grad_shard_ptr = grad_alias_ ? b.micro_grad.data() : b.grad_shard.data();
     b.opt_grad_ptr = sizes.opt_grad ? b.opt_grad.f32() : reinterpret_cast<float*>(reduced_grad(u));
   }
+  if (!graph_.frozen().empty()) {
+    frozen_dtype_ = graph_.value(graph_.frozen()[0].value).dtype;
+    frozen_ = Buffer(graph_.frozen_count() * int64_t(dtype_size(frozen_dtype_)));
+  }
+}
+
+void* ParameterStore::frozen_storage(int index) const {
+  return frozen_.data() + graph_.frozen()[size_t(index)].offset * int64_t(dtype_size(frozen_dtype_));
+}
+
+void ParameterStore::set_frozen(int index, const float* values) {
+  const int64_t n = graph_.value(graph_.frozen()[size_t(index)].value).shape.numel();
+  store_copy(values, static_cast<std::byte*>(frozen_storage(index)), frozen_dtype_, n);
+}
+
+std::vector<float> ParameterStore::frozen_values(int index) const {
+  const int64_t n = graph_.value(graph_.frozen()[size_t(index)].value).shape.numel();
+  std::vector<float> values(static_cast<size_t>(n));
+  widen(frozen_storage(index), frozen_dtype_, values.data(), n);
+  return values;
 }
 
 std::byte* ParameterStore::reduced_grad(size_t unit) const {
@@ -205,24 +227,33 @@ void ParameterStore::retype(DType from, DType to) {
   if (param_dtype_ == from) param_dtype_ = to;
   if (offloaded_ && offloaded_->param_dtype() == from) offloaded_->retype_params(to);
   if (grad_dtype_ == from) grad_dtype_ = to;
+  if (frozen_dtype_ == from && frozen_.bytes()) {  // rounded again from the values they hold
+    const int64_t n = graph_.frozen_count();
+    std::vector<float> values(static_cast<size_t>(n));
+    widen(frozen_.data(), from, values.data(), n);
+    narrow(values.data(), frozen_.data(), to, n);
+    frozen_dtype_ = to;
+  }
   refresh_copies();
 }
 
 void ParameterStore::initialize(uint64_t seed) {
-  // One init stream, drawn in parameter order. Each normal takes four words of it (two 53-bit
+  // One init stream, drawn in declaration order. Each normal takes four words of it (two 53-bit
   // uniforms), so draw j of a part starts at word position + 4 j: the stream is counter-based, and
   // threads fill blocks of a part from their own positions with the sequential stream's values.
-  // In parts, so that initialising a sharded model never holds a whole large parameter.
+  // Uniforms (adapters) take two words of their own stream. In parts, so that initialising a
+  // sharded model never holds a whole large parameter.
   constexpr int64_t kPart = int64_t(1) << 20, kBlock = int64_t(1) << 14;
   std::vector<float> values(static_cast<size_t>(kPart));
-  uint64_t position = 0;
-  for (size_t i = 0; i < graph_.params().size(); ++i) {
-    const Param& p = graph_.params()[i];
-    const int64_t n = numel(int(i));
+  uint64_t position = 0, uniform_position = 0;
+  for (const Graph::WeightRef ref : graph_.weights()) {
+    const Param& p = graph_.weight(ref);
+    const int64_t n = graph_.value(p.value).shape.numel();
+    std::vector<float> whole(ref.frozen ? size_t(n) : 0);  // frozen weights are set whole
     for (int64_t first = 0; first < n; first += kPart) {
       const int64_t count = std::min(kPart, n - first);
+      const auto scale = float(p.init.std);
       if (p.init.kind == ParamInit::Kind::normal) {
-        const auto scale = float(p.init.std);
 #pragma omp parallel for schedule(static)
         for (int64_t block = 0; block < (count + kBlock - 1) / kBlock; ++block) {
           RandomStream stream(seed, RandomPurpose::init, position + 4 * uint64_t(block * kBlock));
@@ -230,11 +261,19 @@ void ParameterStore::initialize(uint64_t seed) {
             values[size_t(k)] = scale * stream.normal();
         }
         position += 4 * uint64_t(count);
+      } else if (p.init.kind == ParamInit::Kind::uniform) {
+        RandomStream stream(seed, RandomPurpose::adapter_init, uniform_position);
+        for (int64_t k = 0; k < count; ++k) values[size_t(k)] = scale * float(2.0 * stream.uniform() - 1.0);
+        uniform_position = stream.position();
       } else {
         std::fill_n(values.begin(), count, p.init.kind == ParamInit::Kind::ones ? 1.0f : 0.0f);
       }
-      set_param_part(int(i), first, values.data(), count);
+      if (ref.frozen)
+        std::copy_n(values.begin(), count, whole.begin() + first);
+      else
+        set_param_part(ref.index, first, values.data(), count);
     }
+    if (ref.frozen) set_frozen(ref.index, whole.data());
   }
 }
 

@@ -19,6 +19,9 @@
 // In 16-bit precision, refresh_copies() rounds the masters into the 16-bit compute values (or, at
 // stage 3, into a 16-bit shard that the gathers read) after each update.
 //
+// Frozen weights (Graph::frozen, LoRA's base model) sit in one more buffer, whole on every rank in
+// the compute dtype: no master, no gradient, no optimizer state, never sharded or offloaded.
+//
 // With offload (offload/offloaded_state.h) the masters that are separate from the parameters live in
 // the OffloadedState with the optimizer state (master() is null), and at stage 3 the shard the
 // gathers read may live there too; the offloaded optimizer writes the copies as it streams.
@@ -27,10 +30,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/buffer.h"
 #include "dist/shard_layout.h"
 #include "graph/graph.h"
 #include "offload/offload_spec.h"
-#include "core/buffer.h"
 
 namespace engine {
 
@@ -51,13 +54,24 @@ class ParameterStore {
   // What a store for `graph` at `spec` allocates on one rank (what `engine plan` prints).
   struct Bytes {
     int64_t parameters = 0, gradients = 0;
+    int64_t frozen = 0;              // the frozen weights, in the compute dtype
     int64_t optimizer_elements = 0;  // what this rank updates: the optimizer state's size in elements
   };
   static Bytes planned_bytes(const Graph& graph, const ShardingSpec& spec, const OffloadSpec& offload = {});
 
-  // Fills every parameter from its ParamInit, drawing normals in parameter order from the seed's
-  // init stream: the same seed gives the same model at every world size and stage.
+  // Fills every parameter and frozen weight from its ParamInit, drawing normals in declaration
+  // order from the seed's init stream: the same seed gives the same model at every world size and
+  // stage, and the same base model with or without LoRA adapters.
   void initialize(uint64_t seed);
+  // Frozen weight `index` (Graph::frozen) from its full fp32 values, rounded to the compute dtype;
+  // and back, widened to fp32.
+  void set_frozen(int index, const float* values);
+  std::vector<float> frozen_values(int index) const;
+  void* frozen_storage(int index) const;
+  // Either kind of weight, by its place in Graph::weights.
+  void set_weight(Graph::WeightRef ref, const float* values) {
+    ref.frozen ? set_frozen(ref.index, values) : set_param(ref.index, values);
+  }
   // Sets Param `index` from its full fp32 values (every rank passes the same values), or elements
   // [first, first + count) of it.
   void set_param(int index, const float* values) { set_param_part(index, 0, values, numel(index)); }
@@ -140,6 +154,8 @@ class ParameterStore {
   bool masters_offloaded_ = false, shard_offloaded_ = false;
   class OffloadedState* offloaded_ = nullptr;
   std::vector<UnitBuffers> units_;
+  Buffer frozen_;
+  DType frozen_dtype_ = DType::f32;
 };
 
 }  // namespace engine

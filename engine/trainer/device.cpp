@@ -26,6 +26,10 @@ Device resolve_device(const recipe::Recipe& recipe, int local_rank) {
         throw UserError(
             "run.device: auto picks the GPU here, where packed documents (data.document_end) do not run yet: "
             "set run.device: cpu, or leave data.document_end out");
+      if (devices > 0 && recipe.lora.rank > 0)
+        throw UserError(
+            "run.device: auto picks the GPU here, where LoRA (lora.rank) does not run yet: set run.device: cpu, "
+            "or lora.rank: 0");
       return devices == 0 ? Device{} : cuda;
   }
   return Device{};

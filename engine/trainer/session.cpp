@@ -177,7 +177,8 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   MemoryPlan& m = c.memory;
   c.offload = offload_spec(r, 0);
   const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding, c.offload);
-  m.parameters = store.parameters;
+  m.parameters = store.parameters + store.frozen;
+  m.frozen = store.frozen;
   m.gradients = store.gradients;
   m.optimizer_state = optimizer_state_bytes(r.optimizer, store.optimizer_elements * 4);
   m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
@@ -200,13 +201,21 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   for (size_t index : c.train.nodes) {
     const Node& node = g.nodes()[index];
     if (node.op->flops) c.flops_per_micro_batch += node.op->flops(g, node);
-    if (!node.backward && is_matmul(*node.op)) c.model_flops_per_micro_batch += 3 * node.op->flops(g, node);
+    // Forward, input gradient and weight gradient; a frozen weight has no gradient to compute.
+    if (!node.backward && is_matmul(*node.op))
+      c.model_flops_per_micro_batch += (reads_frozen_weight(g, node) ? 2 : 3) * node.op->flops(g, node);
   }
   plan_offload(r, g, layout, c);
   return c;
 }
 
 bool is_matmul(const OpDef& op) { return op.matmul; }
+
+bool reads_frozen_weight(const Graph& g, const Node& node) {
+  for (ValueId in : node.inputs)
+    if (g.value(in).placement == Placement::frozen) return true;
+  return false;
+}
 
 void check_memory_available(const MemoryPlan& memory, int local_ranks) {
   const MemoryLimit limit = memory_limit();

@@ -42,6 +42,7 @@ namespace engine {
 // One rank's memory, from the plan.
 struct MemoryPlan {
   int64_t parameters = 0;  // fp32 masters and the compute-dtype values this rank holds
+  int64_t frozen = 0;      // of `parameters`: the frozen weights (LoRA's base), whole on every rank
   int64_t gradients = 0;   // micro-batch gradients, the reduced shard, its fp32 form
   int64_t optimizer_state = 0, inputs = 0;
   int64_t activations = 0;   // the arena's peak, gathered and gradient buffers included
@@ -100,6 +101,8 @@ CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1);
 
 // The ops whose FLOPs model FLOPs count: matrix products.
 bool is_matmul(const OpDef& op);
+// Whether `node` reads a frozen weight (LoRA's base): its matrix product has no weight gradient.
+bool reads_frozen_weight(const Graph& g, const Node& node);
 
 // The type the step computes in: f32, or the 16-bit type of precision.mode.
 DType compute_dtype(const recipe::Recipe& recipe);

@@ -14,6 +14,7 @@
 #include <ostream>
 #include <vector>
 
+#include "checkpoint/adapters.h"
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/resume.h"
@@ -50,8 +51,11 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 // Under the names and in the layout of the weights files (GPT-2's Conv1D weights (in, out), Llama's
 // q/k/v split), so a gradient lines up with the weight it belongs to in an exported file.
 void save_gradients(const fs::path& path, const ParameterStore& store, recipe::Arch arch) {
-  write_safetensors(path, hugging_face_tensors(store.graph(), arch, [&](int i) { return store.grad(i); }),
-                    {{"layout", "hugging face, as the weights files"}});
+  write_safetensors(
+      path,
+      hugging_face_tensors(store.graph(), arch,
+                           [&](Graph::WeightRef ref) { return ref.frozen ? nullptr : store.grad(ref.index); }),
+      {{"layout", "hugging face, as the weights files"}});
 }
 
 // Ranks that run different recipes or engines would issue different collectives: refuse at once.
@@ -67,8 +71,10 @@ void require_same_run_on_every_rank(Communicator& comm, const std::string& resol
                       "overrides, same binary)");
 }
 
-std::function<const float*(int)> whole_param(const WholeParameters& whole) {
-  return [&whole](int i) { return whole.param(i); };
+// The trained parameters gathered whole, and the frozen weights (whole on every rank).
+std::function<const float*(Graph::WeightRef)> whole_param(const WholeParameters& whole, const ParameterStore& store) {
+  auto frozen = store_weights(store);
+  return [&whole, frozen](Graph::WeightRef ref) { return ref.frozen ? frozen(ref) : whole.param(ref.index); };
 }
 
 std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& options, const Session& session,
@@ -191,6 +197,9 @@ class TrainingRun {
                       std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm_.size()) +
                       " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
     session.store.initialize(uint64_t(r_.run.seed));
+    // A LoRA checkpoint holds the adapters and their optimizer state; the frozen base comes from
+    // where the run started, as it did then.
+    if (resume_dir_ && r_.lora.rank > 0) load_initial_weights(session.store);
     if (resume_dir_) {
       const auto restore_start = std::chrono::steady_clock::now();
       restore_checkpoint(session, plugins_, *resume_dir_, resume_);
@@ -202,13 +211,24 @@ class TrainingRun {
       summary_.final_loss = resume_.state.value("last_loss", 0.0);
       elapsed_before_ = resume_.state.value("elapsed_s", 0.0);
       summary_.steps = first_step_;
-    } else if (!r_.model.init_from.empty()) {
-      load_weights(r_.model.init_from, session.store, r_.model.arch);
-      out_ << "weights loaded from " << r_.model.init_from.string() << "\n";
+    } else {
+      load_initial_weights(session.store);
     }
     rows_per_step_ = session.micro_batch * session.accumulation * session.model.sequence * comm_.size();
     memory_ = session.memory();
     report_start(out_, session, comm_, traffic_);
+  }
+
+  // model.init_from (with LoRA: the frozen base) and lora.init_from (a PEFT adapter).
+  void load_initial_weights(ParameterStore& store) {
+    if (!r_.model.init_from.empty()) {
+      load_weights(r_.model.init_from, store, r_.model.arch);
+      out_ << "weights loaded from " << r_.model.init_from.string() << "\n";
+    }
+    if (r_.lora.rank > 0 && !r_.lora.init_from.empty() && !resume_dir_) {
+      load_adapters(r_.lora.init_from, store, r_);
+      out_ << "adapters loaded from " << r_.lora.init_from.string() << "\n";
+    }
   }
 
   // metrics.jsonl, the progress line, telemetry, the batch loader and the checkpointer.
@@ -453,8 +473,9 @@ class TrainingRun {
     std::string arch = r_.model.arch == recipe::Arch::gpt     ? "gpt"
                        : r_.model.arch == recipe::Arch::llama ? "llama"
                                                               : "mlp";
-    save_weights(weights, session.model.graph, r_.model.arch,
-                 {{"arch", arch}, {"steps", std::to_string(summary_.steps)}}, whole_param(whole));
+    std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
+    if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
+    save_weights(weights, session.model.graph, r_.model.arch, metadata, whole_param(whole, session.store));
     if (summary_.interrupted)
       out_ << "interrupted after step " << summary_.steps << "; weights saved to " << weights.string() << "\n";
     else

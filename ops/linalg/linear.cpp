@@ -192,8 +192,14 @@ void linear_grad(GradBuilder& gb, const Node& node) {
     auto t = gb.target(x);
     gb.emit(kLinearBackwardInput, {dy, w}, {t.value}, t, {}, node.name);
   }
+  // A frozen weight (LoRA's base) has no gradient: its product is never computed.
+  const bool bias = node.inputs.size() > 2;
+  if (!gb.wants(w)) {
+    ENGINE_CHECK(!bias || !gb.wants(node.inputs[2]), node.name + ": a frozen weight with a trained bias");
+    return;
+  }
   std::vector<ValueId> outs{gb.target(w).value};
-  if (node.inputs.size() > 2) outs.push_back(gb.target(node.inputs[2]).value);
+  if (bias) outs.push_back(gb.target(node.inputs[2]).value);
   g.add_node(Node{&kLinearBackwardWeight, {dy, x}, outs, {}, true, true, node.name});
 }
 

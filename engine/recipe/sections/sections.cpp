@@ -16,6 +16,7 @@ void declare_all_sections(Schema& schema) {
   declare_checkpoint(schema);
   declare_offload(schema);
   declare_telemetry(schema);
+  declare_lora(schema);
 }
 
 const Schema& Schema::engine() {

@@ -19,6 +19,7 @@ void declare_distributed(Schema& schema);
 void declare_checkpoint(Schema& schema);
 void declare_offload(Schema& schema);
 void declare_telemetry(Schema& schema);
+void declare_lora(Schema& schema);
 
 void declare_all_sections(Schema& schema);
 
