@@ -56,6 +56,7 @@ TEST_P(ExactResume, CutAndResumedIsTheStraightRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StagesPrecisionsAccumulation, ExactResume, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Lora, ExactResume, ::testing::ValuesIn(lora_cases()), case_name);
 
 // A checkpoint written at one stage resumes at another: the state is kept whole, whatever the plan.
 TEST(Reshard, StageThreeCheckpointResumesAtStageZero) {

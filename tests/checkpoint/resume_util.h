@@ -49,15 +49,19 @@ struct Case {
   int stage;
   std::string precision;
   int accumulation;
+  bool lora = false;  // LoRA adapters (with dropout) on every linear layer, the base frozen
 };
 
 inline void PrintTo(const Case& c, std::ostream* out) {
-  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation;
+  *out << "stage " << c.stage << ", " << c.precision << ", accumulation " << c.accumulation << (c.lora ? ", LoRA" : "");
 }
+
+// The overrides that make a tiny run a LoRA run: rank 4 on every linear layer, adapter dropout.
+inline const std::vector<std::string> kLoraOverrides = {"lora.rank=4", "lora.alpha=8", "lora.dropout=0.1"};
 
 inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return "stage" + std::to_string(info.param.stage) + "_" + info.param.precision + "_accumulation" +
-         std::to_string(info.param.accumulation);
+         std::to_string(info.param.accumulation) + (info.param.lora ? "_lora" : "");
 }
 
 // Every stage 0-3 x fp32/bf16/fp16 x accumulation 1/2.
@@ -67,6 +71,11 @@ inline std::vector<Case> all_cases() {
     for (const char* precision : {"fp32", "bf16", "fp16"})
       for (int accumulation : {1, 2}) cases.push_back({stage, precision, accumulation});
   return cases;
+}
+
+// LoRA runs resume too: the checkpoint holds the adapters, the frozen base comes from the start.
+inline std::vector<Case> lora_cases() {
+  return {{0, "fp32", 2, true}, {1, "bf16", 1, true}, {2, "fp16", 2, true}, {3, "bf16", 2, true}};
 }
 
 // Where a case's cut run stops.
@@ -79,6 +88,7 @@ inline std::vector<std::string> case_overrides(const Case& c) {
   overrides.push_back("checkpoint.at_end=true");
   overrides.push_back("distributed.zero_stage=" + std::to_string(c.stage));
   overrides.push_back("train.gradient_accumulation_steps=" + std::to_string(c.accumulation));
+  if (c.lora) overrides.insert(overrides.end(), kLoraOverrides.begin(), kLoraOverrides.end());
   return overrides;
 }
 

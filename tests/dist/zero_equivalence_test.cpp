@@ -121,7 +121,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Units merged by size and into one: stage 3 gathers them, tied weights and all.
         Case{"gpt_wrap_size", std::string(kGpt) + " distributed.wrap_policy=size distributed.wrap_size=20000"},
         Case{"gpt_wrap_model", std::string(kGpt) + " distributed.wrap_policy=model"},
-        Case{"gpt_loss_mask_bf16", kMasked + " precision.mode=bf16"}),
+        Case{"gpt_loss_mask_bf16", kMasked + " precision.mode=bf16"},
+        // LoRA: frozen base weights whole on every rank, the adapters sharded, reduced and gathered.
+        Case{"gpt_lora_fp32", std::string(kGpt) + " lora.rank=4 lora.dropout=0.1"},
+        Case{"llama_lora_bf16",
+             std::string(kLlama) + " precision.mode=bf16 lora.rank=4 lora.target_modules=q_proj,v_proj,down_proj"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

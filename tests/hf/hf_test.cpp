@@ -170,6 +170,90 @@ TEST_F(HuggingFace, AMaskedLossIsTransformersLossWithIgnoredTargets) {
   }
 }
 
+// LoRA with PEFT as the reference: from the same base and the same adapter (PEFT's, B drawn at
+// random too), three SGD steps give PEFT's losses, and the adapter the engine exports is PEFT's
+// trained adapter; PEFT loads it over the base with the loss PEFT reached, and the merged export
+// loads in transformers alone with the same loss. GPT-2 (Conv1D, fused c_attn) and a GQA Llama
+// (q and v in the fused qkv projection, down_proj).
+TEST_F(HuggingFace, LoraTrainsAsPeftDoesAndExportsAsAnAdapterAndMerged) {
+  const fs::path tokens = dir_->path() / "tokens.bin";
+  for (const auto& [name, arch, targets] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"gpt2_tied_fp32", "gpt", "c_attn,c_proj,c_fc"},
+           {"llama_gqa_untied_fp32", "llama", "q_proj,v_proj,down_proj"}}) {
+    const fs::path out = dir_->path() / ("peft_" + name);
+    fs::create_directories(out);
+    const ShellResult reference =
+        run_shell("'" + kPython.string() + "' tests/hf/peft_reference.py train " + (dir_->path() / name).string() +
+                      " " + tokens.string() + " 16 " + out.string() + " " + targets + " 3 0.1 2>/dev/null",
+                  kSource);
+    ASSERT_EQ(reference.status, 0) << reference.output;
+    const nlohmann::json want = nlohmann::json::parse(reference.output);
+    const std::string run_name = "lora_" + name;
+    const ShellResult run = train(name, arch,
+                                  "run.name=" + run_name + " lora.rank=4 lora.alpha=8 lora.target_modules=" + targets +
+                                      " lora.init_from=" + (out / "adapter_start").string() +
+                                      " train.steps=3 optimizer.lr=0.1 train.gradient_clipping=0");
+    ASSERT_EQ(run.status, 0) << run.output;
+    std::ifstream metrics(dir_->path() / "runs" / run_name / "metrics.jsonl");
+    std::vector<double> losses;
+    for (std::string line; std::getline(metrics, line);)
+      if (nlohmann::json j = nlohmann::json::parse(line); j.contains("loss")) losses.push_back(j.at("loss"));
+    ASSERT_EQ(losses.size(), 3u) << run.output;
+    for (size_t s = 0; s < 3; ++s)
+      EXPECT_NEAR(losses[s], want.at("losses")[s].get<double>(), 1e-5 * losses[s]) << name << " step " << s;
+
+    const fs::path adapter = out / "engine_adapter", merged = out / "engine_merged";
+    const std::string run_dir = (dir_->path() / "runs" / run_name).string();
+    ASSERT_EQ(
+        run_shell("'" ENGINE_BINARY "' export " + run_dir + " " + adapter.string() + " --adapter", kSource).status, 0);
+    ASSERT_EQ(run_shell("'" ENGINE_BINARY "' export " + run_dir + " " + merged.string(), kSource).status, 0);
+    const ShellResult compared = run_shell("'" + kPython.string() + "' tests/hf/peft_reference.py compare " +
+                                               (out / "adapter_end").string() + " " + adapter.string() + " 2>&1",
+                                           kSource);
+    ASSERT_EQ(compared.status, 0) << compared.output;
+    EXPECT_LT(nlohmann::json::parse(compared.output).at("max_difference").get<double>(), 1e-5) << name;
+    const ShellResult peft_loss = run_shell("'" + kPython.string() + "' tests/hf/peft_reference.py adapter_loss " +
+                                                (dir_->path() / name).string() + " " + adapter.string() + " " +
+                                                tokens.string() + " 16 2>/dev/null",
+                                            kSource);
+    ASSERT_EQ(peft_loss.status, 0) << peft_loss.output;
+    const double final_loss = want.at("final");
+    EXPECT_NEAR(nlohmann::json::parse(peft_loss.output).at("loss").get<double>(), final_loss, 1e-5 * final_loss);
+    const ShellResult loaded = run_shell(
+        "'" + kPython.string() + "' tests/hf/loss_of.py " + merged.string() + " " + tokens.string() + " 16 2>/dev/null",
+        kSource);
+    ASSERT_EQ(loaded.status, 0) << loaded.output;
+    const nlohmann::json result = nlohmann::json::parse(loaded.output);
+    EXPECT_TRUE(result.at("missing").empty() && result.at("unexpected").empty()) << name << ": " << loaded.output;
+    EXPECT_NEAR(result.at("loss").get<double>(), final_loss, 1e-5 * final_loss) << name;
+  }
+}
+
+// An adapter of another rank is refused naming its adapter_config.json; so is a target module
+// the model does not have, naming the key.
+TEST_F(HuggingFace, AnAdapterThatDoesNotFitIsRefusedNamingTheFile) {
+  const fs::path out = dir_->path() / "peft_rank";
+  fs::create_directories(out);
+  ASSERT_EQ(run_shell("'" + kPython.string() + "' tests/hf/peft_reference.py train " +
+                          (dir_->path() / "llama_gqa_untied_fp32").string() + " " +
+                          (dir_->path() / "tokens.bin").string() + " 16 " + out.string() + " q_proj 1 0.1 2>/dev/null",
+                      kSource)
+                .status,
+            0);
+  const ShellResult rank =
+      train("llama_gqa_untied_fp32", "llama",
+            "run.name=bad_rank lora.rank=8 lora.alpha=8 lora.target_modules=q_proj lora.init_from=" +
+                (out / "adapter_start").string());
+  EXPECT_EQ(rank.status, 2) << rank.output;
+  EXPECT_NE(rank.output.find("adapter_config.json: r is 4 but lora.rank is 8"), std::string::npos) << rank.output;
+  const ShellResult module =
+      train("llama_gqa_untied_fp32", "llama", "run.name=bad_module lora.rank=4 lora.target_modules=c_attn");
+  EXPECT_EQ(module.status, 2) << module.output;
+  EXPECT_NE(module.output.find("lora.target_modules: 'c_attn' is no linear layer of this model's blocks"),
+            std::string::npos)
+      << module.output;
+}
+
 // Export choices: the weights in another dtype (config.json's torch_dtype says which), in shards with
 // save_pretrained's index, and the tokenizer files of the directory the run started from carried
 // over byte for byte; transformers loads each; an export into a directory that held another

@@ -14,6 +14,7 @@ namespace engine::testing {
 struct OffloadCase {
   int stage;
   std::string optimizer, parameters, precision;
+  bool lora = false;  // LoRA adapters on every linear layer (resume_util.h's kLoraOverrides)
 };
 
 inline void PrintTo(const OffloadCase& c, std::ostream* out) {
@@ -24,7 +25,7 @@ inline void PrintTo(const OffloadCase& c, std::ostream* out) {
 inline std::string offload_case_name(const ::testing::TestParamInfo<OffloadCase>& info) {
   const OffloadCase& c = info.param;
   return "stage" + std::to_string(c.stage) + "_optimizer_" + c.optimizer + "_parameters_" + c.parameters + "_" +
-         c.precision;
+         c.precision + (c.lora ? "_lora" : "");
 }
 
 inline std::vector<OffloadCase> offload_cases() {
@@ -39,13 +40,19 @@ inline std::vector<OffloadCase> offload_cases() {
     cases.push_back({3, "nvme", "nvme", precision});
     cases.push_back({3, "cpu", "cpu", precision});
   }
+  // With LoRA only the adapters have optimizer state and a shard to offload.
+  cases.push_back({0, "cpu", "none", "fp32", true});
+  cases.push_back({3, "nvme", "nvme", "bf16", true});
+  cases.push_back({3, "cpu", "cpu", "fp32", true});
   return cases;
 }
 
 // The case's recipe overrides without offload (the reference) and with it.
 inline std::vector<std::string> reference_overrides(const OffloadCase& c) {
-  return {"precision.mode=" + c.precision, "distributed.zero_stage=" + std::to_string(c.stage),
-          "train.gradient_accumulation_steps=2"};
+  std::vector<std::string> o{"precision.mode=" + c.precision, "distributed.zero_stage=" + std::to_string(c.stage),
+                             "train.gradient_accumulation_steps=2"};
+  if (c.lora) o.insert(o.end(), kLoraOverrides.begin(), kLoraOverrides.end());
+  return o;
 }
 
 inline std::vector<std::string> offload_overrides(const OffloadCase& c, const std::filesystem::path& swap) {

@@ -25,6 +25,7 @@
 #include "op_harness.h"
 #include "reduce/sum.h"
 #include "runtime/executor.h"
+#include "shape/columns.h"
 #include "shape/transpose.h"
 
 namespace engine::op_harness {
@@ -380,6 +381,40 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                          y[size_t(b * rows * c + j * rows + i)] = x[0][size_t(b * rows * c + i * c + j)];
                    return y;
                  }});
+  {
+    // A LoRA update on a column range of a wider output (Llama's k rows of qkv): the range ends
+    // before the last column, so both edges are crossed.
+    const int64_t width = std::max<int64_t>(1, c / 2), offset = (c - width) / 2;
+    all.push_back({"add_columns",
+                   {Shape{B, rows, c}, Shape{B, rows, width}},
+                   {},
+                   0,
+                   [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                     return ops::add_columns(g, p[0], p[1], offset, 0.75, "ac");
+                   },
+                   [=](const std::vector<Tensor>& x, const auto&) {
+                     Tensor y = x[0];
+                     for (int64_t r = 0; r < B * rows; ++r)
+                       for (int64_t j = 0; j < width; ++j)
+                         y[size_t(r * c + offset + j)] += 0.75 * x[1][size_t(r * width + j)];
+                     return y;
+                   }});
+    all.push_back({"take_columns",
+                   {Shape{B, rows, c}},
+                   {},
+                   0,
+                   [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                     return ops::take_columns(g, p[0], offset, width, -1.5, "tc");
+                   },
+                   [=](const std::vector<Tensor>& x, const auto&) {
+                     Tensor y(size_t(B * rows * width));
+                     for (int64_t r = 0; r < B * rows; ++r)
+                       for (int64_t j = 0; j < width; ++j)
+                         y[size_t(r * width + j)] = -1.5 * x[0][size_t(r * c + offset + j)];
+                     return y;
+                   }});
+    all.back().differentiable = false;  // add_columns' gradient; its own is never needed
+  }
   all.push_back(
       {"reshape",
        {Shape{rows, c}},
