@@ -193,7 +193,7 @@ TEST(RecipePlugins, PathKeysAreDeclaredFileSystem) {
       if (key.file_system) keys.push_back(key.path());
     }
   EXPECT_EQ(keys, (std::vector<std::string>{"run.name", "run.output_dir", "model.init_from", "data.path",
-                                            "data.loss_mask", "checkpoint.dir", "offload.nvme_path"}));
+                                            "data.loss_mask", "checkpoint.dir", "offload.nvme_path", "lora.init_from"}));
 }
 
 // The last line of defence: any difference in a path between the recipe before and after on_recipe.
