@@ -254,6 +254,19 @@ TEST_F(HuggingFace, AnAdapterThatDoesNotFitIsRefusedNamingTheFile) {
       << module.output;
 }
 
+// The offline LoRA example (scripts/lora-example): a Hugging Face-format Llama made on the spot,
+// fine-tuned with LoRA on recipes/examples/data/instructions.jsonl, exported both ways; the script
+// fails unless transformers' merged model and PEFT's adapter give the same loss.
+TEST_F(HuggingFace, TheLoraExampleRunsOfflineAndItsExportsLoad) {
+  const fs::path out = dir_->path() / "lora_example";
+  const ShellResult example =
+      run_shell("ENGINE='" ENGINE_BINARY "' scripts/lora-example '" + out.string() + "' 2>&1", kSource);
+  ASSERT_EQ(example.status, 0) << example.output;
+  EXPECT_NE(example.output.find("merged model loss"), std::string::npos) << example.output;
+  EXPECT_TRUE(fs::exists(out / "adapter" / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(out / "merged" / "config.json"));
+}
+
 // Export choices: the weights in another dtype (config.json's torch_dtype says which), in shards with
 // save_pretrained's index, and the tokenizer files of the directory the run started from carried
 // over byte for byte; transformers loads each; an export into a directory that held another
