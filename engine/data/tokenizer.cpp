@@ -1,5 +1,8 @@
 #include "data/tokenizer.h"
 
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -24,6 +27,17 @@ constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 
 // SentencePiece's space, U+2581.
 constexpr const char* kMetaspace = "\xe2\x96\x81";
+
+// ICU's normalizer for a tokenizer.json normalizer type (NFC, NFKC, NFD, NFKD), or null.
+const void* unicode_form(const std::string& type) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* form = type == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
+                                 : type == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
+                                 : type == "NFD"  ? icu::Normalizer2::getNFDInstance(status)
+                                 : type == "NFKD" ? icu::Normalizer2::getNFKDInstance(status)
+                                                  : nullptr;
+  return U_SUCCESS(status) ? form : nullptr;
+}
 
 // Llama 2's normalizer: Prepend("▁"), then Replace(" ", "▁").
 bool is_llama2_normalizer(const Json& n) {
@@ -203,7 +217,11 @@ Tokenizer Tokenizer::load(const fs::path& file) {
     if (model.contains(affix) && !model[affix].is_null() && !model[affix].get<std::string>().empty())
       throw unsupported(std::string(affix));
   const Json& normalizer = j.value("normalizer", Json());
-  if (!normalizer.is_null() && !(t.sentencepiece_ && is_llama2_normalizer(normalizer)))
+  if (!t.sentencepiece_ && !normalizer.is_null()) {
+    t.unicode_form_ = unicode_form(normalizer.value("type", std::string()));
+    if (!t.unicode_form_) throw unsupported("normalizer " + normalizer.value("type", std::string("?")));
+  }
+  if (t.sentencepiece_ && !normalizer.is_null() && !is_llama2_normalizer(normalizer))
     throw unsupported("normalizer " + normalizer.value("type", std::string("?")));
   t.ignore_merges_ = model.value("ignore_merges", false);
   t.fuse_unknown_ = model.value("fuse_unk", false);
@@ -423,6 +441,17 @@ void Tokenizer::encode_ordinary(std::string_view text, bool first, std::vector<i
   }
 }
 
+std::string Tokenizer::normalized(std::string_view text) const {
+  if (!unicode_form_) return std::string(text);
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::UnicodeString source = icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), int32_t(text.size())));
+  const icu::UnicodeString result = static_cast<const icu::Normalizer2*>(unicode_form_)->normalize(source, status);
+  if (U_FAILURE(status)) throw UserError(std::string("Unicode normalization failed: ") + u_errorName(status));
+  std::string out;
+  result.toUTF8String(out);
+  return out;
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   for (size_t i = 0; i < text.size();) {
     const size_t length = utf8_sequence(text, i);
@@ -440,12 +469,12 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       ++i;
       continue;
     }
-    if (i > start) encode_ordinary(text.substr(start, i - start), start == 0, out);
+    if (i > start) encode_ordinary(normalized(text.substr(start, i - start)), start == 0, out);
     out.push_back(found->second);
     i += found->first.size();
     start = i;
   }
-  if (start < text.size()) encode_ordinary(text.substr(start), start == 0, out);
+  if (start < text.size()) encode_ordinary(normalized(text.substr(start)), start == 0, out);
   if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }

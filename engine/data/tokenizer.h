@@ -1,14 +1,15 @@
 // A Hugging Face tokenizer (tokenizer.json), for the commands that turn text into a model's token
-// ids and back (`engine generate`): byte-level BPE without a normalizer, as GPT-2 and Llama 3 use it,
-// and SentencePiece's BPE with byte fallback, as Llama 2, TinyLlama and Mistral use it.
+// ids and back (`engine generate`): byte-level BPE, as GPT-2, Llama 3, Qwen and GPT-NeoX use it (the
+// last two after a Unicode normalizer), and SentencePiece's BPE with byte fallback, as Llama 2,
+// TinyLlama and Mistral use it.
 //
 // Encoding follows the tokenizers library step by step:
 //   1. added tokens (<|endoftext|>, <|im_start|>, ...) are cut out of the text where they occur,
 //      the longest first at each position, and become their own ids;
-//   2. the rest is pre-tokenized, step by step: Split (Llama 3's regex) and ByteLevel (its
-//      add_prefix_space on each piece, then GPT-2's regex where use_regex), regexes matched with
-//      PCRE2 in Unicode mode; each piece's UTF-8 bytes are then mapped to GPT-2's printable byte
-//      alphabet;
+//   2. the rest is normalized where the tokenizer names a Unicode normal form (NFC, NFKC, NFD or
+//      NFKD, by ICU: Qwen's and GPT-NeoX's NFC), then pre-tokenized, step by step: Split (Llama 3's regex) and
+//      ByteLevel (its add_prefix_space on each piece, then GPT-2's regex where use_regex), regexes matched with PCRE2
+//      in Unicode mode; each piece's UTF-8 bytes are then mapped to GPT-2's printable byte alphabet;
 //   3. each piece is merged by BPE, lowest merge rank first (a whole piece found in the vocabulary
 //      is one id where the model sets ignore_merges, as Llama 3's does);
 //   4. with add_special_tokens, the post-processor's single-sequence template adds its special
@@ -25,7 +26,7 @@
 // Decoding turns "▁" back into spaces and <0xXX> tokens into their bytes, and drops the one space
 // the encoding put first (Llama 2's Strip, Metaspace's decoder).
 //
-// A tokenizer.json this does not implement (a normalizer such as Qwen's or GPT-NeoX's NFC,
+// A tokenizer.json this does not implement (another normalizer, such as BERT's lowercasing;
 // WordPiece, ...) is refused at load, naming the field, rather than encoded differently; text that
 // is not UTF-8 is refused with its byte offset. tests/hf/hf_test.cpp checks the ids against the
 // tokenizers library.
@@ -75,6 +76,7 @@ class Tokenizer {
   std::vector<std::string> merged(std::vector<std::string> symbols) const;  // BPE, lowest rank first
   void encode_piece(const std::string& mapped, std::vector<int32_t>& out) const;
   void encode_ordinary(std::string_view text, bool first, std::vector<int32_t>& out) const;
+  std::string normalized(std::string_view text) const;  // in unicode_form_, where there is one
   void encode_sentencepiece(std::string_view text, bool first, std::vector<int32_t>& out) const;
   std::string decode_sentencepiece(const std::vector<int32_t>& ids) const;
 
@@ -93,6 +95,9 @@ class Tokenizer {
   bool prepend_first_only_ = false;
   bool fuse_unknown_ = false;
   int32_t unknown_ = -1;  // the unknown token's id, or -1
+  // The Unicode normal form each stretch between added tokens is put in (an icu::Normalizer2),
+  // or null.
+  const void* unicode_form_ = nullptr;
 };
 
 }  // namespace engine

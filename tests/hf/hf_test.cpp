@@ -437,6 +437,18 @@ TEST_F(HuggingFace, TheEnginesTokenizerGivesTheLibrarysIdsAndGenerateSpeaksText)
       EXPECT_EQ(tokenizer.decode(ids[i]), texts[i]) << shape;
     }
   }
+  // A Unicode normalizer (Qwen's NFC; NFKC): the library's ids, and its decoding of them (the text
+  // in its normal form).
+  for (const char* form : {"nfc", "nfkc"}) {
+    const Tokenizer tokenizer = Tokenizer::load(dir / form / "tokenizer.json");
+    const nlohmann::json& want = expected.at("normalized").at(form);
+    const auto ids = want.at("ids").get<std::vector<std::vector<int32_t>>>();
+    const auto decoded = want.at("decoded").get<std::vector<std::string>>();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      EXPECT_EQ(tokenizer.encode(texts[i]), ids[i]) << form << ": " << texts[i];
+      EXPECT_EQ(tokenizer.decode(ids[i]), decoded[i]) << form << ": " << texts[i];
+    }
+  }
   // SentencePiece's shape (Llama 2's normalizers, or Metaspace): the same ids and decoded text, with
   // byte fallback for the letters and emoji the vocabulary lacks, and <s> from the post-processor.
   const nlohmann::json& sp = expected.at("sentencepiece");

@@ -5,6 +5,7 @@ with a vocabulary past 65536 (so its ids need 32 bits, as Llama 3's do). Writes,
   bpe/tokenizer.json, bpe/tokenizer_config.json (eos_token, a ChatML chat_template), corpus.txt,
   docs.jsonl, chat.jsonl (prompt and response fields), conversations.jsonl (messages)
   wide/tokenizer.json (eos "</s>"), wide.txt
+  nfc/tokenizer.json, nfkc/tokenizer.json: the bpe one after an NFC (Qwen's, GPT-NeoX's) or NFKC normalizer
   split/tokenizer.json: Llama 3's shape (its Split regex, then a ByteLevel without one; ignore_merges)
   sp/tokenizer.json: Llama 2's SentencePiece shape (Prepend and Replace normalizers, BPE over code
   points with byte fallback to <0xXX> tokens, <s> before every sequence); metaspace/tokenizer.json:
@@ -65,6 +66,8 @@ round_trip_texts = [
     "<|endoftext|>an added token<|im_start|>user\nhi<|im_end|>",
     "non\u00a0breaking\u3000spaces, wait\u00a0\u00a0!\u2003end",
     "",
+    # Decomposed accents (NFC composes them), a ligature and a circled digit (NFKC replaces them).
+    "cafe\u0301 and Ame\u0301lie, \ufb01ne \u2460 Angstro\u0308m \u212b",
 ]
 # Both byte-level tokenizers learn merges across what the round trip exercises (runs of spaces,
 # digits, non-ASCII letters), so splitting them differently changes the ids.
@@ -79,6 +82,13 @@ bpe.save(os.path.join(out, "bpe", "tokenizer.json"))
 with open(os.path.join(out, "bpe", "tokenizer_config.json"), "w") as f:
     json.dump({"eos_token": "<|endoftext|>", "chat_template": chat_template}, f)
 eos = bpe.token_to_id("<|endoftext|>")
+# Qwen's and GPT-NeoX's shape: the same byte-level BPE after a Unicode normalizer.
+normalizing = {}
+for form, normalizer in (("nfc", normalizers.NFC()), ("nfkc", normalizers.NFKC())):
+    os.makedirs(os.path.join(out, form), exist_ok=True)
+    normalizing[form] = Tokenizer.from_file(os.path.join(out, "bpe", "tokenizer.json"))
+    normalizing[form].normalizer = normalizer
+    normalizing[form].save(os.path.join(out, form, "tokenizer.json"))
 
 # Llama 3's pre-tokenizer: its regex splits (numbers in threes, case-insensitive contractions), then
 # bytes are mapped without GPT-2's regex; whole pieces found in the vocabulary skip the merges.
@@ -172,6 +182,10 @@ for c in conversations:
     conversation_ids += ids
     conversation_mask += mask
 
+normalized = {}
+for form, t in normalizing.items():
+    ids = [t.encode(x, add_special_tokens=False).ids for x in round_trip_texts]
+    normalized[form] = {"ids": ids, "decoded": [t.decode(i, skip_special_tokens=False) for i in ids]}
 expected = {
     "corpus": bpe.encode(corpus, add_special_tokens=False).ids + [eos],
     "jsonl": sum((bpe.encode(d, add_special_tokens=False).ids + [eos] for d in documents), []),
@@ -183,6 +197,7 @@ expected = {
     "round_trip_bpe": [bpe.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "round_trip_split": [split.encode(t, add_special_tokens=False).ids for t in round_trip_texts],
     "round_trip_split_special": [split.encode(t).ids for t in round_trip_texts],
+    "normalized": normalized,
     "sp_texts": sp_texts,
     "sentencepiece": sp_expected,
     # Half of a two-byte character ("Ã" is byte 0xc3 in the byte alphabet): the library's decoder
