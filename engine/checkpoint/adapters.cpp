@@ -77,6 +77,12 @@ void load_adapters(const std::filesystem::path& path, ParameterStore& store, con
                       nlohmann::json(recipe.lora.alpha).dump());
     if (j.value("use_dora", false) || j.value("use_rslora", false))
       throw UserError(config.string() + ": DoRA and rsLoRA adapters are not supported");
+    // Per-module ranks and scales, and modules trained whole, are PEFT features the engine's
+    // adapters do not have: refused rather than dropped.
+    for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"})
+      if (j.contains(key) && !j[key].is_null() && !j[key].empty())
+        throw UserError(config.string() + ": " + key + " " + j[key].dump() + " is not supported (one rank and alpha " +
+                        "for every adapter, no modules trained whole)");
   }
   load_weight_set(read_safetensors(file), file, store, recipe.model.arch, WeightSet::adapters);
 }

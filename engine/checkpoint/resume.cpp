@@ -1,5 +1,7 @@
 #include "checkpoint/resume.h"
 
+#include "recipe/schema.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <map>
@@ -91,6 +93,11 @@ std::vector<std::string> check_recipe_change(const std::string& saved_yaml, cons
   for (const auto& [key, unused] : keys) {
     const std::string before = value(saved, key), after = value(current, key);
     if (before == after) continue;
+    // A key the engine gained after the checkpoint was written, at its default, changes nothing.
+    if (!saved.count(key))
+      if (const recipe::KeySpec* spec = recipe::Schema::engine().find_key(key);
+          spec && spec->default_value && recipe::format_value(*spec->default_value) == after)
+        continue;
     const std::string change = key + ": " + before + " -> " + after;
     switch (classify(key)) {
       case Change::silent:

@@ -216,11 +216,11 @@ void save_weights(const std::filesystem::path& path, const Graph& graph, recipe:
   write_safetensors(path, hugging_face_tensors(graph, arch, param), with_format);
 }
 
-void load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
-  load_weight_set(read_weights_source(path), path, store, arch, WeightSet::model);
+bool load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
+  return load_weight_set(read_weights_source(path), path, store, arch, WeightSet::model);
 }
 
-void load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
+bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
                      WeightSet set) {
   std::map<std::string, SafeTensor> renamed;
   for (auto& [name, tensor] : file.tensors) {
@@ -275,12 +275,12 @@ void load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
         copy_block(in, out, part.rows, part.cols, false);
     }
   }
+  // An adapter's file holds adapters only: anything else in it (a module PEFT saved whole, as its
+  // modules_to_save) would be dropped, so it is named.
   for (const auto& [name, t] : renamed)
-    if (!expected.count(name) && !is_known_buffer(name, expected) &&
-        !(set == WeightSet::model && is_adapter(name) && g.frozen().empty()))
-      problems.push_back(
-          "unexpected tensor '" + name + "'" +
-          (is_adapter(name) && g.frozen().empty() ? " (a LoRA adapter: set lora.rank to train with it)" : ""));
+    if (!expected.count(name) && (set == WeightSet::adapters || !is_known_buffer(name, expected)))
+      problems.push_back("unexpected tensor '" + name + "'" +
+                         (is_adapter(name) && g.frozen().empty() ? " (a LoRA adapter: set lora.rank to load it)" : ""));
   // A tied model takes a file's lm_head.weight only when it is the embedding itself: a head of its
   // own would be dropped, and a different model trained.
   const std::string embedding = arch == recipe::Arch::llama ? "model.embed_tokens.weight" : "wte.weight";
@@ -304,6 +304,7 @@ void load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
     throw UserError(listing(path.string() + ": initial weights must be finite:", non_finite));
   }
   for (size_t i = 0; i < loaded.size(); ++i) store.set_weight(loaded[i], values[i].data());
+  return with_adapters;
 }
 
 bool is_adapter(const std::string& name) {

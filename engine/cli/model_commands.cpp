@@ -23,6 +23,7 @@
 #include "core/whole_file.h"
 #include "data/tokenizer.h"
 #include "graph/autodiff.h"
+#include "graph/precision.h"
 #include "models/model.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
@@ -68,23 +69,35 @@ struct ExportedWeights {
   std::string what;  // "step 100 of <checkpoint>", or the run's weights file
 };
 
-ExportedWeights weights_of_checkpoint(const fs::path& checkpoint) {
+// `with_base`: a LoRA checkpoint's frozen base too (from where the run started, checked against the
+// digest the checkpoint recorded); without it, only the adapters are meaningful.
+ExportedWeights weights_of_checkpoint(const fs::path& checkpoint, bool with_base) {
   const Manifest manifest = read_manifest(checkpoint);
   const Recipe r = recipe_of_checkpoint(checkpoint, manifest);
   ModelGraph model = build_model(r, 1, 1.0);
-  // One rank at stage 0 holds every parameter whole; the masters are all it needs. A LoRA
-  // checkpoint holds the adapters: the frozen base comes from where the run started.
+  const bool lora = !model.graph.frozen().empty();
+  // The frozen base is held in the run's compute type, as training held it.
+  if (lora) apply_precision(model.graph, compute_dtype(r), DType::f32);
+  // One rank at stage 0 holds every parameter whole; the masters are all it needs.
   ParameterStore store(model.graph);
-  if (!model.graph.frozen().empty()) {
+  if (lora && with_base) {
     store.initialize(uint64_t(r.run.seed));
     if (!r.model.init_from.empty()) load_weights(r.model.init_from, store, r.model.arch);
+    const std::string saved = manifest.state.value("compute_dtype", std::string());
+    if (saved == "bf16" && model.graph.param_dtype() == DType::f16) store.retype(DType::f16, DType::bf16);
+    const std::string want = manifest.state.value("frozen_weights", nlohmann::json::object()).value("xxh3", "");
+    if (want != store.frozen_digest())
+      throw UserError(checkpoint.string() +
+                      ": its adapters were trained over other base weights than model.init_from " +
+                      (r.model.init_from.empty() ? std::string("(none: the seed's)") : r.model.init_from.string()) +
+                      " holds now; export the adapter alone (--adapter), or restore the base the run started from");
   }
   StateKind master{"master", {}};
   for (size_t u = 0; u < model.graph.units().size(); ++u) master.units.push_back(store.master(u));
   load_sharded_state(checkpoint, manifest, store, {master});
   const std::string arch = r.model.arch == Arch::gpt ? "gpt" : r.model.arch == Arch::llama ? "llama" : "mlp";
   std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(manifest.step)}};
-  if (r.lora.rank > 0) metadata.merge(lora_metadata(r));
+  if (lora) metadata.merge(lora_metadata(r));
   return {hugging_face_tensors(model.graph, r.model.arch, store_weights(store)), metadata,
           "step " + std::to_string(manifest.step) + " of " + checkpoint.string()};
 }
@@ -241,7 +254,8 @@ int export_weights(const ExportArgs& args) {
     fs::create_directories(destination, error);
     if (error) throw UserError(destination.string() + ": cannot create the directory: " + error.message());
   }
-  ExportedWeights weights = checkpoint.empty() ? weights_of_run(source) : weights_of_checkpoint(checkpoint);
+  ExportedWeights weights =
+      checkpoint.empty() ? weights_of_run(source) : weights_of_checkpoint(checkpoint, !args.adapter);
   const LoraSettings lora = lora_settings(weights.metadata);
   if (args.adapter) {
     if (lora.rank == 0)
@@ -401,7 +415,9 @@ int evaluate(const EvalArgs& args) {
   const int64_t batches = args.batches > 0 ? args.batches : r.train.eval_batches;
   Session session(r);
   session.store.initialize(uint64_t(r.run.seed));
-  load_weights(weights, session.store, r.model.arch);
+  // A LoRA recipe's adapters: from the weights when they hold them (a LoRA run's), else lora.init_from.
+  if (!load_weights(weights, session.store, r.model.arch) && r.lora.rank > 0 && !r.lora.init_from.empty())
+    load_adapters(r.lora.init_from, session.store, r);
   session.host_changed();
   const double loss = session.evaluate(batches);
   std::cout << "eval: loss " << format_fixed(loss, 6) << " (perplexity " << format_fixed(std::exp(loss), 3) << ") over "

@@ -385,7 +385,13 @@ void check_telemetry(RuleContext& c) {
 // LoRA: target modules that exist in the model's blocks, a transformer, and the CPU for now.
 void check_lora(RuleContext& c) {
   const LoraSection& l = c.r.lora;
-  if (l.rank == 0) return;
+  if (l.rank == 0) {
+    if (!l.init_from.empty())
+      c.error({"lora.init_from", "lora.rank"},
+              "lora.init_from names adapters, but lora.rank is 0 (no LoRA): set the "
+              "adapter's rank");
+    return;
+  }
   if (!is_transformer(c.r)) {
     c.error({"lora.rank", "model.arch"}, "LoRA adapts a transformer's linear layers; model.arch mlp has none to adapt");
     return;

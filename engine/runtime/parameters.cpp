@@ -1,6 +1,9 @@
 #include "runtime/parameters.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstdio>
 
 #include "core/convert.h"
 #include "core/error.h"
@@ -96,6 +99,13 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const Offl
 
 void* ParameterStore::frozen_storage(int index) const {
   return frozen_.data() + graph_.frozen()[size_t(index)].offset * int64_t(dtype_size(frozen_dtype_));
+}
+
+std::string ParameterStore::frozen_digest() const {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(frozen_.data(), size_t(frozen_.bytes()))));
+  return text;
 }
 
 void ParameterStore::set_frozen(int index, const float* values) {

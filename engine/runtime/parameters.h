@@ -68,6 +68,8 @@ class ParameterStore {
   void set_frozen(int index, const float* values);
   std::vector<float> frozen_values(int index) const;
   void* frozen_storage(int index) const;
+  // XXH3 of every frozen weight as stored, in hex: what a LoRA checkpoint records of its base.
+  std::string frozen_digest() const;
   // Either kind of weight, by its place in Graph::weights.
   void set_weight(Graph::WeightRef ref, const float* values) {
     ref.frozen ? set_frozen(ref.index, values) : set_param(ref.index, values);

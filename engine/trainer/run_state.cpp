@@ -6,6 +6,7 @@
 #include "checkpoint/sharded_state.h"
 #include "core/atomic_file.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/version.h"
 
 namespace engine {
@@ -48,6 +49,11 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
                {"streams",
                 "counter-based: initialisation (seed, parameter), data order (seed, micro-batch index), dropout "
                 "(seed, step, global micro-batch); nothing else draws"}}}};
+  // A LoRA checkpoint holds the adapters; the base they were trained over is named by its digest,
+  // so a resume over other base weights is refused rather than trained on.
+  if (!session.model.graph.frozen().empty())
+    m.state["frozen_weights"] = {{"elements", session.model.graph.frozen_count()},
+                                 {"xxh3", session.store.frozen_digest()}};
   return m;
 }
 
@@ -64,6 +70,15 @@ void restore_checkpoint(Session& session, PluginDriver& plugins, const std::file
                           s.at("skipped").get<int64_t>()});
   session.zero.finish_update();  // the compute copies from the restored masters
   plugins.restore_state(state.at("plugins"));
+  if (state.contains("frozen_weights")) {
+    const std::string want = state["frozen_weights"].value("xxh3", std::string());
+    if (want != session.store.frozen_digest())
+      throw UserError(dir.string() + ": its adapters were trained over other frozen base weights than this run " +
+                      "starts from (model.init_from " +
+                      (session.recipe.model.init_from.empty() ? std::string("none: the seed's random weights")
+                                                              : session.recipe.model.init_from.string()) +
+                      "): resume over the base the run started with");
+  }
 }
 
 void truncate_metrics(const fs::path& path, int64_t step) {

@@ -194,6 +194,7 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
       }
     }
   }
+  if (node.outputs.size() == 1) return;  // a frozen scale and shift: dx alone
   // The blocks' sums, added to the stored gradients (rounded once where those are 16-bit).
   void* dw = ctx.data(node.outputs[1]);
   void* db = shift ? ctx.data(node.outputs[2]) : nullptr;
@@ -216,8 +217,14 @@ void norm_grad(GradBuilder& gb, const Node& node) {
   bool rms = is_rms(node);
   ValueId x = node.inputs[0], w = node.inputs[1];
   auto dx = gb.target(x);
-  std::vector<ValueId> outs{dx.value, gb.target(w).value};
-  if (has_shift(node)) outs.push_back(gb.target(node.inputs[2]).value);
+  // A frozen scale (LoRA's base) has no gradient: the backward writes dx alone.
+  std::vector<ValueId> outs{dx.value};
+  if (gb.wants(w)) {
+    outs.push_back(gb.target(w).value);
+    if (has_shift(node)) outs.push_back(gb.target(node.inputs[2]).value);
+  } else {
+    ENGINE_CHECK(!has_shift(node) || !gb.wants(node.inputs[2]), node.name + ": a frozen scale with a trained shift");
+  }
   gb.emit(rms ? kRmsNormBackward : kLayerNormBackward, {dy, x, w, node.outputs[1], node.outputs[2]}, outs, dx,
           node.attrs, node.name);
 }

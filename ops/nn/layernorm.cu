@@ -171,6 +171,8 @@ void norm(const Node& node, const KernelContext& ctx) {
 // inputs dy, x, w, mean, rstd [, base]; outputs dx, dw [, db] (the scale and shift gradients are
 // added to). With base (norm_backward_onto, nn/layernorm.h), dx = base + the input gradient.
 void norm_backward(const Node& node, const KernelContext& ctx) {
+  // A frozen scale (LoRA's base, which runs on the CPU only for now) would have no gradient output.
+  ENGINE_CHECK(node.outputs.size() > 1, node.name + ": the CUDA norm backward needs the scale's gradient");
   const Shape& xs = ctx.shape(node.inputs[1]);
   const int64_t rows = xs.rows(), c = xs.last();
   if (rows == 0 || c == 0) return;

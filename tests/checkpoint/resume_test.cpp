@@ -121,5 +121,35 @@ TEST(RecipeChange, AnotherMicroBatchSizeIsRefused) {
   EXPECT_NE(o.error.find("train.micro_batch_size: 4 -> 2"), std::string::npos) << o.error;
 }
 
+// A LoRA checkpoint holds the adapters, and the digest of the frozen base they were trained over: a
+// resume whose model.init_from file now holds other weights (rewritten in place) is refused,
+// naming it; over the same file it resumes.
+TEST(RecipeChange, ALoraRunResumedOverAnotherBaseIsRefused) {
+  const TempDir dir("lora_base");
+  std::ostringstream log;
+  train(tiny_recipe(dir / "one", {"train.steps=1"}), log);  // two bases of the model's shape
+  train(tiny_recipe(dir / "two", {"train.steps=2"}), log);
+  const fs::path base = dir / "base.safetensors";
+  fs::copy_file(dir / "one" / "run" / "model.safetensors", base);
+  std::vector<std::string> lora = kLoraOverrides;
+  lora.push_back("model.init_from=" + base.string());
+  TrainOptions cut;
+  cut.stop_after = kCut;
+  train(tiny_recipe(dir / "cut", lora), log, cut);
+  TrainOptions resume;
+  resume.resume = "latest";
+  fs::copy_file(dir / "two" / "run" / "model.safetensors", base, fs::copy_options::overwrite_existing);
+  try {
+    train(tiny_recipe(dir / "cut", lora), log, resume);
+    ADD_FAILURE() << "resumed over another base";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("trained over other frozen base weights"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.init_from " + base.string()), std::string::npos) << e.what();
+  }
+  fs::copy_file(dir / "one" / "run" / "model.safetensors", base, fs::copy_options::overwrite_existing);
+  const TrainSummary resumed = train(tiny_recipe(dir / "cut", lora), log, resume);
+  EXPECT_EQ(resumed.resumed_from, kCut);
+}
+
 }  // namespace
 }  // namespace engine::testing

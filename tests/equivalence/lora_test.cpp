@@ -48,9 +48,18 @@ TEST(Lora, OnlyTheAdaptersTrainAndOnlyTheyHoldGradientsAndOptimizerState) {
   }
   EXPECT_EQ(adapter_elements, g.param_count());
   EXPECT_EQ(g.frozen_count() + 0, compile_step(plain).model.graph.param_count());
-  // No node writes a gradient of a frozen weight, and none reads one.
+  // No node writes a frozen weight, and no backward node computes a value nothing reads (a frozen
+  // weight's gradient would be one).
+  std::vector<bool> read(g.values().size(), false);
   for (const Node& node : g.nodes())
-    for (ValueId out : node.outputs) EXPECT_NE(g.value(out).placement, Placement::frozen) << node.name;
+    for (ValueId in : node.inputs) read[size_t(in)] = true;
+  for (const Node& node : g.nodes())
+    for (ValueId out : node.outputs) {
+      EXPECT_NE(g.value(out).placement, Placement::frozen) << node.name;
+      if (node.backward && g.value(out).placement == Placement::activation)
+        EXPECT_TRUE(read[size_t(out)]) << node.op->name << " " << node.name << " writes " << g.value(out).name
+                                       << ", which nothing reads";
+    }
   const MemoryPlan memory = session.memory(), full = compile_step(plain).memory;
   EXPECT_EQ(memory.frozen, g.frozen_count() * 4);
   EXPECT_LT(memory.optimizer_state, full.optimizer_state / 20);

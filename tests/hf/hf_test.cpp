@@ -189,10 +189,11 @@ TEST_F(HuggingFace, LoraTrainsAsPeftDoesAndExportsAsAnAdapterAndMerged) {
     ASSERT_EQ(reference.status, 0) << reference.output;
     const nlohmann::json want = nlohmann::json::parse(reference.output);
     const std::string run_name = "lora_" + name;
-    const ShellResult run = train(name, arch,
-                                  "run.name=" + run_name + " lora.rank=4 lora.alpha=8 lora.target_modules=" + targets +
-                                      " lora.init_from=" + (out / "adapter_start").string() +
-                                      " train.steps=3 optimizer.lr=0.1 train.gradient_clipping=0");
+    const ShellResult run =
+        train(name, arch,
+              "run.name=" + run_name + " lora.rank=4 lora.alpha=8 lora.target_modules=" + targets +
+                  " lora.init_from=" + (out / "adapter_start").string() +
+                  " train.steps=3 optimizer.lr=0.1 train.gradient_clipping=0 checkpoint.at_end=true");
     ASSERT_EQ(run.status, 0) << run.output;
     std::ifstream metrics(dir_->path() / "runs" / run_name / "metrics.jsonl");
     std::vector<double> losses;
@@ -226,6 +227,27 @@ TEST_F(HuggingFace, LoraTrainsAsPeftDoesAndExportsAsAnAdapterAndMerged) {
     const nlohmann::json result = nlohmann::json::parse(loaded.output);
     EXPECT_TRUE(result.at("missing").empty() && result.at("unexpected").empty()) << name << ": " << loaded.output;
     EXPECT_NEAR(result.at("loss").get<double>(), final_loss, 1e-5 * final_loss) << name;
+
+    // The run's last checkpoint exports the same model, its base taken from model.init_from.
+    const fs::path from_checkpoint = out / "checkpoint_merged";
+    const ShellResult checkpoint_export = run_shell(
+        "'" ENGINE_BINARY "' export " + run_dir + "/checkpoints " + from_checkpoint.string() + " 2>&1", kSource);
+    ASSERT_EQ(checkpoint_export.status, 0) << checkpoint_export.output;
+    const ShellResult checkpoint_loss =
+        run_shell("'" + kPython.string() + "' tests/hf/loss_of.py " + from_checkpoint.string() + " " + tokens.string() +
+                      " 16 2>/dev/null",
+                  kSource);
+    ASSERT_EQ(checkpoint_loss.status, 0) << checkpoint_loss.output;
+    EXPECT_NEAR(nlohmann::json::parse(checkpoint_loss.output).at("loss").get<double>(), final_loss, 1e-5 * final_loss);
+
+    // Weights with adapters loaded into a model without LoRA: refused by name, never dropped.
+    const ShellResult plain =
+        run_shell("'" ENGINE_BINARY "' eval tests/hf/start_from.yaml model.arch=" + arch +
+                      " model.init_from=" + (dir_->path() / name).string() + " data.path=" + tokens.string() +
+                      " data.val_fraction=0.5 data.sequence_length=8 --weights " + run_dir + " 2>&1",
+                  kSource);
+    EXPECT_EQ(plain.status, 2) << plain.output;
+    EXPECT_NE(plain.output.find("(a LoRA adapter: set lora.rank to load it)"), std::string::npos) << plain.output;
   }
 }
 
