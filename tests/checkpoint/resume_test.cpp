@@ -14,6 +14,7 @@
 
 #include "../temp_dir.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/resume.h"
 #include "core/error.h"
 #include "resume_util.h"
 
@@ -119,6 +120,19 @@ TEST(RecipeChange, AnotherMicroBatchSizeIsRefused) {
   const TempDir dir("micro");
   const Outcome o = resume_with(dir, {"train.micro_batch_size=2", "train.gradient_accumulation_steps=2"});
   EXPECT_NE(o.error.find("train.micro_batch_size: 4 -> 2"), std::string::npos) << o.error;
+}
+
+// A checkpoint written before the engine had a key resumes when the key is at its default (a run
+// from before LoRA, whose recipe has no lora section); a value that changes the run is refused.
+TEST(RecipeChange, AKeyTheCheckpointPredatesIsAcceptedAtItsDefaultOnly) {
+  const std::string saved = "model:\n  n_embd: 32\n";
+  EXPECT_NO_THROW(check_recipe_change(saved, saved + "lora:\n  rank: 0\n  alpha: 8.0\n"));
+  try {
+    check_recipe_change(saved, saved + "lora:\n  rank: 4\n");
+    ADD_FAILURE() << "a LoRA rank the checkpoint never had was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("lora.rank: (absent) -> 4"), std::string::npos) << e.what();
+  }
 }
 
 // A LoRA checkpoint holds the adapters, and the digest of the frozen base they were trained over: a
