@@ -13,18 +13,21 @@ using testing::quickstart;
 using testing::relative_error;
 using testing::run;
 
+// The whole model, and LoRA adapters over a frozen base.
 TEST(Accumulation, FourMicroBatchesOfEightEqualOneBatchOfThirtyTwo) {
-  for (const char* arch : {"model.arch=gpt", "model.arch=llama"}) {
-    auto accumulated = quickstart({arch, "train.micro_batch_size=8", "train.gradient_accumulation_steps=4"});
-    auto whole = quickstart({arch, "train.micro_batch_size=32", "train.gradient_accumulation_steps=1"});
-    ASSERT_EQ(*accumulated.recipe.train.global_batch_size, 32);
-    ASSERT_EQ(*whole.recipe.train.global_batch_size, 32);
-    testing::Run a = run(accumulated.recipe, 10), b = run(whole.recipe, 10);
-    for (size_t s = 0; s < a.losses.size(); ++s)
-      EXPECT_NEAR(a.losses[s], b.losses[s], 1e-6 * std::abs(b.losses[s])) << arch << " step " << s;
-    for (size_t p = 0; p < a.first_gradients.size(); ++p)
-      EXPECT_LT(relative_error(a.first_gradients[p], b.first_gradients[p]), 1e-5) << arch << " parameter " << p;
-  }
+  for (const char* arch : {"model.arch=gpt", "model.arch=llama"})
+    for (const char* lora : {"lora.rank=0", "lora.rank=4"}) {
+      auto accumulated = quickstart({arch, lora, "train.micro_batch_size=8", "train.gradient_accumulation_steps=4"});
+      auto whole = quickstart({arch, lora, "train.micro_batch_size=32", "train.gradient_accumulation_steps=1"});
+      ASSERT_EQ(*accumulated.recipe.train.global_batch_size, 32);
+      ASSERT_EQ(*whole.recipe.train.global_batch_size, 32);
+      testing::Run a = run(accumulated.recipe, 10), b = run(whole.recipe, 10);
+      const std::string what = std::string(arch) + " " + lora;
+      for (size_t s = 0; s < a.losses.size(); ++s)
+        EXPECT_NEAR(a.losses[s], b.losses[s], 1e-6 * std::abs(b.losses[s])) << what << " step " << s;
+      for (size_t p = 0; p < a.first_gradients.size(); ++p)
+        EXPECT_LT(relative_error(a.first_gradients[p], b.first_gradients[p]), 1e-5) << what << " parameter " << p;
+    }
 }
 
 TEST(Accumulation, SixteenBitGradientsAccumulateInTheirOwnType) {
