@@ -108,9 +108,9 @@ std::string ParameterStore::frozen_digest() const {
   return text;
 }
 
-void ParameterStore::set_frozen(int index, const float* values) {
-  const int64_t n = graph_.value(graph_.frozen()[size_t(index)].value).shape.numel();
-  store_copy(values, static_cast<std::byte*>(frozen_storage(index)), frozen_dtype_, n);
+void ParameterStore::set_frozen_part(int index, int64_t first, const float* values, int64_t count) {
+  store_copy(values, static_cast<std::byte*>(frozen_storage(index)) + first * int64_t(dtype_size(frozen_dtype_)),
+             frozen_dtype_, count);
 }
 
 std::vector<float> ParameterStore::frozen_values(int index) const {
@@ -259,7 +259,6 @@ void ParameterStore::initialize(uint64_t seed) {
   for (const Graph::WeightRef ref : graph_.weights()) {
     const Param& p = graph_.weight(ref);
     const int64_t n = graph_.value(p.value).shape.numel();
-    std::vector<float> whole(ref.frozen ? size_t(n) : 0);  // frozen weights are set whole
     for (int64_t first = 0; first < n; first += kPart) {
       const int64_t count = std::min(kPart, n - first);
       const auto scale = float(p.init.std);
@@ -279,11 +278,10 @@ void ParameterStore::initialize(uint64_t seed) {
         std::fill_n(values.begin(), count, p.init.kind == ParamInit::Kind::ones ? 1.0f : 0.0f);
       }
       if (ref.frozen)
-        std::copy_n(values.begin(), count, whole.begin() + first);
+        set_frozen_part(ref.index, first, values.data(), count);
       else
         set_param_part(ref.index, first, values.data(), count);
     }
-    if (ref.frozen) set_frozen(ref.index, whole.data());
   }
 }
 

@@ -65,7 +65,9 @@ class ParameterStore {
   void initialize(uint64_t seed);
   // Frozen weight `index` (Graph::frozen) from its full fp32 values, rounded to the compute dtype;
   // and back, widened to fp32.
-  void set_frozen(int index, const float* values);
+  void set_frozen(int index, const float* values) { set_frozen_part(index, 0, values, frozen_numel(index)); }
+  void set_frozen_part(int index, int64_t first, const float* values, int64_t count);
+  int64_t frozen_numel(int index) const { return graph_.value(graph_.frozen()[size_t(index)].value).shape.numel(); }
   std::vector<float> frozen_values(int index) const;
   void* frozen_storage(int index) const;
   // XXH3 of every frozen weight as stored, in hex: what a LoRA checkpoint records of its base.
