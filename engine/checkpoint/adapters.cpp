@@ -16,10 +16,6 @@ std::string peft_prefix(recipe::Arch arch) {
   return arch == recipe::Arch::gpt ? "base_model.model.transformer." : "base_model.model.";
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 const float* floats(const SafeTensor& t) { return reinterpret_cast<const float*>(t.data.data()); }
 
 }  // namespace
@@ -92,7 +88,7 @@ void merge_adapters(std::vector<SafeTensor>& tensors, const LoraSettings& lora) 
   for (size_t i = 0; i < tensors.size(); ++i) index[tensors[i].name] = i;
   const double scale = lora.alpha / double(lora.rank);
   for (const SafeTensor& a : tensors) {
-    if (!ends_with(a.name, ".lora_A.weight")) continue;
+    if (!a.name.ends_with(".lora_A.weight")) continue;
     const std::string module = a.name.substr(0, a.name.size() - std::string(".lora_A.weight").size());
     auto b_at = index.find(module + ".lora_B.weight"), w_at = index.find(module + ".weight");
     if (b_at == index.end() || w_at == index.end())

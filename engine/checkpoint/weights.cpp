@@ -13,10 +13,6 @@ namespace engine {
 
 namespace {
 
-bool ends_with(const std::string& name, const std::string& suffix) {
-  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // One tensor of a file and the rows of an engine parameter it holds, (rows, cols) in the
 // parameter's layout; `transposed` files store it (cols, rows).
 struct FilePart {
@@ -33,10 +29,10 @@ struct FilePart {
 std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, recipe::Arch arch) {
   if (arch == recipe::Arch::gpt) {
     for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
-      if (ends_with(name, suffix)) return {{.name = name, .rows = shape[0], .cols = shape[1], .transposed = true}};
+      if (name.ends_with(suffix)) return {{.name = name, .rows = shape[0], .cols = shape[1], .transposed = true}};
   }
   const std::string fused = "self_attn.qkv_proj.weight";
-  if (arch == recipe::Arch::llama && ends_with(name, fused)) {
+  if (arch == recipe::Arch::llama && name.ends_with(fused)) {
     // Rows [q (n_embd) | k | v]; q's width is the input width, k and v share the rest.
     const std::string prefix = name.substr(0, name.size() - fused.size()) + "self_attn.";
     const int64_t c = shape[1], kv = (shape[0] - c) / 2;
@@ -89,8 +85,8 @@ std::string listing(std::string header, const std::vector<std::string>& items) {
 // lm_head.weight. A parameter of the same name is never mistaken for one.
 bool is_known_buffer(const std::string& name, const std::map<std::string, int>& expected) {
   if (expected.count(name)) return false;
-  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-         ends_with(name, ".rotary_emb.inv_freq") || name == "lm_head.weight";
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+         name.ends_with(".rotary_emb.inv_freq") || name == "lm_head.weight";
 }
 
 // A file that is not safetensors, named for what it is (its first bytes), so that the user is not

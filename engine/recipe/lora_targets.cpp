@@ -42,9 +42,7 @@ std::vector<std::string> lora_targets(Arch arch, const std::string& target_modul
     bool any = false;
     for (size_t i = 0; i < modules.size(); ++i) {
       const std::string& m = modules[i];
-      const bool match = name == "all-linear" || m == name ||
-                         (m.size() > name.size() && m.compare(m.size() - name.size(), name.size(), name) == 0 &&
-                          m[m.size() - name.size() - 1] == '.');
+      const bool match = name == "all-linear" || m == name || m.ends_with("." + name);
       if (match) selected[i] = any = true;
     }
     if (!any) return fail("'" + name + "' is no linear layer of this model's blocks");

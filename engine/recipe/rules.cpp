@@ -380,8 +380,6 @@ void check_telemetry(RuleContext& c) {
         {"trace a step the run reaches, e.g. telemetry.trace_start: " + str(std::min<int64_t>(3, c.r.train.steps))});
 }
 
-}  // namespace
-
 // LoRA: target modules that exist in the model's blocks, a transformer, and the CPU for now.
 void check_lora(RuleContext& c) {
   const LoraSection& l = c.r.lora;
@@ -403,6 +401,8 @@ void check_lora(RuleContext& c) {
             "LoRA runs on CPU only for now: the GPU runner does not hold frozen weights yet; use run.device: cpu, "
             "or set lora.rank: 0");
 }
+
+}  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
   // Each rule with the sections it reads; a rule runs only when all of them validated, so it never
