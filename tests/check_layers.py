@@ -5,7 +5,7 @@ Layers, lowest first (a directory of engine/ or ops/ each; ops' families are one
 
   core                      types, errors, formatting, the CPU's features
   graph                     values, nodes, ops' definitions, autodiff
-  ops                       the kernels (elementwise, linalg, loss, nn, reduce, shape)
+  ops                       the kernels (elementwise, linalg, loss, nn, parallel, reduce, shape)
   plan                      memory plans of a graph
   lua, recipe               recipes and the plugins' sandbox
   models, data              model graphs and datasets
@@ -28,7 +28,7 @@ import sys
 LAYERS = [
     ["core"],
     ["graph"],
-    ["ops", "elementwise", "linalg", "loss", "nn", "reduce", "shape"],
+    ["ops", "elementwise", "linalg", "loss", "nn", "parallel", "reduce", "shape"],
     ["plan"],
     ["lua", "recipe"],
     ["models", "data"],

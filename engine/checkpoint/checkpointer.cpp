@@ -9,7 +9,6 @@
 #include "checkpoint/durable_io.h"
 #include "checkpoint/sharded_state.h"
 #include "core/error.h"
-#include "dist/zero_step.h"
 
 namespace engine {
 
@@ -60,8 +59,8 @@ std::vector<fs::path> committed_checkpoints(const fs::path& dir) {
   return out;
 }
 
-Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir, Communicator& comm, ZeroStep& zero)
-    : config_(config), dir_(std::move(dir)), comm_(comm), zero_(zero) {
+Checkpointer::Checkpointer(const recipe::CheckpointSection& config, fs::path dir, Communicator& comm)
+    : config_(config), dir_(std::move(dir)), comm_(comm) {
   if (comm_.rank() != 0) return;
   // Writes that a crash or a kill interrupted: never committed, never trusted, removed now.
   std::error_code error;
@@ -138,7 +137,7 @@ std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
   // Every rank's [status, checksum high and low 32 bits, write seconds], in rank order.
   std::vector<double> mine{double(status), 0, 0, 0};
   if (status == 1) mine = {1, double(checksum_ >> 32), double(checksum_ & 0xffffffffu), write_seconds_};
-  const std::vector<double> all = zero_.gather(mine, "checkpoint write status");
+  const std::vector<double> all = gather_values(comm_, mine, "checkpoint write status");
   std::vector<int> failed;
   bool writing = false;
   for (int r = 0; r < comm_.size(); ++r) {
@@ -187,7 +186,7 @@ std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
       fs::remove_all(tmp_, ignored);
     }
   }
-  const bool committed = zero_.gather(commit_error.empty() ? 1.0 : 0.0)[0] != 0;
+  const bool committed = gather_values(comm_, {commit_error.empty() ? 1.0 : 0.0}, "checkpoint commit status")[0] != 0;
   if (!committed) {
     const std::string message = "checkpoint at step " + std::to_string(manifest_.step) + " could not be committed" +
                                 (commit_error.empty() ? " (see rank 0's log)" : ": " + commit_error);

@@ -33,8 +33,6 @@
 
 namespace engine {
 
-class ZeroStep;
-
 // The checkpoint directory of a run: checkpoint.dir, or <run dir>/checkpoints.
 std::filesystem::path checkpoint_directory(const recipe::Recipe& r);
 // N for a directory named `prefix`N (step-N, .tmp-step-N), else none.
@@ -44,7 +42,8 @@ std::vector<std::filesystem::path> committed_checkpoints(const std::filesystem::
 
 class Checkpointer {
  public:
-  Checkpointer(const recipe::CheckpointSection& config, std::filesystem::path dir, Communicator& comm, ZeroStep& zero);
+  // `comm`: every rank that writes a file (the world, tensor-parallel ranks included).
+  Checkpointer(const recipe::CheckpointSection& config, std::filesystem::path dir, Communicator& comm);
   ~Checkpointer();  // waits for a write in flight, which stays uncommitted
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -84,7 +83,6 @@ class Checkpointer {
   recipe::CheckpointSection config_;
   std::filesystem::path dir_;
   Communicator& comm_;
-  ZeroStep& zero_;
   std::thread writer_;
   bool pending_ = false;
   Manifest manifest_;

@@ -1,5 +1,6 @@
 #include "checkpoint/manifest.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "core/error.h"
@@ -32,19 +33,24 @@ Json manifest_to_json(const Manifest& m) {
   for (const CheckpointFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3", f.xxh3}});
   for (const CheckpointTensor& t : m.tensors) {
     Json pieces = Json::array();
-    for (const CheckpointPiece& p : t.pieces) pieces.push_back({p.file, p.offset, p.first, p.count});
+    for (const CheckpointPiece& p : t.pieces)
+      pieces.push_back(p.width ? Json{p.file, p.offset, p.first, p.count, p.width}
+                               : Json{p.file, p.offset, p.first, p.count});
     tensors.push_back({{"name", t.name}, {"kind", t.kind}, {"shape", t.shape}, {"dtype", "F32"}, {"pieces", pieces}});
   }
   return Json{{"format", "engine checkpoint"},
               {"version", kCheckpointFormatVersion},
               {"step", m.step},
               {"world_size", m.world_size},
+              {"tensor_parallel", m.tensor_parallel},
               {"zero_stage", m.zero_stage},
               {"engine_version", m.engine_version},
               {"created", m.created},
               {"state", m.state},
               {"files", files},
-              {"pieces", "[file, byte offset, first element, elements]"},
+              {"pieces",
+               "[file, byte offset, first element, elements] or, for a tensor-parallel slice's rows, [file, byte "
+               "offset, first element, elements, columns per row]"},
               {"tensors", tensors},
               {"recipe", m.recipe}};
 }
@@ -64,6 +70,7 @@ Manifest read_manifest(const fs::path& dir) {
                       std::to_string(kCheckpointFormatVersion));
     m.step = j.at("step").get<int64_t>();
     m.world_size = j.at("world_size").get<int>();
+    m.tensor_parallel = j.value("tensor_parallel", 1);
     m.zero_stage = j.at("zero_stage").get<int>();
     m.engine_version = j.value("engine_version", "");
     m.created = j.value("created", "");
@@ -77,16 +84,29 @@ Manifest read_manifest(const fs::path& dir) {
                               t.at("kind").get<std::string>(),
                               t.at("shape").get<std::vector<int64_t>>(),
                               {}};
+      // Pieces are checked to lie inside their files and the tensor, and to hold its elements once
+      // (each element counted: flat pieces must not overlap, boxes lie in whole rows of the tensor).
+      const int64_t columns = tensor.shape.empty() ? 1 : tensor.numel() / std::max<int64_t>(1, tensor.shape[0]);
       int64_t covered = 0;
+      std::vector<std::pair<int64_t, int64_t>> flat;
       for (const Json& p : t.at("pieces")) {
         CheckpointPiece piece{p.at(0).get<int>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>(),
-                              p.at(3).get<int64_t>()};
+                              p.at(3).get<int64_t>(), p.size() > 4 ? p.at(4).get<int64_t>() : 0};
+        const bool box_fits = piece.width == 0 || (piece.width > 0 && piece.count % piece.width == 0 &&
+                                                   piece.first % columns + piece.width <= columns);
         if (piece.file < 0 || size_t(piece.file) >= m.files.size() || piece.offset < 0 || piece.count < 0 ||
-            piece.offset + piece.count * 4 > m.files[size_t(piece.file)].bytes || piece.first != covered)
+            piece.first < 0 || !box_fits || piece.offset + piece.count * 4 > m.files[size_t(piece.file)].bytes ||
+            (piece.width ? piece.first + (piece.count / piece.width - 1) * columns + piece.width
+                         : piece.first + piece.count) > tensor.numel())
           throw UserError("tensor " + tensor.name + " (" + tensor.kind + ") has a piece outside its files");
+        if (!piece.width) flat.emplace_back(piece.first, piece.first + piece.count);
         covered += piece.count;
         tensor.pieces.push_back(piece);
       }
+      std::sort(flat.begin(), flat.end());
+      for (size_t k = 1; k < flat.size(); ++k)
+        if (flat[k].first < flat[k - 1].second)
+          throw UserError("tensor " + tensor.name + " (" + tensor.kind + ") has overlapping pieces");
       if (covered != tensor.numel())
         throw UserError("tensor " + tensor.name + " (" + tensor.kind + ") has pieces for " + std::to_string(covered) +
                         " of its " + std::to_string(tensor.numel()) + " elements");

@@ -27,6 +27,10 @@ struct CheckpointPiece {
   int64_t offset = 0;  // bytes from the start of the file
   int64_t first = 0;   // the tensor's first element in this piece
   int64_t count = 0;   // elements
+  // 0: elements [first, first + count) of the tensor. Else a box (a tensor-parallel slice's rows):
+  // count / width rows of `width` columns of the tensor viewed as (shape[0], the rest), starting at
+  // element `first`, row after row.
+  int64_t width = 0;
 };
 
 struct CheckpointTensor {
@@ -44,8 +48,9 @@ struct CheckpointFile {
 };
 
 struct Manifest {
-  int64_t step = 0;  // optimizer steps completed
-  int world_size = 1;
+  int64_t step = 0;         // optimizer steps completed
+  int world_size = 1;       // rank files: data-parallel ranks x tensor_parallel
+  int tensor_parallel = 1;  // rank file d x T + t holds tensor rank t's slices of data rank d's shard
   int zero_stage = 0;
   std::string engine_version;
   std::string created;   // UTC, ISO 8601

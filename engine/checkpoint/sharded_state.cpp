@@ -82,13 +82,47 @@ void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kind
   }
 }
 
-std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds) {
+namespace {
+
+// The pieces of a tensor-parallel slice's local elements [first, first + count), which a rank file
+// holds from byte `offset`: row by row, rows that continue the last piece joined to it (whole
+// logical rows into one flat piece, a column slice's rows into one box).
+void add_slice_pieces(const TensorSlice& slice, int file, int64_t offset, int64_t first, int64_t count,
+                      std::vector<CheckpointPiece>& pieces) {
+  const int64_t width = slice.columns(), columns = slice.logical_columns(), column = slice.column_begin();
+  std::vector<int64_t> logical_rows;
+  for (auto [begin, end] : slice.rows())
+    for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+  bool joinable = false;  // whether the last piece is this call's
+  for (int64_t at = first; at < first + count;) {
+    const int64_t local_row = at / width, in_row = at % width;
+    const int64_t n = std::min(width - in_row, first + count - at);
+    const int64_t logical = logical_rows[size_t(local_row)] * columns + column + in_row;
+    const int64_t bytes = offset + (at - first) * 4;
+    CheckpointPiece* last = joinable ? &pieces.back() : nullptr;
+    const bool whole_row = in_row == 0 && n == width;
+    if (last && !last->width && last->first + last->count == logical) {
+      last->count += n;  // flat: the logical elements continue
+    } else if (last && last->width == width && whole_row && last->first + (last->count / width) * columns == logical) {
+      last->count += n;  // a box: the next row of the same columns
+    } else {
+      pieces.push_back({file, bytes, logical, n, whole_row && width < columns ? width : 0});
+      joinable = true;
+    }
+    at += n;
+  }
+}
+
+}  // namespace
+
+std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds,
+                                               int tensor_parallel) {
   std::vector<CheckpointTensor> tensors;
   const ShardLayout layout(graph.units(), world, 0);
   for (size_t i = 0; i < graph.params().size(); ++i) {
     const Param& p = graph.params()[i];
-    const Shape& shape = graph.value(p.value).shape;
-    const int64_t numel = shape.numel();
+    const Shape& shape = p.slice.split() ? p.slice.logical : graph.value(p.value).shape;
+    const int64_t numel = graph.value(p.value).shape.numel();  // this rank's
     for (size_t k = 0; k < kinds.size(); ++k) {
       CheckpointTensor t{p.name, kinds[k], {shape.dims.begin(), shape.dims.end()}, {}};
       // Unit u's section for kind k in every rank file starts after the earlier units' sections.
@@ -96,11 +130,19 @@ std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, co
       for (size_t u = 0; u < size_t(p.unit); ++u) section += layout.shard(u) * int64_t(kinds.size());
       section += layout.shard(size_t(p.unit)) * int64_t(k);
       const int64_t shard = layout.shard(size_t(p.unit));
-      for (int r = 0; r < world; ++r) {
-        const int64_t begin = std::max(p.offset, r * shard), end = std::min(p.offset + numel, (r + 1) * shard);
-        if (begin >= end) continue;
-        t.pieces.push_back({r, (section + begin - r * shard) * 4, begin - p.offset, end - begin});
-      }
+      // File d x T + s: data rank d's shard of tensor rank s's slice (the whole tensor when it is
+      // not split: then tensor rank 0's alone is described).
+      for (int s = 0; s < (p.slice.split() ? tensor_parallel : 1); ++s)
+        for (int r = 0; r < world; ++r) {
+          const int64_t begin = std::max(p.offset, r * shard), end = std::min(p.offset + numel, (r + 1) * shard);
+          if (begin >= end) continue;
+          const int file = r * tensor_parallel + s;
+          const int64_t offset = (section + begin - r * shard) * 4;
+          if (p.slice.split())
+            add_slice_pieces(p.slice.for_rank(s), file, offset, begin - p.offset, end - begin, t.pieces);
+          else
+            t.pieces.push_back({file, offset, begin - p.offset, end - begin});
+        }
       tensors.push_back(std::move(t));
     }
   }
@@ -117,6 +159,37 @@ struct Copy {
   size_t unit;
   int64_t first;
 };
+
+// The copies that elements [first, last) of `slice` (this rank's part of a tensor) need from the
+// tensor's `pieces`, row by row; element 0 of the slice is element `base` of unit `unit`'s range.
+void add_slice_copies(const TensorSlice& slice, int64_t first, int64_t last, const std::vector<CheckpointPiece>& pieces,
+                      const StateKind& kind, size_t unit, int64_t base, std::map<int, std::vector<Copy>>& copies) {
+  const int64_t width = slice.columns(), columns = slice.logical_columns(), column = slice.column_begin();
+  std::vector<int64_t> logical_rows;
+  for (auto [begin, end] : slice.rows())
+    for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+  for (int64_t at = first; at < last;) {
+    const int64_t in_row = at % width, n = std::min(width - in_row, last - at);
+    const int64_t row = logical_rows[size_t(at / width)], from = column + in_row;  // logical columns [from, from + n)
+    for (const CheckpointPiece& piece : pieces) {
+      int64_t begin, end, offset;
+      if (!piece.width) {  // flat: logical elements [first, first + count)
+        const int64_t logical = row * columns + from;
+        begin = std::max(logical, piece.first) - row * columns;
+        end = std::min(logical + n, piece.first + piece.count) - row * columns;
+        offset = piece.offset + (row * columns + begin - piece.first) * 4;
+      } else {  // a box of rows
+        const int64_t first_row = piece.first / columns, first_column = piece.first % columns;
+        if (row < first_row || row >= first_row + piece.count / piece.width) continue;
+        begin = std::max(from, first_column);
+        end = std::min(from + n, first_column + piece.width);
+        offset = piece.offset + ((row - first_row) * piece.width + begin - first_column) * 4;
+      }
+      if (begin < end) copies[piece.file].push_back({offset, end - begin, &kind, unit, base + at + (begin - from)});
+    }
+    at += n;
+  }
+}
 
 std::string shape_text(const std::vector<int64_t>& dims) {
   std::string s = "[";
@@ -139,8 +212,10 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
     const int64_t first = std::max<int64_t>(0, range_begin - p.offset);
     const int64_t last = std::min<int64_t>(numel, range_end - p.offset);
     if (first >= last) continue;
-    const Shape& shape = g.value(p.value).shape;
+    const Shape& shape = p.slice.split() ? p.slice.logical : g.value(p.value).shape;
     const std::vector<int64_t> dims(shape.dims.begin(), shape.dims.end());
+    // A whole tensor is read row by row too when the checkpoint holds it in slices' boxes.
+    const TensorSlice whole{.logical = shape, .blocks = {{0, shape.dims.empty() ? 1 : shape.dims[0]}}};
     for (const StateKind& kind : kinds) {
       const CheckpointTensor* t = manifest.find(p.name, kind.name);
       if (!t)
@@ -151,6 +226,11 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
         throw UserError(dir.string() + ": parameter " + p.name + " is " + shape_text(t->shape) +
                         " in the checkpoint and " + shape_text(dims) + " in this recipe's model");
       const int64_t base = p.offset - range_begin;  // element 0 of the parameter in the range
+      const bool boxes = std::any_of(t->pieces.begin(), t->pieces.end(), [](const auto& piece) { return piece.width; });
+      if (p.slice.split() || boxes) {
+        add_slice_copies(p.slice.split() ? p.slice : whole, first, last, t->pieces, kind, u, base, copies);
+        continue;
+      }
       for (const CheckpointPiece& piece : t->pieces) {
         const int64_t begin = std::max(first, piece.first), end = std::min(last, piece.first + piece.count);
         if (begin >= end) continue;
@@ -164,9 +244,12 @@ void load_sharded_state(const fs::path& dir, const Manifest& manifest, const Par
     const fs::path path = dir / f.name;
     std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
     int64_t size = 0;
+    size_t next = 0;  // the first copy that does not end before this chunk (chunks come in order)
     const uint64_t sum = read_file_chunks(path, [&](const std::byte* data, size_t bytes, int64_t at) {
       size = at + int64_t(bytes);
-      for (const Copy& c : list) {
+      while (next < list.size() && list[next].offset + list[next].count * 4 <= at) ++next;
+      for (size_t k = next; k < list.size() && list[k].offset < size; ++k) {
+        const Copy& c = list[k];
         const int64_t begin = std::max(c.offset, at), end = std::min(c.offset + c.count * 4, size);
         if (begin < end)  // file chunks and pieces are whole fp32 values
           c.kind->write(c.unit, c.first + (begin - c.offset) / 4, (end - begin) / 4,

@@ -174,7 +174,8 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
   std::vector<SafeTensor> tensors;
   for (const Graph::WeightRef ref : graph.weights()) {
     const Param& p = graph.weight(ref);
-    const Shape& shape = graph.value(p.value).shape;
+    // A tensor-parallel slice's values come whole (`data` assembles them).
+    const Shape& shape = p.slice.split() ? p.slice.logical : graph.value(p.value).shape;
     const float* values = data(ref);
     if (!values) continue;  // a weight without the value asked for (a frozen weight's gradient)
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
@@ -240,7 +241,8 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
     const Param& p = g.weight(ref);
     const bool adapter = is_adapter(p.name);
     if (adapter ? !with_adapters : set == WeightSet::adapters) continue;
-    const Shape& shape = g.value(p.value).shape;
+    // A tensor-parallel slice is read whole and cut to this rank's part below.
+    const Shape& shape = p.slice.split() ? p.slice.logical : g.value(p.value).shape;
     loaded.push_back(ref);
     std::vector<float>& data = values.emplace_back(size_t(shape.numel()));
     for (const FilePart& part : file_parts(p.name, shape, arch)) {
@@ -299,7 +301,15 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
   if (!non_finite.empty()) {
     throw UserError(listing(path.string() + ": initial weights must be finite:", non_finite));
   }
-  for (size_t i = 0; i < loaded.size(); ++i) store.set_weight(loaded[i], values[i].data());
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const TensorSlice& slice = g.weight(loaded[i]).slice;
+    if (slice.split()) {
+      std::vector<float> part(static_cast<size_t>(slice.numel()));
+      slice.take(values[i].data(), part.data());
+      values[i] = std::move(part);
+    }
+    store.set_weight(loaded[i], values[i].data());
+  }
   return with_adapters;
 }
 

@@ -39,7 +39,11 @@ std::string summary(const LoadedRecipe& loaded) {
                      std::to_string(t.steps) + " steps of " + std::to_string(*t.global_batch_size) +
                      " samples (micro-batch " + std::to_string(*t.micro_batch_size) + " x " +
                      std::to_string(*t.gradient_accumulation_steps) + " accumulation x " +
-                     std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)");
+                     (r.distributed.tensor_parallel == 1
+                          ? std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)")
+                          : std::to_string(std::max<int64_t>(1, loaded.world.size / r.distributed.tensor_parallel)) +
+                                " data-parallel ranks, each of " + std::to_string(r.distributed.tensor_parallel) +
+                                " tensor-parallel)");
   for (const std::string& note : loaded.notes) line += "\n" + loaded.path.string() + ": note: " + note;
   return line;
 }

@@ -105,7 +105,7 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
   for (int stage = 0; stage <= 3; ++stage) {
     Recipe variant = r;
     variant.distributed.zero_stage = stage;
-    const CompiledStep c = compile_step(variant, world);
+    const CompiledStep c = compile_step(variant, world, {int(r.distributed.tensor_parallel), 0});
     const MemoryPlan& m = c.memory;
     std::printf("  %s%d    %11s %11s %11s %12s %11s %11s %11s %11s %11s\n",
                 stage == r.distributed.zero_stage ? "*" : " ", stage, format_bytes(m.parameters).c_str(),
@@ -115,6 +115,30 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
                 format_bytes(m.total()).c_str(), format_bytes(c.traffic.total()).c_str());
   }
   std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
+}
+
+// Every tensor-parallel x data-parallel layout of `ranks` the model splits into (heads, key/value
+// heads, MLP width and vocabulary divisible by T), with each rank's memory and bytes sent per step.
+void print_layouts(const Recipe& r, int ranks) {
+  if (ranks == 1 || r.model.arch == Arch::mlp) return;
+  std::printf("\nlayouts of %d ranks (tensor-parallel T x data-parallel D, ZeRO stage %lld over D; per rank):\n", ranks,
+              (long long)r.distributed.zero_stage);
+  std::printf("   T x D    %11s %11s %11s %14s %11s\n", "parameters", "activations", "total", "sent (tensor)",
+              "sent/step");
+  for (int t = 1; t <= ranks; ++t) {
+    const auto& m = r.model;
+    if (ranks % t != 0 || m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || *m.ffn_dim % t != 0 ||
+        m.vocab_size % t != 0)
+      continue;
+    Recipe variant = r;
+    variant.distributed.tensor_parallel = t;
+    const CompiledStep c = compile_step(variant, ranks / t, {t, 0});
+    std::printf("  %s%2d x %-3d %11s %11s %11s %14s %11s\n", t == r.distributed.tensor_parallel ? "*" : " ", t,
+                ranks / t, format_bytes(c.memory.parameters).c_str(), format_bytes(c.memory.activations).c_str(),
+                format_bytes(c.memory.total()).c_str(), format_bytes(c.traffic.tensor).c_str(),
+                format_bytes(c.traffic.total()).c_str());
+  }
+  std::printf("  (* the recipe's layout: distributed.tensor_parallel)\n");
 }
 
 }  // namespace
@@ -170,8 +194,11 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     return kExitOk;
   }
   const Recipe& r = loaded.recipe;
-  const int world = int(loaded.world.size);
-  CompiledStep session = compile_step(r, world);  // sizes and FLOPs only: nothing is allocated
+  // The data-parallel ranks (the world, without tensor parallelism); the plan is tensor rank 0's.
+  // Without a world size given, one data-parallel rank of distributed.tensor_parallel ranks.
+  const int tensor = int(r.distributed.tensor_parallel);
+  const int world = std::max(1, int(loaded.world.size) / tensor);
+  CompiledStep session = compile_step(r, world, {tensor, 0});  // sizes and FLOPs only: nothing is allocated
   const Graph& g = session.model.graph;
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);
@@ -238,10 +265,14 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
       "  (activations without reuse would take %s; the checkpoint snapshot is this rank's checkpoint file,\n"
       "   held only while a checkpoint is written)\n",
       format_bytes(train_plan.unplaced_bytes).c_str());
-  if (world > 1) {
-    std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s)\n",
+  if (world > 1 || session.traffic.tensor > 0) {
+    std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s",
                 format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),
                 format_bytes(session.traffic.parameters).c_str());
+    if (session.traffic.tensor > 0)
+      std::printf(", tensor-parallel all-reduces and the loss's gathers %s",
+                  format_bytes(session.traffic.tensor).c_str());
+    std::printf(")\n");
   }
   if (m.swap) {
     std::printf(
@@ -272,6 +303,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     row("total", d.total());
   }
   print_stage_table(r, world, g.param_count());
+  print_layouts(r, world * tensor);
   if (fit.any()) print_fit(args, fit, loaded);
   return kExitOk;
 }

@@ -33,6 +33,13 @@ std::unique_ptr<Communicator> Communicator::split(int, int, const std::string& n
                   "): tensor and pipeline parallelism run over MPI");
 }
 
+std::vector<double> gather_values(Communicator& comm, const std::vector<double>& values, const std::string& what) {
+  if (comm.size() == 1) return values;
+  std::vector<double> all(values.size() * size_t(comm.size()));
+  comm.all_gather(values.data(), all.data(), int64_t(values.size() * sizeof(double)), "all-gather of " + what).wait();
+  return all;
+}
+
 void add_into(void* accumulator, const void* addend, int64_t count, DType dtype) {
   switch (dtype) {
     case DType::f32: {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -124,6 +125,9 @@ bool launched_by_mpi();
 // then, so a plain `engine train` never touches it.
 std::unique_ptr<Communicator> make_communicator(const CommunicatorOptions& options);
 std::unique_ptr<Communicator> make_local_communicator();
+
+// Every rank's `values` (the same count on each), rank after rank: rank r's at r * values.size().
+std::vector<double> gather_values(Communicator& comm, const std::vector<double>& values, const std::string& what);
 
 // Element-wise `accumulator += addend` rounded to dtype (the step every reduction is made of).
 void add_into(void* accumulator, const void* addend, int64_t count, DType dtype);

@@ -179,10 +179,23 @@ std::vector<double> ZeroStep::rank_major_to_unit_major(const std::vector<double>
   return ordered;
 }
 
-double ZeroStep::gradient_norm() { return gradient_norm(gradient_norm_partials(store_)); }
+double ZeroStep::gradient_norm() {
+  return gradient_norm(gradient_norm_partials(store_, !tensor_ || tensor_->rank() == 0));
+}
 
 double ZeroStep::gradient_norm(std::vector<double> partials) {
   const ShardLayout& layout = store_.layout();
+  if (tensor_) {  // the group's partials summed in rank order: the same list on every rank of it
+    std::vector<double> all(partials.size() * size_t(tensor_->size()));
+    tensor_
+        ->all_gather(partials.data(), all.data(), int64_t(partials.size() * sizeof(double)),
+                     "all-gather of the gradient norm's tensor-parallel partial sums")
+        .wait();
+    for (size_t k = 0; k < partials.size(); ++k) {
+      partials[k] = 0;
+      for (int r = 0; r < tensor_->size(); ++r) partials[k] += all[size_t(r) * partials.size() + k];
+    }
+  }
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());
   unit_gradient_norms_ = unit_norms(layout, partials);
@@ -232,10 +245,7 @@ double ZeroStep::mean_loss(const std::vector<double>& local_losses) {
 }
 
 std::vector<double> ZeroStep::gather(const std::vector<double>& values, const std::string& what) {
-  if (comm_.size() == 1) return values;
-  std::vector<double> all(values.size() * size_t(comm_.size()));
-  comm_.all_gather(values.data(), all.data(), int64_t(values.size() * sizeof(double)), "all-gather of " + what).wait();
-  return all;
+  return gather_values(comm_, values, what);
 }
 
 }  // namespace engine

@@ -77,12 +77,16 @@ class ZeroStep : public StepCommunication {
   std::vector<double> gather(double value) { return gather(std::vector<double>{value}, "a value every rank needs"); }
 
   Communicator& communicator() { return comm_; }
+  // Tensor parallelism: the gradient norm sums the tensor-parallel group's partials too (each rank's
+  // split weights, the whole ones once). Null or size 1: none.
+  void set_tensor_group(Communicator* tensor) { tensor_ = tensor && tensor->size() > 1 ? tensor : nullptr; }
 
  private:
   std::vector<double> unit_gradient_norms_;
   std::vector<double> rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const;
   ParameterStore& store_;
   Communicator& comm_;
+  Communicator* tensor_ = nullptr;
   int64_t prefetch_;
   bool first_micro_ = true;
   std::map<ValueId, Work> gathers_;

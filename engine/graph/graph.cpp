@@ -37,6 +37,36 @@ ValueId Graph::add_param(std::string name, Shape shape, int unit, ParamInit init
   return param.value;
 }
 
+std::vector<std::pair<int64_t, int64_t>> TensorSlice::rows() const {
+  if (by_columns) return {{0, logical_rows()}};
+  std::vector<std::pair<int64_t, int64_t>> mine;
+  for (auto [begin, end] : blocks) {
+    const int64_t part = (end - begin) / size;
+    mine.emplace_back(begin + part * rank, begin + part * (rank + 1));
+  }
+  return mine;
+}
+
+int64_t TensorSlice::numel() const {
+  int64_t rows_held = 0;
+  for (auto [begin, end] : rows()) rows_held += end - begin;
+  return rows_held * columns();
+}
+
+void TensorSlice::take(const float* whole, float* part) const {
+  const int64_t width = columns(), stride = logical_columns(), column = column_begin();
+  for (auto [begin, end] : rows())
+    for (int64_t row = begin; row < end; ++row, part += width)
+      for (int64_t k = 0; k < width; ++k) part[k] = whole[row * stride + column + k];
+}
+
+void Graph::set_slice(ValueId value, TensorSlice slice) {
+  const Value& v = values_[size_t(value)];
+  ENGINE_CHECK(v.placement == Placement::parameter, v.name + ": only a trained parameter is split");
+  ENGINE_CHECK(slice.numel() == v.shape.numel(), v.name + ": the slice does not make its shape");
+  params_[size_t(v.param)].slice = std::move(slice);
+}
+
 ValueId Graph::add_frozen(std::string name, Shape shape, ParamInit init) {
   check_size(name, shape);
   const int index = static_cast<int>(frozen_.size());

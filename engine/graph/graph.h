@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -82,6 +83,35 @@ struct ParamInit {
   static ParamInit uniform(double bound) { return {Kind::uniform, bound}; }
 };
 
+// How a weight rank `rank` of a tensor-parallel group of `size` holds maps onto the logical tensor
+// the model declares (models/tensor_parallel.h). Viewed as a matrix (rows, columns) (a vector as
+// (n, 1)), the logical tensor is split evenly either by columns (row-parallel layers: the rank holds
+// every row, columns [rank C / size, (rank + 1) C / size)) or within each of `blocks`, ranges of
+// logical rows (column-parallel layers: the rank holds its 1/size of each block's rows, blocks
+// concatenated in order). Empty `logical`: the weight is whole (replicated on every rank).
+struct TensorSlice {
+  Shape logical;
+  bool by_columns = false;
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // by rows: [begin, end) of logical rows
+  int rank = 0, size = 1;
+
+  bool split() const { return !logical.dims.empty(); }
+  int64_t logical_rows() const { return logical.dims.empty() ? 0 : logical.dims[0]; }
+  int64_t logical_columns() const { return logical.dims.size() == 2 ? logical.dims[1] : 1; }
+  // This rank's logical rows [begin, end), in local order, and its columns.
+  std::vector<std::pair<int64_t, int64_t>> rows() const;
+  int64_t column_begin() const { return by_columns ? logical_columns() / size * rank : 0; }
+  int64_t columns() const { return by_columns ? logical_columns() / size : logical_columns(); }
+  int64_t numel() const;  // this rank's elements
+  // This rank's elements (numel()) out of the whole logical tensor's, row-major.
+  void take(const float* whole, float* part) const;
+  TensorSlice for_rank(int other) const {
+    TensorSlice s = *this;
+    s.rank = other;
+    return s;
+  }
+};
+
 struct Param {
   std::string name;
   ValueId value = kNoValue;
@@ -90,6 +120,7 @@ struct Param {
   int64_t offset = 0;       // elements from the start of the unit's buffer (frozen: of the frozen buffer)
   ParamInit init;
   bool decay = true;  // weight decay applies (off for biases and norms by default)
+  TensorSlice slice;  // this rank's part of the logical tensor (whole unless tensor-parallel)
 };
 
 // A wrap unit: parameters that ZeRO-3 gathers and releases together and offload moves together.
@@ -104,6 +135,8 @@ class Graph {
   // Starts a wrap unit: parameters name it explicitly, forward nodes added after it belong to it.
   int add_unit(std::string name, bool block = false);
   ValueId add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay = true);
+  // Marks parameter `value` as this rank's `slice` of a larger logical tensor (tensor parallelism).
+  void set_slice(ValueId value, TensorSlice slice);
   // A weight the step reads and never trains (Placement::frozen).
   ValueId add_frozen(std::string name, Shape shape, ParamInit init);
   ValueId add_input(std::string name, Shape shape, DType dtype);

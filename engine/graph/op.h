@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,6 +21,21 @@
 namespace engine {
 
 class GradBuilder;
+
+// The collectives a tensor-parallel op's kernel runs in its group (ops/parallel/tensor_parallel.h):
+// the executor binds the run's tensor-parallel communicator (dist/communicator.h) through this, so
+// kernels stay below the layer that owns communication. Both calls block until complete; the
+// reduction is the communicator's, in rank order, the same bits on every rank.
+class GroupCollectives {
+ public:
+  virtual ~GroupCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place over `count` elements of `dtype` (f32, bf16 or f16).
+  virtual void all_reduce(void* data, int64_t count, DType dtype, const std::string& what) = 0;
+  // `bytes` from every rank into recv (size() * bytes, rank r's at r * bytes).
+  virtual void all_gather(const void* send, void* recv, int64_t bytes, const std::string& what) = 0;
+};
 
 // The step's identity as a CUDA kernel reads it from device memory at run time (KernelContext::
 // step_scalars), so that a captured CUDA graph replays with each step's values; the runner writes it
@@ -44,6 +60,8 @@ struct KernelContext {
   uint64_t step = 0;        // optimizer step
   uint64_t micro_step = 0;  // micro-batch within the step
   bool training = true;     // false for evaluation and generation: dropout passes values through
+  // The tensor-parallel group's collectives (null without tensor parallelism).
+  GroupCollectives* tensor_group = nullptr;
 
   float loss_scale = 1.0f;  // multiplies the loss gradient (fp16 loss scaling)
   // On CUDA, seed, step, micro_step and loss_scale in device memory: kernels that use them read
@@ -108,6 +126,9 @@ struct OpDef {
   // Traits the passes read instead of lists of op names:
   bool matmul = false;              // a matrix product: model FLOPs (MFU) count it
   bool cheap_to_recompute = false;  // selective checkpointing recomputes it (graph/recompute.cpp)
+  // A collective of the tensor-parallel group, which the unsplit model's graph does not have: node
+  // positions that must match the unsplit graph's (dropout's salt) skip it.
+  bool tensor_parallel = false;
 };
 
 // Whether `node`'s kernel overwrites its input `index` in place (OpDef::overwritten_inputs).

@@ -11,69 +11,76 @@
 #include "linalg/linear.h"
 #include "models/lora.h"
 #include "models/model.h"
+#include "models/tensor_parallel.h"
 #include "nn/activation.h"
 #include "nn/attention.h"
 #include "nn/embedding.h"
 #include "nn/layernorm.h"
 #include "nn/rotary.h"
+#include "parallel/tensor_parallel.h"
 
 namespace engine {
 
-ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale) {
+ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale,
+                       TensorLayout tensor) {
   const auto& m = recipe.model;
   const int64_t C = m.n_embd, V = m.vocab_size, L = m.n_layer, F = *m.ffn_dim;
   const int64_t KV = m.kv_heads.value_or(m.n_head), KVC = KV * (C / m.n_head);  // width of k and of v
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
-  Lora lora(g, recipe);  // with lora.rank > 0: every weight below frozen, adapters trained
-  auto weight = [&](const std::string& name, Shape shape, int unit, double s) {
-    return lora.weight(name, std::move(shape), unit, ParamInit::normal(s), true);
-  };
+  Lora lora(g, recipe);                // with lora.rank > 0: every weight below frozen, adapters trained
+  TensorParallel tp(g, tensor, lora);  // with T ranks: each holds its 1/T of the split layers
+  const int64_t T = tp.size();
   auto norm_weight = [&](const std::string& name, int unit) {
-    return lora.weight(name, Shape{C}, unit, ParamInit::ones(), false);
+    return tp.whole(name, Shape{C}, unit, ParamInit::ones(), false);
   };
+  const std::vector<std::pair<int64_t, int64_t>> qkv_blocks{{0, C}, {C, C + KVC}, {C + KVC, C + 2 * KVC}},
+      mlp_block{{0, F}};
 
   int embeddings = g.add_unit("embeddings");
-  ValueId embed = weight("model.embed_tokens.weight", Shape{V, C}, embeddings, std);
-  ValueId x = ops::embedding(g, model.inputs, embed, kNoValue, "embeddings");
+  ValueId embed = tp.column("model.embed_tokens.weight", {{0, V}}, C, embeddings, ParamInit::normal(std));
+  ValueId x = tp.enabled() ? tp.leave(ops::vocab_embedding(g, model.inputs, embed, kNoValue, "embeddings", kNoValue,
+                                                           tp.vocab_begin(V), true),
+                                      kNoValue, "embeddings")
+                           : ops::embedding(g, model.inputs, embed, kNoValue, "embeddings");
 
   for (int64_t l = 0; l < L; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     int unit = g.add_unit("layers." + std::to_string(l), true);
     ValueId ln1 = norm_weight(p + "input_layernorm.weight", unit);
-    ValueId qkv_w = weight(p + "self_attn.qkv_proj.weight", Shape{C + 2 * KVC, C}, unit, std);
-    ValueId o_w = weight(p + "self_attn.o_proj.weight", Shape{C, C}, unit, residual_std);
+    ValueId qkv_w = tp.column(p + "self_attn.qkv_proj.weight", qkv_blocks, C, unit, ParamInit::normal(std));
+    ValueId o_w = tp.row(p + "self_attn.o_proj.weight", C, C, unit, ParamInit::normal(residual_std));
     ValueId ln2 = norm_weight(p + "post_attention_layernorm.weight", unit);
-    ValueId gate_w = weight(p + "mlp.gate_proj.weight", Shape{F, C}, unit, std);
-    ValueId up_w = weight(p + "mlp.up_proj.weight", Shape{F, C}, unit, std);
-    ValueId down_w = weight(p + "mlp.down_proj.weight", Shape{C, F}, unit, residual_std);
+    ValueId gate_w = tp.column(p + "mlp.gate_proj.weight", mlp_block, C, unit, ParamInit::normal(std));
+    ValueId up_w = tp.column(p + "mlp.up_proj.weight", mlp_block, C, unit, ParamInit::normal(std));
+    ValueId down_w = tp.row(p + "mlp.down_proj.weight", C, F, unit, ParamInit::normal(residual_std));
 
-    ValueId h = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
+    ValueId h = tp.enter(ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm"), p + "self_attn");
     ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
     qkv = lora.adapt(qkv, h, p, "self_attn.q_proj", 0, C, unit);
     qkv = lora.adapt(qkv, h, p, "self_attn.k_proj", C, KVC, unit);
     qkv = lora.adapt(qkv, h, p, "self_attn.v_proj", C + KVC, KVC, unit);
-    qkv = ops::rotary(g, qkv, m.n_head, m.rope_theta, p + "self_attn.rotary", KV, model.positions);
-    ValueId a = ops::causal_attention(g, qkv, m.n_head, p + "self_attn", KV, model.positions);
+    qkv = ops::rotary(g, qkv, m.n_head / T, m.rope_theta, p + "self_attn.rotary", KV / T, model.positions);
+    ValueId a = ops::causal_attention(g, qkv, m.n_head / T, p + "self_attn", KV / T, model.positions);
     ValueId o =
         lora.adapt(ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), a, p, "self_attn.o_proj", 0, C, unit);
-    x = ops::add(g, x, o, p + "residual_1");
-    h = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
+    x = ops::add(g, x, tp.leave(o, kNoValue, p + "self_attn"), p + "residual_1");
+    h = tp.enter(ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm"), p + "mlp");
     ValueId gate =
         lora.adapt(ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj"), h, p, "mlp.gate_proj", 0, F, unit);
     ValueId up = lora.adapt(ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj"), h, p, "mlp.up_proj", 0, F, unit);
     ValueId f = ops::swiglu(g, gate, up, p + "mlp.swiglu");
     ValueId down =
         lora.adapt(ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), f, p, "mlp.down_proj", 0, C, unit);
-    x = ops::add(g, x, down, p + "residual_2");
+    x = ops::add(g, x, tp.leave(down, kNoValue, p + "mlp"), p + "residual_2");
   }
 
   int head = g.add_unit("head");
   ValueId norm = norm_weight("model.norm.weight", head);
-  ValueId lm_head = m.tie_embeddings ? embed : weight("lm_head.weight", Shape{V, C}, head, std);
-  x = ops::rmsnorm(g, x, norm, m.norm_eps, "model.norm");
-  finish_with_loss(model, x, lm_head, kNoValue, loss_scale, "lm_head");
+  ValueId lm_head = m.tie_embeddings ? embed : tp.column("lm_head.weight", {{0, V}}, C, head, ParamInit::normal(std));
+  x = tp.enter(ops::rmsnorm(g, x, norm, m.norm_eps, "model.norm"), "lm_head");
+  finish_with_loss(model, x, lm_head, kNoValue, loss_scale, "lm_head", tp.enabled() ? tp.vocab_begin(V) : -1);
   return model;
 }
 

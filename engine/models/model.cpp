@@ -2,6 +2,7 @@
 
 #include "linalg/linear.h"
 #include "loss/cross_entropy.h"
+#include "parallel/tensor_parallel.h"
 
 namespace engine {
 
@@ -18,20 +19,22 @@ ModelGraph start_language_model(const recipe::Recipe& recipe, int64_t batch, int
 }
 
 void finish_with_loss(ModelGraph& model, ValueId x, ValueId head_weight, ValueId head_bias, double loss_scale,
-                      const std::string& head_name) {
+                      const std::string& head_name, int64_t vocab_begin) {
   Graph& g = model.graph;
   model.logits = ops::linear(g, x, head_weight, head_bias, head_name);
-  model.losses = ops::softmax_cross_entropy(g, model.logits, model.targets, loss_scale, "loss");
+  model.losses = vocab_begin >= 0
+                     ? ops::vocab_cross_entropy(g, model.logits, model.targets, loss_scale, vocab_begin, "loss")
+                     : ops::softmax_cross_entropy(g, model.logits, model.targets, loss_scale, "loss");
   g.set_loss(model.losses);
   g.mark_forward_end();
 }
 
-ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale) {
+ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale, TensorLayout tensor) {
   switch (recipe.model.arch) {
     case recipe::Arch::gpt:
-      return build_gpt(recipe, micro_batch, *recipe.data.sequence_length, loss_scale);
+      return build_gpt(recipe, micro_batch, *recipe.data.sequence_length, loss_scale, tensor);
     case recipe::Arch::llama:
-      return build_llama(recipe, micro_batch, *recipe.data.sequence_length, loss_scale);
+      return build_llama(recipe, micro_batch, *recipe.data.sequence_length, loss_scale, tensor);
     case recipe::Arch::mlp:
       return build_mlp(recipe, micro_batch, loss_scale);
   }

@@ -32,18 +32,29 @@ struct ModelGraph {
 };
 
 // `loss_scale` multiplies each row's loss gradient: 1 / (rows per optimizer step).
-ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale);
+// Tensor parallelism (models/tensor_parallel.h): the group's size and this rank's place in it. The
+// default is the whole model in one process, whatever the recipe's distributed.tensor_parallel (what
+// evaluation, generation and export build: a tensor-parallel run's weights file holds whole tensors).
+struct TensorLayout {
+  int size = 1;
+  int rank = 0;
+};
+
+ModelGraph build_model(const recipe::Recipe& recipe, int64_t micro_batch, double loss_scale, TensorLayout tensor = {});
 
 // Shared by the builders: a language model's token and target inputs (B, T), and its position ids
 // when the recipe packs documents ...
 ModelGraph start_language_model(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, int64_t vocab);
 // ... and every model's end: logits = x W^T (+ b) through `head_name`, the per-row loss, and the
-// mark that closes the forward graph.
+// mark that closes the forward graph. With `vocab_begin` >= 0 the head holds the vocabulary rows from
+// there (tensor parallelism) and the loss is the vocabulary-parallel one.
 void finish_with_loss(ModelGraph& model, ValueId x, ValueId head_weight, ValueId head_bias, double loss_scale,
-                      const std::string& head_name);
+                      const std::string& head_name, int64_t vocab_begin = -1);
 
-ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
-ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale);
+ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale,
+                     TensorLayout tensor = {});
+ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequence, double loss_scale,
+                       TensorLayout tensor = {});
 ModelGraph build_mlp(const recipe::Recipe& recipe, int64_t batch, double loss_scale);
 
 }  // namespace engine

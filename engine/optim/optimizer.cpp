@@ -173,8 +173,23 @@ std::vector<double> shard_norm_partials(const ParameterStore& store, Buffer&& bu
 
 }  // namespace
 
-std::vector<double> gradient_norm_partials(const ParameterStore& store) {
-  return shard_norm_partials(store, [&](size_t u) { return store.opt_grad(u); });
+std::vector<double> gradient_norm_partials(const ParameterStore& store, bool whole_weights) {
+  if (whole_weights) return shard_norm_partials(store, [&](size_t u) { return store.opt_grad(u); });
+  // Each unit's range with the whole (replicated) weights' elements zeroed: a split weight's
+  // squares are this rank's alone, a whole one's are counted by one rank of the group.
+  const Graph& graph = store.graph();
+  std::vector<std::vector<float>> masked(graph.units().size());
+  for (size_t u = 0; u < masked.size(); ++u) {
+    const int64_t begin = store.range_begin(u), size = store.range_size(u);
+    masked[u].assign(store.opt_grad(u), store.opt_grad(u) + size);
+    for (int index = 0; index < int(graph.params().size()); ++index) {
+      const Param& p = graph.params()[size_t(index)];
+      if (size_t(p.unit) != u || p.slice.split()) continue;
+      const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + store.numel(index), begin + size);
+      if (lo < hi) std::fill(masked[u].begin() + (lo - begin), masked[u].begin() + (hi - begin), 0.0f);
+    }
+  }
+  return shard_norm_partials(store, [&](size_t u) { return masked[u].data(); });
 }
 
 std::vector<double> master_norm_partials(const ParameterStore& store) {

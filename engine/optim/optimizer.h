@@ -75,7 +75,9 @@ void scale_gradients(ParameterStore& store, double factor);  // every gradient *
 // The norm at any world size and stage: one sum of squares (in double) per kShardBlock elements of
 // this rank's shard (shard_layout.h), in unit and block order; the ranks' partials, gathered in
 // rank order, make the same list at every world size, and sum_norm_partials adds it in that order.
-std::vector<double> gradient_norm_partials(const ParameterStore& store);
+// With tensor parallelism, `whole_weights` false leaves the replicated weights out (every rank of the
+// tensor-parallel group but one), so that the group's partials summed count each of them once.
+std::vector<double> gradient_norm_partials(const ParameterStore& store, bool whole_weights = true);
 // The same partial sums over the fp32 masters (each non-null: not offloaded).
 std::vector<double> master_norm_partials(const ParameterStore& store);
 double sum_norm_partials(const std::vector<double>& partials);

@@ -144,6 +144,9 @@ struct DistributedSection {
   int64_t bucket_size;     // gradient elements whose reductions may be in flight at once
   int64_t prefetch;        // stage 3: units gathered ahead of the one in use
   double timeout;          // seconds a collective may take before the run stops
+  // Ranks that split each layer between them (Megatron-LM tensor parallelism); world size = this x the
+  // data-parallel ranks, ZeRO shards over the latter.
+  int64_t tensor_parallel;
 };
 
 enum class ResumeMode { never, auto_resume };

@@ -226,10 +226,24 @@ std::optional<int64_t> product(int64_t a, int64_t b) {
 }
 
 // global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two give the third.
+// With tensor parallelism, world_size here is the data-parallel ranks: the world / tensor_parallel.
 void resolve_batch(RuleContext& c) {
   auto& t = c.r.train;
-  const int64_t world = c.loaded.world.size;
-  const std::string world_note = "world_size " + str(world) + " comes from " + c.loaded.world.source;
+  const int64_t tensor = c.r.distributed.tensor_parallel;
+  // Without a launcher or --world-size (a world of 1): one data-parallel rank.
+  if (c.loaded.world.size > 1 && c.loaded.world.size % tensor != 0) {
+    c.error({"distributed.tensor_parallel"},
+            "distributed.tensor_parallel " + str(tensor) + " does not divide the world size " +
+                str(c.loaded.world.size) + " (from " + c.loaded.world.source + ")",
+            {"the world size is tensor_parallel x the data-parallel ranks: launch a multiple of " + str(tensor) +
+             " ranks"});
+    return;
+  }
+  const int64_t world = std::max<int64_t>(1, c.loaded.world.size / tensor);
+  const std::string world_note =
+      tensor == 1 ? "world_size " + str(world) + " comes from " + c.loaded.world.source
+                  : "world_size " + str(world) + " is the data-parallel ranks: " + str(c.loaded.world.size) +
+                        " (from " + c.loaded.world.source + ") / distributed.tensor_parallel " + str(tensor);
   auto& micro = t.micro_batch_size;
   auto& accum = t.gradient_accumulation_steps;
   auto& global = t.global_batch_size;
@@ -402,6 +416,46 @@ void check_lora(RuleContext& c) {
             "or set lora.rank: 0");
 }
 
+// Tensor parallelism: a transformer whose heads, MLP width and vocabulary divide among the ranks,
+// and what runs with it so far.
+void check_tensor_parallel(RuleContext& c) {
+  const int64_t t = c.r.distributed.tensor_parallel;
+  if (t == 1) return;
+  const ModelSection& m = c.r.model;
+  const std::string ranks = "distributed.tensor_parallel " + str(t);
+  if (!is_transformer(c.r)) {
+    c.error({"distributed.tensor_parallel", "model.arch"},
+            "tensor parallelism splits a transformer's layers; model.arch mlp has none to split",
+            {"set distributed.tensor_parallel: 1"});
+    return;
+  }
+  auto divides = [&](const char* key, int64_t value, const std::string& what) {
+    if (value % t != 0)
+      c.error({key, "distributed.tensor_parallel"}, ranks + " does not divide " + key + " " + str(value) + " (" + what +
+                                                        " are split evenly across the ranks)");
+  };
+  divides("model.n_head", m.n_head, "attention heads");
+  if (m.kv_heads) divides("model.kv_heads", *m.kv_heads, "key/value heads");
+  if (m.ffn_dim) divides("model.ffn_dim", *m.ffn_dim, "the MLP's hidden columns");
+  divides("model.vocab_size", m.vocab_size, "the vocabulary's rows");
+  auto refused = [&](const std::string& what, const std::string& fix) {
+    return std::make_pair(what + " does not run with tensor parallelism yet",
+                          std::vector<std::string>{fix + ", or set distributed.tensor_parallel: 1"});
+  };
+  if (c.r.run.device == RunDevice::cuda) {
+    auto [message, notes] = refused("the GPU", "use run.device: cpu");
+    c.error({"run.device", "distributed.tensor_parallel"}, message, notes);
+  }
+  if (c.r.lora.rank > 0) {
+    auto [message, notes] = refused("LoRA", "set lora.rank: 0");
+    c.error({"lora.rank", "distributed.tensor_parallel"}, message, notes);
+  }
+  if (c.r.offload.optimizer != OffloadTier::none || c.r.offload.parameters != OffloadTier::none) {
+    auto [message, notes] = refused("offload", "set offload.optimizer and offload.parameters: none");
+    c.error({"offload.optimizer", "offload.parameters", "distributed.tensor_parallel"}, message, notes);
+  }
+}
+
 }  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
@@ -418,7 +472,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"model"}, check_attention_shape},
       {{"model", "data"}, check_model_matches_data},
       {{"model", "data"}, resolve_data_auto},
-      {{"train"}, resolve_batch},
+      {{"train", "distributed"}, resolve_batch},
       {{"train", "scheduler", "optimizer"}, check_schedule},
       {{"optimizer"}, check_optimizer},
       {{"train", "data"}, check_evaluation},
@@ -427,6 +481,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"offload", "distributed"}, check_offload},
       {{"telemetry", "train"}, check_telemetry},
       {{"lora", "model", "run"}, check_lora},
+      {{"distributed", "model", "run", "lora", "offload"}, check_tensor_parallel},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

@@ -157,6 +157,7 @@ void Executor::run(const std::string& name, uint64_t step, uint64_t micro_step, 
   ctx.micro_step = micro_step;
   ctx.training = plan.training;
   ctx.loss_scale = loss_scale;
+  ctx.tensor_group = tensor_group_;
   if (runner_)
     return runner_->run(name, plan, std::move(ctx), inputs_, op_table_ ? &op_totals_ : nullptr, communication);
   ctx.graph = &graph_;

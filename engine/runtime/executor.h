@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "graph/op.h"
 #include "plan/plan.h"
-#include "core/buffer.h"
 #include "runtime/device_runner.h"
 #include "runtime/parameters.h"
 #include "runtime/planned_casts.h"
@@ -84,6 +84,8 @@ class Executor {
            StepCommunication* communication = nullptr);
   std::byte* arena_buffer(const std::string& plan, ValueId id);
   int64_t scratch_bytes() const { return scratch_.bytes(); }
+  // The tensor-parallel group the kernels of tensor-parallel ops communicate in (outlives this).
+  void set_tensor_group(GroupCollectives* group) { tensor_group_ = group; }
   // Time every op from now on (telemetry.op_table), into op_totals().
   void set_op_table(bool on) { op_table_ = on; }
   const std::map<std::string, OpTotals>& op_totals() const { return op_totals_; }
@@ -107,6 +109,7 @@ class Executor {
   void run_node(const Node& node, KernelContext& ctx);
   std::vector<std::vector<int>> unit_params_;  // per wrap unit, its parameters' indices
   bool op_table_ = false;
+  GroupCollectives* tensor_group_ = nullptr;
   std::map<std::string, OpTotals> op_totals_;
   void run_timed(const Node& node, KernelContext& ctx);
 };

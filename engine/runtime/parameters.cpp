@@ -259,6 +259,10 @@ void ParameterStore::initialize(uint64_t seed) {
   for (const Graph::WeightRef ref : graph_.weights()) {
     const Param& p = graph_.weight(ref);
     const int64_t n = graph_.value(p.value).shape.numel();
+    if (p.slice.split()) {  // this rank's part of a tensor-parallel weight, drawn where the whole one is
+      position = initialize_slice(ref.index, seed, position);
+      continue;
+    }
     for (int64_t first = 0; first < n; first += kPart) {
       const int64_t count = std::min(kPart, n - first);
       const auto scale = float(p.init.std);
@@ -283,6 +287,33 @@ void ParameterStore::initialize(uint64_t seed) {
         set_param_part(ref.index, first, values.data(), count);
     }
   }
+}
+
+uint64_t ParameterStore::initialize_slice(int index, uint64_t seed, uint64_t position) {
+  const Param& p = graph_.params()[size_t(index)];
+  const TensorSlice& slice = p.slice;
+  const int64_t logical = slice.logical.numel(), n = numel(index);
+  const int64_t columns = slice.logical_columns(), width = slice.columns(), column_begin = slice.column_begin();
+  const int64_t local_rows = n / width;
+  std::vector<float> values(static_cast<size_t>(n));
+  if (p.init.kind == ParamInit::Kind::normal) {
+    const auto scale = float(p.init.std);
+    std::vector<int64_t> logical_rows;  // per local row, its logical row
+    for (auto [begin, end] : slice.rows())
+      for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < local_rows; ++r) {
+      RandomStream stream(seed, RandomPurpose::init,
+                          position + 4 * uint64_t(logical_rows[size_t(r)] * columns + column_begin));
+      for (int64_t k = 0; k < width; ++k) values[size_t(r * width + k)] = scale * stream.normal();
+    }
+    position += 4 * uint64_t(logical);
+  } else {
+    ENGINE_CHECK(p.init.kind != ParamInit::Kind::uniform, p.name + ": a split weight draws normals only");
+    std::fill(values.begin(), values.end(), p.init.kind == ParamInit::Kind::ones ? 1.0f : 0.0f);
+  }
+  set_param(index, values.data());
+  return position;
 }
 
 void ParameterStore::zero_micro_grads() {

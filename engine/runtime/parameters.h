@@ -142,6 +142,9 @@ class ParameterStore {
   struct UnitSizes {
     int64_t compute = 0, master = 0, shard16 = 0, micro_grad = 0, grad_shard = 0, opt_grad = 0;
   };
+  // Param `index`, a tensor-parallel slice, from the init stream whose whole tensor starts at
+  // `position`; returns the position after the whole tensor.
+  uint64_t initialize_slice(int index, uint64_t seed, uint64_t position);
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
                               DType param, DType grad, size_t u);
   struct UnitBuffers {

@@ -18,13 +18,14 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
   const recipe::Recipe& r = session.recipe;
   Manifest m;
   m.step = steps;
-  m.world_size = session.world;
+  m.world_size = session.world * session.tensor_layout.size;  // rank files
+  m.tensor_parallel = session.tensor_layout.size;
   m.zero_stage = int(r.distributed.zero_stage);
   m.engine_version = std::string(kVersion) + " " + kGitRevision;
   m.recipe = recipe_yaml;
   std::vector<std::string> names;
   for (const StateKind& k : kinds) names.push_back(k.name);
-  m.tensors = describe_tensors(session.model.graph, session.world, names);
+  m.tensors = describe_tensors(session.model.graph, session.world, names, session.tensor_layout.size);
   const LossScaler::State scaler = session.scaler.state();
   m.state = {{"step", steps},
              {"updates", session.updates},

@@ -1,8 +1,7 @@
 #include "trainer/session.h"
 
-#include <chrono>
-
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include "graph/wrap.h"
 #include "loss/cross_entropy.h"
 #include "offload/offloaded_optimizer.h"
+#include "parallel/tensor_parallel.h"
 #include "trainer/fit.h"
 #include "trainer/progress_line.h"
 
@@ -55,12 +55,13 @@ WrapPolicySpec wrap_policy(const recipe::DistributedSection& d) {
   return {WrapPolicySpec::Kind::block, d.wrap_size};
 }
 
-ModelGraph build_differentiated(const recipe::Recipe& r, int world, RecomputeReport& recompute, FusionReport& fusions) {
+ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout tensor, RecomputeReport& recompute,
+                                FusionReport& fusions) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
   // ranks).
-  ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world));
+  ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world), tensor);
   apply_wrap_policy(model.graph, wrap_policy(r.distributed));
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
@@ -153,18 +154,35 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
 }
 
 // Whether gradients go through reduce-scatters (else the optimizer reads what the backward wrote).
+// Bytes one rank sends in its tensor-parallel group per micro-batch: each all-reduce of the split
+// layers' edges (forward, backward, and again where recompute replays a forward one) and the
+// vocabulary-parallel loss's two all-gathers (row maxima in fp32; sums and target logits in double).
+int64_t tensor_traffic(const Graph& g, const Plan& plan, int size) {
+  if (size == 1) return 0;
+  int64_t bytes = 0;
+  for (size_t index : plan.nodes) {
+    const Node& node = g.nodes()[index];
+    if (node.op == &ops::kReduceFromTensorGroup || node.op == &ops::kTensorGroupAllReduce)
+      bytes += ops::all_reduce_bytes_sent(value_bytes(g.value(node.outputs[0])), size);
+    if (node.op == &ops::kVocabCrossEntropy)
+      bytes += int64_t(size - 1) * g.value(node.outputs[0]).shape.numel() * (4 + 16);
+  }
+  return bytes;
+}
+
 bool gradients_reduced(const ShardingSpec& spec) { return spec.world > 1 || spec.accumulation > 1 || spec.stage >= 2; }
 
 }  // namespace
 
-CompiledStep compile_step(const recipe::Recipe& r, int world) {
+CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tensor) {
   if (world > 1 && r.precision.communication_dtype != r.precision.accumulation_dtype)
     throw UserError(
         "precision.communication_dtype differs from precision.accumulation_dtype: gradients are reduced in the "
         "type they accumulate in, so that every ZeRO stage and world size sums the same bits; set "
         "communication_dtype to the accumulation_dtype (or accumulation_dtype to the type to communicate in)");
   CompiledStep c;
-  c.model = build_differentiated(r, world, c.recompute, c.fusions);
+  c.tensor = tensor;
+  c.model = build_differentiated(r, world, tensor, c.recompute, c.fusions);
   Graph& g = c.model.graph;
   c.sharding = ShardingSpec{world, 0, int(r.distributed.zero_stage), *r.train.gradient_accumulation_steps};
   const ShardLayout layout(g.units(), world, 0);
@@ -174,6 +192,7 @@ CompiledStep compile_step(const recipe::Recipe& r, int world) {
   c.eval = plan_zero_step(g, layout, forward_nodes(g), {c.model.losses}, zero, false);
   c.eval.training = false;
   c.traffic = plan_traffic(g, layout, c.sharding, c.train);
+  c.traffic.tensor = tensor_traffic(g, c.train, tensor.size) * c.sharding.accumulation;
   MemoryPlan& m = c.memory;
   c.offload = offload_spec(r, 0);
   const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding, c.offload);
@@ -294,7 +313,7 @@ std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, co
 
 }  // namespace
 
-Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* communicator)
+Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* communicator, Communicator* tensor_comm)
     : recipe(r),
       own_comm(communicator ? nullptr : make_local_communicator()),
       comm(communicator ? *communicator : *own_comm),
@@ -313,11 +332,23 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
       micro_batch(*r.train.micro_batch_size),
       accumulation(*r.train.gradient_accumulation_steps),
       scaler(r.precision),
+      tensor_layout(compiled.tensor),
       memory_(compiled.memory) {
   train_gathers_ = gather_sequence(compiled.train);
   eval_gathers_ = gather_sequence(compiled.eval);
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
+  if (tensor_layout.size > 1) {
+    ENGINE_CHECK(tensor_comm && tensor_comm->size() == tensor_layout.size && tensor_comm->rank() == tensor_layout.rank,
+                 "a tensor-parallel step needs its group's communicator");
+    if (device.kind != Device::Kind::cpu)
+      throw UserError("distributed.tensor_parallel " + std::to_string(tensor_layout.size) +
+                      " runs on the CPU for now, and run.device resolved to " + describe_device(device) +
+                      ": set run.device: cpu");
+    tensor_group = std::make_unique<TensorGroup>(*tensor_comm);
+    executor.set_tensor_group(tensor_group.get());
+    zero.set_tensor_group(tensor_comm);
+  }
   DeviceRunner* runner = executor.runner();
   std::string staged;
   if (runner && !device_resident(r, world, &staged))

@@ -22,6 +22,7 @@
 
 #include "data/dataset.h"
 #include "dist/communicator.h"
+#include "dist/tensor_group.h"
 #include "dist/zero_step.h"
 #include "graph/recompute.h"
 #include "linalg/linear_gelu.h"
@@ -67,7 +68,8 @@ struct MemoryPlan {
 // Bytes each rank sends per optimizer step, from the plan's collectives.
 struct TrafficPlan {
   int64_t gradients = 0, parameters = 0;  // reduce-scatters (+ stage 0's gather); gathers
-  int64_t total() const { return gradients + parameters; }
+  int64_t tensor = 0;                     // the tensor-parallel group's all-reduces and gathers
+  int64_t total() const { return gradients + parameters + tensor; }
   // Bytes each rank reads from and writes to its swap files per optimizer step (offload to nvme).
   int64_t swap_read = 0, swap_written = 0;
 };
@@ -96,8 +98,11 @@ struct CompiledStep {
   ShardingSpec sharding;  // rank 0's; the plan is the same on every rank
   TrafficPlan traffic;
   OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
+  TensorLayout tensor;  // the tensor-parallel group the graph is split for
 };
-CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1);
+// world: the data-parallel ranks; tensor: the tensor-parallel group and this rank's place in it,
+// whose slices of the split layers the graph holds (by default the whole model).
+CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1, TensorLayout tensor = {});
 
 // The ops whose FLOPs model FLOPs count: matrix products.
 bool is_matmul(const OpDef& op);
@@ -115,7 +120,10 @@ class Session {
   // One process (a local communicator), or rank comm->rank() of comm->size() with `compiled` made
   // for that world size.
   explicit Session(const recipe::Recipe& recipe);
-  Session(const recipe::Recipe& recipe, CompiledStep compiled, Communicator* comm = nullptr);
+  // With distributed.tensor_parallel > 1, `comm` is the data-parallel group and `tensor_comm` the
+  // tensor-parallel one (dist/process_groups.h).
+  Session(const recipe::Recipe& recipe, CompiledStep compiled, Communicator* comm = nullptr,
+          Communicator* tensor_comm = nullptr);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
@@ -194,9 +202,11 @@ class Session {
   Device device;            // where the forward and backward run (trainer/device.h)
   Executor executor;
   ZeroStep zero;
+  std::unique_ptr<TensorGroup> tensor_group;  // the tensor-parallel ops' collectives (null without)
   int64_t micro_batch, accumulation;
   LossScaler scaler;
-  int64_t updates = 0;  // applied optimizer updates (skipped steps do not count)
+  TensorLayout tensor_layout;  // the step's tensor-parallel group (size 1: none)
+  int64_t updates = 0;         // applied optimizer updates (skipped steps do not count)
 
   // fp16 -> bf16 for the rest of the run: the graph's 16-bit values change type (same sizes, so
   // the plan stands), the parameter copies are rounded anew and loss scaling stops.

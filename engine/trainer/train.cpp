@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "data/loader.h"
+#include "dist/process_groups.h"
 #include "recipe/export.h"
 #include "telemetry/trace.h"
 #include "trainer/metrics_log.h"
@@ -97,8 +98,8 @@ class TrainingRun {
  public:
   TrainingRun(const recipe::LoadedRecipe& original, std::ostream& console, const TrainOptions& options)
       : options_(options),
-        comm_(options.comm ? *options.comm : *(local_ = make_local_communicator())),
-        lead_(comm_.rank() == 0),
+        world_(options.comm ? *options.comm : *(local_ = make_local_communicator())),
+        lead_(world_.rank() == 0),
         console_(console),
         out_(lead_ ? console : silent_),
         plugins_(original,
@@ -112,6 +113,9 @@ class TrainingRun {
         r_(loaded_.recipe) {}
 
   TrainSummary run() {
+    // The tensor- and data-parallel groups (one group of the whole world without tensor parallelism).
+    groups_ = std::make_unique<ProcessGroups>(world_, int(r_.distributed.tensor_parallel));
+    if (!groups_->warning().empty()) console_ << groups_->warning() << "\n";
     prepare();
     build();
     open_outputs();
@@ -134,7 +138,7 @@ class TrainingRun {
     if (resume_dir_) {
       resume_ = read_manifest(*resume_dir_);
       std::vector<std::string> notes = check_recipe_change(resume_.recipe, recipe_yaml_);
-      keep_global_batch(r_, resume_.state, comm_.size(), notes);
+      keep_global_batch(r_, resume_.state, comm().size(), notes);
       if (resume_.step >= r_.train.steps)
         throw UserError(resume_dir_->string() + " is at step " + std::to_string(resume_.step) + " and train.steps is " +
                         std::to_string(r_.train.steps) + ": nothing is left to train (raise train.steps to continue)");
@@ -159,8 +163,8 @@ class TrainingRun {
       write_text_atomically(summary_.run_dir / "recipe.yaml", recipe_yaml_);
     }
     baseline_rss_ = resident_bytes();  // before the session allocates anything
-    if (comm_.size() > 1)
-      require_same_run_on_every_rank(comm_, recipe_yaml_ + "\nresume from step " + std::to_string(first_step_));
+    if (world_.size() > 1)
+      require_same_run_on_every_rank(world_, recipe_yaml_ + "\nresume from step " + std::to_string(first_step_));
     if (lead_ && resume_dir_) set_aside_newer_checkpoints();
   }
 
@@ -182,19 +186,24 @@ class TrainingRun {
 
   // The plan, checked against memory; the session, its state initialised, restored or loaded.
   void build() {
-    CompiledStep compiled = compile_step(r_, comm_.size());
-    check_memory_available(compiled.memory, comm_.local_size());
+    CompiledStep compiled = compile_step(r_, comm().size(), {groups_->tensor_size(), groups_->tensor_rank()});
+    check_memory_available(compiled.memory, world_.local_size());
     traffic_ = compiled.traffic;
-    // Per optimizer step, over all ranks (the same at every world size for the same global batch).
-    const double accumulation_steps = double(compiled.sharding.accumulation) * double(comm_.size());
+    // Per optimizer step, over all ranks (the same at every world size for the same global batch): a
+    // tensor-parallel rank's graph computes 1/T of each split product.
+    const double accumulation_steps =
+        double(compiled.sharding.accumulation) * double(comm().size()) * double(groups_->tensor_size());
     model_flops_ = compiled.model_flops_per_micro_batch * accumulation_steps;
     hardware_flops_ = compiled.flops_per_micro_batch * accumulation_steps;
     recompute_flops_ = compiled.recompute.extra_flops * accumulation_steps;
-    session_ = std::make_unique<Session>(r_, std::move(compiled), &comm_);
+    session_ = std::make_unique<Session>(r_, std::move(compiled), &comm(), &groups_->tensor());
     Session& session = *session_;
+    if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && groups_->tensor_size() > 1)
+      throw UserError("gradient dumps write whole gradients, and distributed.tensor_parallel " +
+                      std::to_string(groups_->tensor_size()) + " splits them; dump with tensor_parallel 1");
     if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && !session.store.masters_whole())
       throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
-                      std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm_.size()) +
+                      std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm().size()) +
                       " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
     session.store.initialize(uint64_t(r_.run.seed));
     // A LoRA checkpoint holds the adapters and their optimizer state; the frozen base comes from
@@ -214,9 +223,10 @@ class TrainingRun {
     } else {
       load_initial_weights(session.store);
     }
-    rows_per_step_ = session.micro_batch * session.accumulation * session.model.sequence * comm_.size();
+    rows_per_step_ = session.micro_batch * session.accumulation * session.model.sequence * comm().size();
     memory_ = session.memory();
-    report_start(out_, session, comm_, traffic_);
+    report_start(out_, session, world_, traffic_);
+    if (groups_->tensor_size() > 1) out_ << "layout: " << groups_->layout() << "\n";
   }
 
   // model.init_from (with LoRA: the frozen base) and lora.init_from (a PEFT adapter).
@@ -255,9 +265,9 @@ class TrainingRun {
     // Rank r reads global micro-batches r, r + W, ...: after a resume, from where the checkpoint stopped.
     const int64_t consumed = resume_dir_ ? resume_.state.at("micro_batches").get<int64_t>() : 0;
     loader_ = std::make_unique<BatchLoader>(*session.data, session.micro_batch, session.model.sequence,
-                                            r_.data.prefetch, consumed + comm_.rank(), comm_.size());
-    checkpoints_ = std::make_unique<Checkpointer>(r_.checkpoint, checkpoint_dir_, comm_, session.zero);
-    signals_ = std::make_unique<StopSignals>(comm_.size() > 1);
+                                            r_.data.prefetch, consumed + comm().rank(), comm().size());
+    checkpoints_ = std::make_unique<Checkpointer>(r_.checkpoint, checkpoint_dir_, world_);
+    signals_ = std::make_unique<StopSignals>(world_.size() > 1);
     swap_window_ = std::make_unique<SwapWindow>(session.offloaded.get(), first_step_);
     start_ = window_start_ = last_checkpoint_time_ = std::chrono::steady_clock::now();
   }
@@ -277,7 +287,7 @@ class TrainingRun {
       hooks.before_update = plugins_.update_hook(step, session);
       hooks.after_backward = gradient_dump_hook(step, options_, session, r_.model.arch);
     }
-    const int64_t sent_before = comm_.bytes_sent();
+    const int64_t sent_before = bytes_sent(), tensor_sent_before = groups_->tensor().bytes_sent();
     auto next_batch = [&] {
       trace::Scope event("data", "data wait");
       const auto wait_start = std::chrono::steady_clock::now();
@@ -289,7 +299,8 @@ class TrainingRun {
     // The rest of the step in flat phases (a trace's events on one lane never nest).
     std::optional<trace::Scope> phase;
     phase.emplace("other", "step end (metrics, plugins, decisions)");
-    bytes_sent_training_ += comm_.bytes_sent() - sent_before;
+    bytes_sent_training_ += bytes_sent() - sent_before;
+    tensor_bytes_sent_training_ += groups_->tensor().bytes_sent() - tensor_sent_before;
     check_step(step, result);
     window_rows_ += rows_per_step_;
     summary_.steps = step + 1;
@@ -304,7 +315,7 @@ class TrainingRun {
                .checkpoint_requested = plugins_.take_checkpoint_request(),
                .checkpoint_due_by_time = r_.checkpoint.every_minutes > 0 && minutes >= r_.checkpoint.every_minutes,
                .seconds_since_signal = StopSignals::seconds_since()},
-              session.zero, comm_.size());
+              session.zero, comm().size());
     const bool preempted = decided.stop_signal;
     const bool sliced = options_.stop_after == step + 1;
     const bool stopping = preempted || decided.plugin_stop || sliced;
@@ -390,7 +401,7 @@ class TrainingRun {
     telemetry_->log({{"val_loss", val}}, step + 1, 1, false);
     progress_->note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
     plugins_.eval(step, val);
-    return agree({.checkpoint_requested = plugins_.take_checkpoint_request()}, session_->zero, comm_.size())
+    return agree({.checkpoint_requested = plugins_.take_checkpoint_request()}, session_->zero, comm().size())
         .checkpoint_requested;
   }
 
@@ -466,7 +477,15 @@ class TrainingRun {
       return summary_;
     }
     session.sync_host();
-    const WholeParameters whole(session.store, comm_);
+    const WholeParameters whole(session.store, comm());
+    // A tensor-parallel run's split weights, assembled whole from the group's slices (a collective).
+    std::map<int, std::vector<float>> logical;
+    if (groups_->tensor_size() > 1)
+      for (int index = 0; index < int(session.model.graph.params().size()); ++index) {
+        const Param& p = session.model.graph.params()[size_t(index)];
+        if (p.slice.split())
+          logical[index] = gather_logical(p, whole.param(index), session.store.numel(index), groups_->tensor());
+      }
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
     fs::path weights = summary_.run_dir / "model.safetensors";
@@ -475,7 +494,11 @@ class TrainingRun {
                                                               : "mlp";
     std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
     if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
-    save_weights(weights, session.model.graph, r_.model.arch, metadata, whole_param(whole, session.store));
+    auto whole_weight = whole_param(whole, session.store);
+    save_weights(weights, session.model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
+      auto split = ref.frozen ? logical.end() : logical.find(ref.index);
+      return split != logical.end() ? split->second.data() : whole_weight(ref);
+    });
     if (summary_.interrupted)
       out_ << "interrupted after step " << summary_.steps << "; weights saved to " << weights.string() << "\n";
     else
@@ -494,10 +517,13 @@ class TrainingRun {
     for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
     return nlohmann::json{{"steps", summary_.steps},
                           {"parameters", session.model.graph.param_count()},
-                          {"world_size", comm_.size()},
+                          {"world_size", world_.size()},
+                          {"tensor_parallel", groups_->tensor_size()},
                           {"zero_stage", r_.distributed.zero_stage},
                           {"bytes_sent_per_step", trained ? bytes_sent_training_ / trained : 0},
                           {"planned_bytes_sent_per_step", traffic_.total()},
+                          {"tensor_bytes_sent_per_step", trained ? tensor_bytes_sent_training_ / trained : 0},
+                          {"planned_tensor_bytes_sent_per_step", traffic_.tensor},
                           {"peak_rss_bytes_per_rank", peak_per_rank},
                           {"planned_model_state_bytes", memory_.model_states()},
                           {"final_loss", summary_.final_loss},
@@ -526,7 +552,14 @@ class TrainingRun {
 
   const TrainOptions& options_;
   std::unique_ptr<Communicator> local_;
-  Communicator& comm_;
+  Communicator& world_;
+  std::unique_ptr<ProcessGroups> groups_;
+  // The data-parallel group: the whole world without tensor parallelism.
+  Communicator& comm() { return groups_->data(); }
+  // What this rank has sent in both groups.
+  int64_t bytes_sent() {
+    return comm().bytes_sent() + (groups_->tensor_size() > 1 ? groups_->tensor().bytes_sent() : 0);
+  }
   const bool lead_;
   std::ostream silent_{nullptr};  // what the other ranks print to
   std::ostream& console_;
@@ -555,7 +588,7 @@ class TrainingRun {
   std::unique_ptr<StopSignals> signals_;
   std::unique_ptr<SwapWindow> swap_window_;
   std::chrono::steady_clock::time_point start_, window_start_, last_checkpoint_time_;
-  int64_t window_rows_ = 0, bytes_sent_training_ = 0;
+  int64_t window_rows_ = 0, bytes_sent_training_ = 0, tensor_bytes_sent_training_ = 0;
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "nn/dropout.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "cuda_kernels.h"
@@ -73,8 +75,11 @@ ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
   if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
   if (p <= 0) return x;
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);
-  // The salt tells dropout sites apart: the node's position in the graph.
-  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{int64_t(g.nodes().size())}, {p}}, false, false, name});
+  // The salt tells dropout sites apart: the node's position in the graph, the tensor-parallel
+  // collectives left out, so that the ranks of a split model draw the unsplit model's masks.
+  const auto salt =
+      std::count_if(g.nodes().begin(), g.nodes().end(), [](const Node& node) { return !node.op->tensor_parallel; });
+  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{int64_t(salt)}, {p}}, false, false, name});
   return y;
 }
 

@@ -17,6 +17,13 @@ namespace engine::ops {
 ValueId embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name,
                   ValueId position_ids = kNoValue);
 
+// The vocabulary-parallel form (tensor parallelism, ops/parallel/tensor_parallel.h): `table` holds
+// rows [vocab_begin, vocab_begin + V_local) of the vocabulary; a token outside them gives a zero row
+// (and no gradient), and the position rows are added only where `add_positions` (one rank of the
+// group, so that the group's sum holds them once; every rank computes their gradient).
+ValueId vocab_embedding(Graph& g, ValueId tokens, ValueId table, ValueId positions, const std::string& name,
+                        ValueId position_ids, int64_t vocab_begin, bool add_positions);
+
 extern const OpDef kEmbedding, kEmbeddingBackward;
 
 }  // namespace engine::ops

@@ -249,3 +249,56 @@ TEST(ActivationCheckpointing, KAndOffloadApplyOnlyToTheirPolicies) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+const char* kTensorBase =
+    "model: {arch: gpt, vocab_size: 64, context_length: 32, n_layer: 1, n_head: 4, n_embd: 32}\n"
+    "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n";
+
+// World 4 at tensor_parallel 2: two data-parallel ranks make the global batch.
+TEST(TensorParallel, TheBatchCountsDataParallelRanksOnly) {
+  Files files = recipe(std::string(kTensorBase) + "distributed: {tensor_parallel: 2}\n");
+  files.world = WorldSize{4, "test"};
+  EXPECT_EQ(*files.load().recipe.train.global_batch_size, 4);
+  files.world = WorldSize{3, "test"};
+  auto errors = files.errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "distributed.tensor_parallel");
+  EXPECT_NE(errors[0].message.find("does not divide the world size 3"), std::string::npos) << errors[0].message;
+}
+
+// Heads (query and key/value), MLP width and vocabulary split evenly, or the key is named.
+TEST(TensorParallel, WhatIsSplitMustDivide) {
+  auto errors = recipe(std::string(kTensorBase) + "distributed: {tensor_parallel: 8}\n").errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "model.n_head");
+  EXPECT_NE(errors[0].message.find("distributed.tensor_parallel 8 does not divide model.n_head 4"), std::string::npos)
+      << errors[0].message;
+  errors = recipe(
+               "model: {arch: llama, vocab_size: 66, context_length: 32, n_layer: 1, n_head: 4, kv_heads: 2, n_embd: "
+               "32}\ndata: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2}\n"
+               "distributed: {tensor_parallel: 4}\n")
+               .errors();
+  ASSERT_EQ(errors.size(), 2u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "model.vocab_size");
+  EXPECT_EQ(errors[1].key, "model.kv_heads");
+}
+
+// What does not run split yet is refused by name, never run some other way.
+TEST(TensorParallel, WhatDoesNotRunSplitYetIsRefused) {
+  for (const auto& [section, key] : {std::pair<std::string, std::string>{"lora: {rank: 4}", "lora.rank"},
+                                     {"run: {device: cuda}", "run.device"},
+                                     {"offload: {optimizer: cpu}", "offload.optimizer"}}) {
+    auto errors = recipe(std::string(kTensorBase) + "distributed: {tensor_parallel: 2}\n" + section + "\n").errors();
+    ASSERT_FALSE(errors.empty()) << section;
+    bool named = false;
+    for (const auto& e : errors)
+      named |= e.key == key && e.message.find("does not run with tensor parallelism yet") != std::string::npos;
+    EXPECT_TRUE(named) << section << "\n" << render_diagnostics(errors);
+  }
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing

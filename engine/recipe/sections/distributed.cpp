@@ -56,6 +56,17 @@ void declare_distributed(Schema& schema) {
       .help(
           "A collective that does not complete in this time (a rank died or hangs) stops every rank with a "
           "message naming the operation and the ranks that did not reach it.");
+  section.key("tensor_parallel", &DistributedSection::tensor_parallel)
+      .def(1)
+      .min(1)
+      .limit(64)
+      .unit("ranks")
+      .help(
+          "Tensor parallelism (Megatron-LM): each layer is split across this many consecutive ranks, attention "
+          "heads and MLP columns in column-parallel matrices, the output projections row-parallel (one "
+          "all-reduce each in forward and backward), the embedding and the cross-entropy over the vocabulary "
+          "(the logits are never gathered whole); norms are replicated. The world size is tensor_parallel x "
+          "the data-parallel ranks, over which ZeRO shards. GPT and Llama, on CPU ranks over MPI for now.");
 }
 
 }  // namespace engine::recipe

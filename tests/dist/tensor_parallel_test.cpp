@@ -1,0 +1,308 @@
+// Tensor parallelism's promise, checked by running both sides: the same recipe split across T ranks
+// (and T x D with ZeRO over the data-parallel ranks) trains the model one process trains on the same
+// global batch: the same losses, gradient norms and final weights within tolerances derived from the
+// precision, and the bytes each rank sends are the Megatron-LM formulas'.
+//
+// Tolerances (docs/parallelism.md derives them):
+// - fp32: a row-parallel layer sums T partial products where one process sums one, so each output
+//   is a reordered fp32 sum, a few ulps (2^-24) apart; four steps do not amplify that in the loss
+//   (relative 1e-6, seen 1e-8) or the gradient norm (1e-5). Adam divides each coordinate by its
+//   gradient's size, so a weight moves at most lr per step whatever its gradient; a reordering moves
+//   it by far less (1e-2 of lr x steps, seen 2e-4). The key bias is left out: softmax is invariant
+//   to it, its exact gradient is zero, and Adam turns the rounding noise that is left into steps of
+//   up to lr on either side.
+// - bf16: every activation is rounded to 8 bits, so a reordered sum may round one ulp (2^-8) apart
+//   and that difference travels. The bar is bf16's own: the split run's losses and weights stay
+//   within twice as far from the one-process bf16 run as that run is from the fp32 one (seen: 0.4x
+//   for the losses, 1.03x for the weights).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../temp_dir.h"
+
+namespace {
+
+using Weights = std::map<std::string, std::vector<float>>;
+
+struct Training {
+  std::vector<nlohmann::json> steps;  // metrics lines with a loss
+  Weights weights;                    // the final model.safetensors (f32)
+  nlohmann::json summary;
+  std::string output;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Weights read_safetensors(const std::string& path) {
+  const std::string bytes = read_file(path);
+  Weights weights;
+  if (bytes.size() < 8) return weights;
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const nlohmann::json index = nlohmann::json::parse(bytes.substr(8, header));
+  for (const auto& [name, entry] : index.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(entry.at("dtype"), "F32") << name;
+    const size_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
+    std::vector<float> values((end - begin) / 4);
+    std::memcpy(values.data(), bytes.data() + 8 + header + begin, end - begin);
+    weights[name] = std::move(values);
+  }
+  return weights;
+}
+
+// `engine train` of `recipe_and_overrides` on `world` ranks, 4 steps (`options`: --resume latest,
+// --stop-after 2).
+Training train(const std::string& recipe_and_overrides, int world, const std::string& dir,
+               const std::string& options = "") {
+  const std::string launcher = world == 1
+                                   ? std::string()
+                                   : std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " +
+                                         MPIEXEC_NUMPROC_FLAG + " " + std::to_string(world) + " ";
+  const std::string command =
+      "OMP_NUM_THREADS=1 " + launcher + "'" ENGINE_BINARY "' train " SOURCE_DIR "/" + recipe_and_overrides +
+      " train.steps=4 train.log_every=1 run.name=run run.output_dir=" + dir + " " + options + " 2>&1";
+  Training run;
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.output.append(buffer, n);
+  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << run.output;
+  std::ifstream metrics(dir + "/run/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss") && j.contains("grad_norm")) run.steps.push_back(j);
+  }
+  run.weights = read_safetensors(dir + "/run/model.safetensors");
+  const std::string summary = read_file(dir + "/run/summary.json");
+  if (!summary.empty()) run.summary = nlohmann::json::parse(summary);
+  if (options.find("--stop-after") != std::string::npos) return run;  // cut: no final weights
+  EXPECT_EQ(run.steps.size(), 4u) << command << "\n" << run.output;
+  EXPECT_FALSE(run.weights.empty()) << command << "\n" << run.output;
+  return run;
+}
+
+// The weights a tolerance applies to: GPT's key bias (rows [C, 2C) of c_attn.bias) left out.
+std::vector<float> compared(const std::string& name, const std::vector<float>& values) {
+  const std::string key_bias = "attn.c_attn.bias";
+  if (name.size() < key_bias.size() || name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) != 0)
+    return values;
+  const size_t c = values.size() / 3;
+  std::vector<float> kept(values.begin(), values.begin() + long(c));
+  kept.insert(kept.end(), values.begin() + long(2 * c), values.end());
+  return kept;
+}
+
+double max_abs_difference(const Weights& a, const Weights& b, std::string* where) {
+  double worst = 0;
+  for (const auto& [name, values] : a) {
+    auto other = b.find(name);
+    if (other == b.end() || other->second.size() != values.size()) {
+      ADD_FAILURE() << name << " is missing or has another size in the split run's weights";
+      continue;
+    }
+    const std::vector<float> x = compared(name, values), y = compared(name, other->second);
+    for (size_t i = 0; i < x.size(); ++i)
+      if (std::abs(double(x[i]) - double(y[i])) > worst) {
+        worst = std::abs(double(x[i]) - double(y[i]));
+        *where = name;
+      }
+  }
+  return worst;
+}
+
+double l2_difference(const Weights& a, const Weights& b) {
+  double sum = 0;
+  for (const auto& [name, values] : a)
+    if (auto other = b.find(name); other != b.end() && other->second.size() == values.size())
+      for (size_t i = 0; i < values.size(); ++i) sum += std::pow(double(values[i]) - double(other->second[i]), 2);
+  return std::sqrt(sum);
+}
+
+// fp32: the split run against one process, within the reordering tolerances above.
+void expect_close_fp32(const Training& split, const Training& whole, double lr, const std::string& what) {
+  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    const double loss = whole.steps[s]["loss"], norm = whole.steps[s]["grad_norm"];
+    EXPECT_NEAR(split.steps[s]["loss"].get<double>(), loss, 1e-6 * loss) << what << ", step " << s + 1;
+    EXPECT_NEAR(split.steps[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << what << ", step " << s + 1;
+  }
+  std::string where;
+  const double worst = max_abs_difference(whole.weights, split.weights, &where);
+  EXPECT_LE(worst, 1e-2 * lr * double(whole.steps.size())) << what << ": final weight of " << where;
+}
+
+// bf16: the split run against one process in bf16, within the distance of that run from fp32's.
+void expect_close_bf16(const Training& split, const Training& whole, const Training& whole_fp32,
+                       const std::string& what) {
+  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
+  double split_loss = 0, bf16_loss = 0;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    const double loss = whole.steps[s]["loss"];
+    split_loss = std::max(split_loss, std::abs(split.steps[s]["loss"].get<double>() - loss));
+    bf16_loss = std::max(bf16_loss, std::abs(whole_fp32.steps[s]["loss"].get<double>() - loss));
+  }
+  EXPECT_LE(split_loss, 2 * bf16_loss) << what << ": the losses' largest difference";
+  EXPECT_GT(bf16_loss, 0) << what << ": bf16 and fp32 trained the same bits";
+  EXPECT_LE(l2_difference(whole.weights, split.weights), 2 * l2_difference(whole.weights, whole_fp32.weights))
+      << what << ": the final weights";
+}
+
+const char* kGpt = "recipes/golden/gpt_markov.yaml model.dropout=0.1 train.eval_every=2 train.eval_batches=3";
+// Grouped-query attention: 4 query heads over 2 key/value heads, split 2 and 1 per rank.
+const char* kLlama = "recipes/golden/llama_markov.yaml model.n_head=4 model.kv_heads=2";
+constexpr double kGptLr = 0.01, kLlamaLr = 0.005;
+
+std::string with(const std::string& recipe, const std::string& overrides) { return recipe + " " + overrides; }
+
+// T = 2 against one process; the same with 2 micro-batches accumulated and every block recomputed.
+TEST(TensorParallel, GptSplitInTwoTrainsTheOneProcessModel) {
+  const engine::testing::TempDir dir("tp_gpt");
+  const Training whole = train(kGpt, 1, (dir / "w1").string());
+  expect_close_fp32(train(with(kGpt, "distributed.tensor_parallel=2"), 2, (dir / "t2").string()), whole, kGptLr, "T=2");
+  const std::string accumulated =
+      with(kGpt, "train.gradient_accumulation_steps=2 activation_checkpointing.policy=full");
+  expect_close_fp32(train(with(accumulated, "distributed.tensor_parallel=2"), 2, (dir / "t2a2").string()),
+                    train(accumulated, 1, (dir / "w1a2").string()), kGptLr, "T=2, accumulating 2 with recompute");
+}
+
+// T = 2 x D = 2 at every ZeRO stage (over the data-parallel ranks) against one process accumulating 2.
+TEST(TensorParallel, GptTwoByTwoAtEveryZeroStageTrainsTheOneProcessModel) {
+  const engine::testing::TempDir dir("tp_gpt_zero");
+  const Training whole = train(with(kGpt, "train.gradient_accumulation_steps=2"), 1, (dir / "w1").string());
+  for (int stage = 0; stage <= 3; ++stage)
+    expect_close_fp32(train(with(kGpt, "distributed.tensor_parallel=2 distributed.zero_stage=" + std::to_string(stage)),
+                            4, (dir / ("s" + std::to_string(stage))).string()),
+                      whole, kGptLr, "T=2 x D=2, ZeRO stage " + std::to_string(stage));
+}
+
+// Four heads over four ranks: one head, a quarter of the MLP and of the vocabulary each.
+TEST(TensorParallel, GptSplitInFourTrainsTheOneProcessModel) {
+  const engine::testing::TempDir dir("tp_gpt4");
+  const std::string four_heads = with(kGpt, "model.n_head=4");
+  expect_close_fp32(train(with(four_heads, "distributed.tensor_parallel=4"), 4, (dir / "t4").string()),
+                    train(four_heads, 1, (dir / "w1").string()), kGptLr, "T=4");
+}
+
+TEST(TensorParallel, LlamaWithGroupedQueryAttentionSplitTrainsTheOneProcessModel) {
+  const engine::testing::TempDir dir("tp_llama");
+  const Training whole = train(kLlama, 1, (dir / "w1").string());
+  expect_close_fp32(train(with(kLlama, "distributed.tensor_parallel=2"), 2, (dir / "t2").string()), whole, kLlamaLr,
+                    "T=2");
+  const std::string accumulated = with(kLlama, "train.gradient_accumulation_steps=2");
+  expect_close_fp32(
+      train(with(kLlama, "distributed.tensor_parallel=2 distributed.zero_stage=3 activation_checkpointing.policy=full"),
+            4, (dir / "t2d2").string()),
+      train(accumulated, 1, (dir / "w1a2").string()), kLlamaLr, "T=2 x D=2, ZeRO stage 3, recompute");
+}
+
+TEST(TensorParallel, Bf16SplitRunsStayWithinBf16sOwnDistanceFromFp32) {
+  const engine::testing::TempDir dir("tp_bf16");
+  for (const auto& [name, recipe] : {std::pair<std::string, std::string>{"gpt", kGpt}, {"llama", kLlama}}) {
+    const std::string accumulated = with(recipe, "train.gradient_accumulation_steps=2");
+    const Training whole_fp32 = train(accumulated, 1, (dir / (name + "32")).string());
+    const Training whole = train(with(accumulated, "precision.mode=bf16"), 1, (dir / (name + "16")).string());
+    expect_close_bf16(train(with(accumulated, "precision.mode=bf16 distributed.tensor_parallel=2"), 2,
+                            (dir / (name + "t2")).string()),
+                      whole, whole_fp32, name + " bf16, T=2 accumulating 2");
+    expect_close_bf16(train(with(recipe, "precision.mode=bf16 distributed.tensor_parallel=2 distributed.zero_stage=2"),
+                            4, (dir / (name + "t2d2")).string()),
+                      whole, whole_fp32, name + " bf16, T=2 x D=2, ZeRO stage 2");
+  }
+}
+
+// Checkpoints hold each rank's slices and the manifest maps them to the whole tensors, so a run
+// resumes at its own layout with the same bits, and at another layout (T x D changed both ways,
+// ZeRO stage too) as the one-process run trains; `engine export` of a split run's checkpoint is its
+// final weights file, bit for bit.
+TEST(TensorParallel, CheckpointsResumeAtTheirLayoutExactlyAndAtAnotherAsOneProcessTrains) {
+  const engine::testing::TempDir dir("tp_resume");
+  const std::string recipe = with(kGpt, "train.gradient_accumulation_steps=2 checkpoint.every_steps=2");
+  const Training whole = train(recipe, 1, (dir / "w1").string());
+
+  // T = 2 (accumulating 2), cut after step 2 and resumed as it was: the straight run's bits.
+  const std::string split = with(recipe, "distributed.tensor_parallel=2");
+  const Training straight = train(split, 2, (dir / "straight").string());
+  train(split, 2, (dir / "cut").string(), "--stop-after 2");
+  const Training resumed = train(split, 2, (dir / "cut").string(), "--resume latest");
+  ASSERT_EQ(resumed.steps.size(), straight.steps.size()) << resumed.output;
+  for (size_t k = 0; k < straight.steps.size(); ++k)
+    for (const char* field : {"loss", "grad_norm", "lr"})
+      EXPECT_EQ(resumed.steps[k][field], straight.steps[k][field]) << field << " of step " << k + 1;
+  EXPECT_TRUE(resumed.weights == straight.weights) << "resumed at its own layout: the final weights differ";
+
+  // The split run's step-2 checkpoint continued unsplit at D = 2 and ZeRO 3; one process's
+  // continued at T = 2 x D = 2 and ZeRO 1.
+  train(split, 2, (dir / "to_whole").string(), "--stop-after 2");
+  expect_close_fp32(train(with(recipe, "distributed.tensor_parallel=1 distributed.zero_stage=3"), 2,
+                          (dir / "to_whole").string(), "--resume latest"),
+                    whole, kGptLr, "T=2 resumed at T=1 x D=2");
+  train(recipe, 1, (dir / "to_split").string(), "--stop-after 2");
+  expect_close_fp32(train(with(recipe, "distributed.tensor_parallel=2 distributed.zero_stage=1"), 4,
+                          (dir / "to_split").string(), "--resume latest"),
+                    whole, kGptLr, "T=1 resumed at T=2 x D=2");
+
+  // The straight split run's last checkpoint (step 4) exported whole.
+  const std::string exported = (dir / "exported.safetensors").string();
+  const std::string command =
+      "'" ENGINE_BINARY "' export " + (dir / "straight" / "run" / "checkpoints").string() + " " + exported + " 2>&1";
+  std::string output;
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  ASSERT_EQ(pclose(pipe), 0) << output;
+  EXPECT_TRUE(read_safetensors(exported) == straight.weights) << "the exported checkpoint is not the final weights";
+}
+
+// Per micro-batch, Megatron-LM's count (Narayanan et al. 2021): each of the L blocks all-reduces its
+// activations (B x S x C) twice in the forward and twice in the backward; so do the vocabulary-parallel
+// embedding (forward) and the LM head's input (backward). A ring all-reduce sends 2 (T - 1) / T of the
+// bytes. The vocabulary-parallel loss gathers each row's maximum (4 bytes) and its sum of exponentials
+// and target logit (8 + 8) from every other rank. The measured bytes add only the step's scalar
+// collectives (the gradient norm's partial sums: 8 bytes per 1024 parameters).
+TEST(TensorParallel, TensorParallelBytesAreMegatronsFormula) {
+  const engine::testing::TempDir dir("tp_bytes");
+  for (const auto& [precision, bytes] : {std::pair<std::string, int64_t>{"fp32", 4}, {"bf16", 2}}) {
+    const Training run = train(std::string("recipes/golden/gpt_markov.yaml precision.mode=") + precision +
+                                   " distributed.tensor_parallel=2 train.gradient_accumulation_steps=2",
+                               2, (dir / precision).string());
+    const int64_t L = 2, B = 4, S = 16, C = 32, T = 2, micro_batches = 2;
+    const int64_t all_reduce = 2 * (T - 1) * (B * S * C * bytes) / T;
+    const int64_t formula = micro_batches * ((4 * L + 2) * all_reduce + (T - 1) * B * S * (4 + 16));
+    EXPECT_EQ(run.summary.value("planned_tensor_bytes_sent_per_step", int64_t(-1)), formula) << precision;
+    const int64_t measured = run.summary.value("tensor_bytes_sent_per_step", int64_t(-1));
+    EXPECT_GE(measured, formula) << precision;
+    EXPECT_LE(measured, formula + 1024) << precision << ": more than the step's scalar collectives";
+  }
+}
+
+// A layout the ranks do not divide is refused before anything runs.
+TEST(TensorParallel, AWorldTheGroupDoesNotDivideIsRefused) {
+  const engine::testing::TempDir dir("tp_refused");
+  const std::string command = "OMP_NUM_THREADS=1 " + std::string(MPIEXEC) +
+                              " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " MPIEXEC_NUMPROC_FLAG
+                              " 3 '" ENGINE_BINARY "' train " SOURCE_DIR
+                              "/recipes/golden/gpt_markov.yaml distributed.tensor_parallel=2 run.output_dir=" +
+                              (dir / "out").string() + " 2>&1";
+  std::string output;
+  FILE* pipe = popen(command.c_str(), "r");
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  EXPECT_NE(pclose(pipe), 0) << output;
+  EXPECT_NE(output.find("distributed.tensor_parallel 2 does not divide the world size 3"), std::string::npos) << output;
+}
+
+}  // namespace
