@@ -514,7 +514,8 @@ class TrainingRun {
     const int64_t peak_rss = peak_resident_bytes();
     const DeviceMemory device_memory = session.executor.device_memory();
     std::vector<int64_t> peak_per_rank;
-    for (double v : session.zero.gather(double(peak_rss))) peak_per_rank.push_back(int64_t(v));
+    for (double v : gather_values(world_, {double(peak_rss)}, "each rank's peak resident memory"))
+      peak_per_rank.push_back(int64_t(v));
     return nlohmann::json{{"steps", summary_.steps},
                           {"parameters", session.model.graph.param_count()},
                           {"world_size", world_.size()},

@@ -66,7 +66,8 @@ void declare_distributed(Schema& schema) {
           "heads and MLP columns in column-parallel matrices, the output projections row-parallel (one "
           "all-reduce each in forward and backward), the embedding and the cross-entropy over the vocabulary "
           "(the logits are never gathered whole); norms are replicated. The world size is tensor_parallel x "
-          "the data-parallel ranks, over which ZeRO shards. GPT and Llama, on CPU ranks over MPI for now.");
+          "the data-parallel ranks, over which ZeRO shards. GPT and Llama, on CPU ranks over MPI for now "
+          "(docs/parallelism.md).");
 }
 
 }  // namespace engine::recipe
