@@ -196,9 +196,10 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   const Recipe& r = loaded.recipe;
   // The data-parallel ranks (the world, without tensor parallelism); the plan is tensor rank 0's.
   // Without a world size given, one data-parallel rank of distributed.tensor_parallel ranks.
-  const int tensor = int(r.distributed.tensor_parallel);
-  const int world = std::max(1, int(loaded.world.size) / tensor);
-  CompiledStep session = compile_step(r, world, {tensor, 0});  // sizes and FLOPs only: nothing is allocated
+  const int tensor = int(r.distributed.tensor_parallel), stages = int(r.distributed.pipeline_parallel);
+  const int world = std::max(1, int(loaded.world.size) / (tensor * stages));
+  // Sizes and FLOPs only: nothing is allocated. With pipeline stages, the first stage's plan.
+  CompiledStep session = compile_step(r, world, {tensor, 0}, {stages, getenv("DEBUG_STAGE") ? atoi(getenv("DEBUG_STAGE")) : 0});
   const Graph& g = session.model.graph;
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);

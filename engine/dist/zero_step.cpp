@@ -199,7 +199,21 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());
   unit_gradient_norms_ = unit_norms(layout, partials);
-  return sum_norm_partials(partials);
+  if (!pipeline_) return sum_norm_partials(partials);
+  // This stage's sum of squares over the units it counts, then every stage's in stage order.
+  double squares = 0;
+  size_t at = 0;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const auto blocks = size_t(layout.padded(u) / kShardBlock);
+    for (size_t b = 0; b < blocks; ++b)
+      if (counted_units_[u]) squares += partials[at + b];
+    at += blocks;
+  }
+  std::vector<double> stages(size_t(pipeline_->size()));
+  pipeline_->all_gather(&squares, stages.data(), sizeof squares, "all-gather of the stages' gradient norms").wait();
+  double total = 0;
+  for (double s : stages) total += s;
+  return std::sqrt(total);
 }
 
 std::vector<double> ZeroStep::unit_parameter_norms() {

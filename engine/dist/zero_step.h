@@ -80,6 +80,12 @@ class ZeroStep : public StepCommunication {
   // Tensor parallelism: the gradient norm sums the tensor-parallel group's partials too (each rank's
   // split weights, the whole ones once). Null or size 1: none.
   void set_tensor_group(Communicator* tensor) { tensor_ = tensor && tensor->size() > 1 ? tensor : nullptr; }
+  // Pipeline parallelism: the gradient norm adds the other stages' sums of squares (one rank of each
+  // in `group`), over this stage's units that `counted` marks (a weight two stages hold counts once).
+  void set_pipeline_group(Communicator* group, std::vector<bool> counted) {
+    pipeline_ = group;
+    counted_units_ = std::move(counted);
+  }
 
  private:
   std::vector<double> unit_gradient_norms_;
@@ -87,6 +93,8 @@ class ZeroStep : public StepCommunication {
   ParameterStore& store_;
   Communicator& comm_;
   Communicator* tensor_ = nullptr;
+  Communicator* pipeline_ = nullptr;
+  std::vector<bool> counted_units_;
   int64_t prefetch_;
   bool first_micro_ = true;
   std::map<ValueId, Work> gathers_;

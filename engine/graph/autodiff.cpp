@@ -15,6 +15,7 @@ const OpDef kAccumulate{
 
 GradBuilder::GradBuilder(Graph& graph) : graph_(graph), wants_(graph.values().size(), false) {
   for (const auto& param : graph.params()) wants_[static_cast<size_t>(param.value)] = true;
+  for (ValueId input : graph.differentiable()) wants_[static_cast<size_t>(input)] = true;
   for (size_t i = 0; i < graph.forward_size(); ++i) {
     const Node& node = graph.nodes()[i];
     bool any = false;

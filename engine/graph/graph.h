@@ -121,6 +121,9 @@ struct Param {
   ParamInit init;
   bool decay = true;  // weight decay applies (off for biases and norms by default)
   TensorSlice slice;  // this rank's part of the logical tensor (whole unless tensor-parallel)
+  // Where in the init stream (words) the whole model draws this weight, for a graph that holds part
+  // of the model (a pipeline stage); -1: in this graph's declaration order.
+  int64_t init_position = -1;
 };
 
 // A wrap unit: parameters that ZeRO-3 gathers and releases together and offload moves together.
@@ -140,6 +143,9 @@ class Graph {
   // A weight the step reads and never trains (Placement::frozen).
   ValueId add_frozen(std::string name, Shape shape, ParamInit init);
   ValueId add_input(std::string name, Shape shape, DType dtype);
+  // An input whose gradient the backward computes (a pipeline stage's input activation).
+  void mark_differentiable(ValueId input) { differentiable_.push_back(input); }
+  const std::vector<ValueId>& differentiable() const { return differentiable_; }
   ValueId add_activation(std::string name, Shape shape, DType dtype = DType::f32);
   // Appends a node; returns nothing: builders create output values first.
   void add_node(Node node);
@@ -190,6 +196,7 @@ class Graph {
   int64_t frozen_numel_ = 0;
   std::vector<WeightRef> weights_;
   std::vector<Unit> units_;
+  std::vector<ValueId> differentiable_;
   ValueId loss_ = kNoValue;
   size_t forward_size_ = 0;
 };

@@ -129,6 +129,9 @@ struct OpDef {
   // A collective of the tensor-parallel group, which the unsplit model's graph does not have: node
   // positions that must match the unsplit graph's (dropout's salt) skip it.
   bool tensor_parallel = false;
+  // Reads a float model input in the type it comes in: the precision pass casts none for it (a
+  // pipeline stage's fp32 edges).
+  bool any_float_inputs = false;
 };
 
 // Whether `node`'s kernel overwrites its input `index` in place (OpDef::overwritten_inputs).

@@ -1,5 +1,6 @@
 #include "graph/precision.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -32,6 +33,10 @@ void apply_precision(Graph& graph, DType compute, DType gradient_accumulation) {
   for (size_t i = 0; i < graph.values().size(); ++i) {
     const Value& v = graph.values()[i];
     if (v.placement != Placement::input || v.dtype != DType::f32) continue;
+    const bool read_as_is = std::all_of(forward.begin(), forward.end(), [&](const Node& node) {
+      return node.op->any_float_inputs || std::find(node.inputs.begin(), node.inputs.end(), ValueId(i)) == node.inputs.end();
+    });
+    if (read_as_is) continue;
     ValueId cast = graph.add_activation(v.name + "." + std::string(dtype_name(compute)), v.shape, compute);
     casts.push_back(Node{&ops::kCast, {ValueId(i)}, {cast}, {}, false, false, v.name, -1});
     cast_of[ValueId(i)] = cast;

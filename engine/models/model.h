@@ -26,6 +26,11 @@ struct ModelGraph {
   ValueId positions = kNoValue;
   ValueId losses = kNoValue;  // per-row losses (B*T) or (B)
   ValueId logits = kNoValue;  // (B, T, V) or (B, classes); overwritten by the loss's gradient
+  // A pipeline stage (models/pipeline_stage.h): the fp32 activation received from the stage before
+  // (an input), the one handed to the stage after and its gradient received back (an input), and,
+  // once differentiated, the received activation's gradient (what goes back). kNoValue elsewhere.
+  ValueId stage_input = kNoValue, stage_output = kNoValue, stage_output_gradient = kNoValue;
+  ValueId stage_input_gradient = kNoValue;
   int64_t batch = 0;
   int64_t sequence = 0;  // T for language models, 1 for mlp
   int64_t classes = 0;   // vocabulary or number of classes

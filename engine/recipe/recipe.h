@@ -136,6 +136,7 @@ struct ActivationCheckpointingSection {
 };
 
 enum class WrapPolicy { block, size, model };
+enum class PipelineSchedule { one_f_one_b, gpipe };
 
 struct DistributedSection {
   int64_t zero_stage;      // 0: data parallel, 1: + optimizer state sharded, 2: + gradients, 3: + parameters
@@ -147,6 +148,10 @@ struct DistributedSection {
   // Ranks that split each layer between them (Megatron-LM tensor parallelism); world size = this x the
   // data-parallel ranks, ZeRO shards over the latter.
   int64_t tensor_parallel;
+  // Stages the model's blocks are cut into, each on its own ranks (world = stages x data-parallel ranks),
+  // fed with the step's micro-batches on a pipeline schedule.
+  int64_t pipeline_parallel;
+  PipelineSchedule pipeline_schedule;
 };
 
 enum class ResumeMode { never, auto_resume };

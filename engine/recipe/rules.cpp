@@ -226,24 +226,29 @@ std::optional<int64_t> product(int64_t a, int64_t b) {
 }
 
 // global_batch_size = micro_batch_size x gradient_accumulation_steps x world_size; any two give the third.
-// With tensor parallelism, world_size here is the data-parallel ranks: the world / tensor_parallel.
+// With tensor or pipeline parallelism, world_size here is the data-parallel ranks: the world /
+// (tensor_parallel x pipeline_parallel).
 void resolve_batch(RuleContext& c) {
   auto& t = c.r.train;
-  const int64_t tensor = c.r.distributed.tensor_parallel;
+  const int64_t tensor = c.r.distributed.tensor_parallel, stages = c.r.distributed.pipeline_parallel;
+  const int64_t model_ranks = tensor * stages;
+  const std::string split = stages == 1   ? "distributed.tensor_parallel " + str(tensor)
+                            : tensor == 1 ? "distributed.pipeline_parallel " + str(stages)
+                                          : "distributed.tensor_parallel x pipeline_parallel " + str(model_ranks);
   // Without a launcher or --world-size (a world of 1): one data-parallel rank.
-  if (c.loaded.world.size > 1 && c.loaded.world.size % tensor != 0) {
-    c.error({"distributed.tensor_parallel"},
-            "distributed.tensor_parallel " + str(tensor) + " does not divide the world size " +
-                str(c.loaded.world.size) + " (from " + c.loaded.world.source + ")",
-            {"the world size is tensor_parallel x the data-parallel ranks: launch a multiple of " + str(tensor) +
-             " ranks"});
+  if (c.loaded.world.size > 1 && c.loaded.world.size % model_ranks != 0) {
+    c.error(
+        {stages == 1 ? "distributed.tensor_parallel" : "distributed.pipeline_parallel"},
+        split + " does not divide the world size " + str(c.loaded.world.size) + " (from " + c.loaded.world.source + ")",
+        {"the world size is tensor_parallel x pipeline_parallel x the data-parallel ranks: launch a multiple of " +
+         str(model_ranks) + " ranks"});
     return;
   }
-  const int64_t world = std::max<int64_t>(1, c.loaded.world.size / tensor);
-  const std::string world_note =
-      tensor == 1 ? "world_size " + str(world) + " comes from " + c.loaded.world.source
-                  : "world_size " + str(world) + " is the data-parallel ranks: " + str(c.loaded.world.size) +
-                        " (from " + c.loaded.world.source + ") / distributed.tensor_parallel " + str(tensor);
+  const int64_t world = std::max<int64_t>(1, c.loaded.world.size / model_ranks);
+  const std::string world_note = model_ranks == 1 ? "world_size " + str(world) + " comes from " + c.loaded.world.source
+                                                  : "world_size " + str(world) +
+                                                        " is the data-parallel ranks: " + str(c.loaded.world.size) +
+                                                        " (from " + c.loaded.world.source + ") / " + split;
   auto& micro = t.micro_batch_size;
   auto& accum = t.gradient_accumulation_steps;
   auto& global = t.global_batch_size;
@@ -456,6 +461,42 @@ void check_tensor_parallel(RuleContext& c) {
   }
 }
 
+// Pipeline parallelism: a transformer with a block per stage at least, and what runs with it so far.
+void check_pipeline_parallel(RuleContext& c) {
+  const int64_t p = c.r.distributed.pipeline_parallel;
+  if (p == 1) return;
+  if (!is_transformer(c.r)) {
+    c.error({"distributed.pipeline_parallel", "model.arch"},
+            "pipeline parallelism cuts a transformer's blocks into stages; model.arch mlp has none",
+            {"set distributed.pipeline_parallel: 1"});
+    return;
+  }
+  if (c.r.model.n_layer < p)
+    c.error({"distributed.pipeline_parallel", "model.n_layer"},
+            "distributed.pipeline_parallel " + str(p) + " needs a block per stage at least, and model.n_layer is " +
+                str(c.r.model.n_layer));
+  auto refuse = [&](std::initializer_list<const char*> keys, const std::string& what, const std::string& fix) {
+    c.error(keys, what + " does not run with pipeline parallelism yet",
+            {fix + ", or set distributed.pipeline_parallel: 1"});
+  };
+  if (c.r.distributed.tensor_parallel > 1)
+    refuse({"distributed.tensor_parallel", "distributed.pipeline_parallel"}, "tensor parallelism",
+           "set distributed.tensor_parallel: 1");
+  if (c.r.run.device == RunDevice::cuda)
+    refuse({"run.device", "distributed.pipeline_parallel"}, "the GPU", "use run.device: cpu");
+  if (c.r.lora.rank > 0) refuse({"lora.rank", "distributed.pipeline_parallel"}, "LoRA", "set lora.rank: 0");
+  if (c.r.offload.optimizer != OffloadTier::none || c.r.offload.parameters != OffloadTier::none)
+    refuse({"offload.optimizer", "offload.parameters", "distributed.pipeline_parallel"}, "offload",
+           "set offload.optimizer and offload.parameters: none");
+  if (c.r.distributed.wrap_policy != WrapPolicy::block)
+    refuse({"distributed.wrap_policy", "distributed.pipeline_parallel"}, "a wrap policy other than block",
+           "set distributed.wrap_policy: block");
+  const CheckpointSection& k = c.r.checkpoint;
+  if (k.every_steps > 0 || k.every_minutes > 0 || k.at_end)
+    refuse({"checkpoint.every_steps", "checkpoint.every_minutes", "checkpoint.at_end", "distributed.pipeline_parallel"},
+           "checkpointing", "set checkpoint.every_steps: 0, checkpoint.every_minutes: 0 and checkpoint.at_end: false");
+}
+
 }  // namespace
 
 void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std::string>& broken_sections) {
@@ -482,6 +523,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"telemetry", "train"}, check_telemetry},
       {{"lora", "model", "run"}, check_lora},
       {{"distributed", "model", "run", "lora", "offload"}, check_tensor_parallel},
+      {{"distributed", "model", "run", "lora", "offload", "checkpoint"}, check_pipeline_parallel},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

@@ -16,6 +16,7 @@
 #include "graph/wrap.h"
 #include "loss/cross_entropy.h"
 #include "offload/offloaded_optimizer.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 #include "trainer/fit.h"
 #include "trainer/progress_line.h"
@@ -55,16 +56,20 @@ WrapPolicySpec wrap_policy(const recipe::DistributedSection& d) {
   return {WrapPolicySpec::Kind::block, d.wrap_size};
 }
 
-ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout tensor, RecomputeReport& recompute,
-                                FusionReport& fusions) {
+ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout tensor, PipelineLayout pipeline,
+                                RecomputeReport& recompute, FusionReport& fusions) {
   const int64_t micro = *r.train.micro_batch_size, accumulation = *r.train.gradient_accumulation_steps;
   const int64_t rows = micro * (r.model.arch == recipe::Arch::mlp ? 1 : *r.data.sequence_length);
   // The gradient of the mean loss over every row of the optimizer step (all micro-batches of all
   // ranks).
   ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world), tensor);
+  if (pipeline.stages > 1)  // this rank's stage of the whole model (models/pipeline_stage.h)
+    model = cut_stage(model, pipeline.stage, stage_boundaries(model.graph, pipeline.stages));
   apply_wrap_policy(model.graph, wrap_policy(r.distributed));
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);
+  for (const Node& node : model.graph.nodes())
+    if (node.op == &ops::kStageInputGrad) model.stage_input_gradient = node.outputs[0];
   recompute = apply_recompute(model.graph, r.activation_checkpointing);
   // The GPU's fused kernels (FusionReport); a CPU plan keeps every op its own kernel.
   if (r.run.fusions && planned_for_cuda(r)) {
@@ -174,7 +179,7 @@ bool gradients_reduced(const ShardingSpec& spec) { return spec.world > 1 || spec
 
 }  // namespace
 
-CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tensor) {
+CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tensor, PipelineLayout pipeline) {
   if (world > 1 && r.precision.communication_dtype != r.precision.accumulation_dtype)
     throw UserError(
         "precision.communication_dtype differs from precision.accumulation_dtype: gradients are reduced in the "
@@ -182,17 +187,30 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
         "communication_dtype to the accumulation_dtype (or accumulation_dtype to the type to communicate in)");
   CompiledStep c;
   c.tensor = tensor;
-  c.model = build_differentiated(r, world, tensor, c.recompute, c.fusions);
+  c.pipeline = pipeline;
+  c.model = build_differentiated(r, world, tensor, pipeline, c.recompute, c.fusions);
   Graph& g = c.model.graph;
   c.sharding = ShardingSpec{world, 0, int(r.distributed.zero_stage), *r.train.gradient_accumulation_steps};
   const ShardLayout layout(g.units(), world, 0);
   const ZeroPlanSpec zero{int(r.distributed.zero_stage), gradients_reduced(c.sharding), r.distributed.bucket_size,
                           r.distributed.prefetch};
-  c.train = plan_zero_step(g, layout, all_nodes(g), {c.model.losses}, zero, true);
-  c.eval = plan_zero_step(g, layout, forward_nodes(g), {c.model.losses}, zero, false);
+  // What the step reads after each plan: the losses, or a pipeline stage's activation for the next
+  // stage and the gradient for the one before.
+  std::vector<ValueId> kept;
+  for (ValueId v : {c.model.losses, c.model.stage_output, c.model.stage_input_gradient})
+    if (v != kNoValue) kept.push_back(v);
+  c.train = plan_zero_step(g, layout, all_nodes(g), kept, zero, true);
+  c.eval = plan_zero_step(g, layout, forward_nodes(g), kept, zero, false);
   c.eval.training = false;
+  if (pipeline.stages > 1) {  // no reductions: a backward follows each forward pass
+    c.forward = plan_zero_step(g, layout, forward_nodes(g), kept, zero, false);
+    c.forward.training = true;
+  }
   c.traffic = plan_traffic(g, layout, c.sharding, c.train);
   c.traffic.tensor = tensor_traffic(g, c.train, tensor.size) * c.sharding.accumulation;
+  // Per micro-batch, the activation on to the next stage and its gradient back to the one before.
+  for (ValueId v : {c.model.stage_output, c.model.stage_input_gradient})
+    if (v != kNoValue) c.traffic.pipeline += value_bytes(g.value(v)) * c.sharding.accumulation;
   MemoryPlan& m = c.memory;
   c.offload = offload_spec(r, 0);
   const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding, c.offload);
@@ -200,17 +218,22 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   m.frozen = store.frozen;
   m.gradients = store.gradients;
   m.optimizer_state = optimizer_state_bytes(r.optimizer, store.optimizer_elements * 4);
-  m.activations = std::max(c.train.arena_bytes, c.eval.arena_bytes);
+  m.activations = std::max({c.train.arena_bytes, c.eval.arena_bytes, c.forward.arena_bytes});
   if (!c.train.actions.empty() || !c.eval.actions.empty()) {
-    const int64_t without = std::max(plan_step(g, c.train.nodes, {c.model.losses}).arena_bytes,
-                                     plan_step(g, c.eval.nodes, {c.model.losses}).arena_bytes);
+    const int64_t without = std::max(plan_step(g, c.train.nodes, kept).arena_bytes,
+                                     plan_step(g, c.eval.nodes, kept).arena_bytes);
     m.zero_buffers = std::max<int64_t>(0, m.activations - without);
   }
   for (const Value& v : g.values()) {
     if (v.placement == Placement::input) m.inputs += value_bytes(v);
     if (v.placement == Placement::host) m.host += value_bytes(v);
   }
-  m.scratch = std::max(c.train.scratch_bytes, c.eval.scratch_bytes);
+  m.scratch = std::max({c.train.scratch_bytes, c.eval.scratch_bytes, c.forward.scratch_bytes});
+  // A pipeline stage keeps each micro-batch's received activation until its backward, and the
+  // activation it hands on until it is sent.
+  if (c.model.stage_input != kNoValue)
+    m.host += value_bytes(g.value(c.model.stage_input)) * *r.train.gradient_accumulation_steps;
+  if (c.model.stage_output != kNoValue) m.host += value_bytes(g.value(c.model.stage_output));
   m.checkpoint_snapshot = rank_file_bytes(g, world, size_t(1 + optimizer_state_tensors(r.optimizer)));
   // A host communicator receives every peer's chunk of a reduce-scatter before summing them in
   // rank order (dist/communicator.h): one buffer, as large as the largest unit's gradient.
@@ -313,7 +336,8 @@ std::unique_ptr<OffloadedState> make_offloaded_state(const recipe::Recipe& r, co
 
 }  // namespace
 
-Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* communicator, Communicator* tensor_comm)
+Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* communicator, Communicator* tensor_comm,
+                 const PipelineLinks* pipeline_links)
     : recipe(r),
       own_comm(communicator ? nullptr : make_local_communicator()),
       comm(communicator ? *communicator : *own_comm),
@@ -338,6 +362,29 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
   eval_gathers_ = gather_sequence(compiled.eval);
   executor.add_plan("train", std::move(compiled.train));
   executor.add_plan("eval", std::move(compiled.eval));
+  if (compiled.pipeline.stages > 1) {
+    ENGINE_CHECK(pipeline_links && pipeline_links->stages == compiled.pipeline.stages &&
+                     pipeline_links->stage == compiled.pipeline.stage,
+                 "a pipeline stage needs its links to the other stages");
+    if (device.kind != Device::Kind::cpu)
+      throw UserError("distributed.pipeline_parallel " + std::to_string(compiled.pipeline.stages) +
+                      " runs on the CPU for now, and run.device resolved to " + describe_device(device) +
+                      ": set run.device: cpu");
+    pipeline = *pipeline_links;
+    forward_gathers_ = gather_sequence(compiled.forward);
+    executor.add_plan("forward", std::move(compiled.forward));
+    // The last stage's weights that the first holds too (a tied embedding) count once in the norm.
+    std::vector<bool> counted;
+    for (const Unit& unit : model.graph.units())
+      counted.push_back(
+          !(pipeline.stage == pipeline.stages - 1 && unit.name.starts_with(kTiedUnitPrefix) && pipeline.embedding));
+    zero.set_pipeline_group(pipeline.group, std::move(counted));
+    if (model.stage_input != kNoValue)
+      held_inputs_.assign(size_t(accumulation),
+                          std::vector<float>(static_cast<size_t>(model.graph.value(model.stage_input).shape.numel())));
+    if (model.stage_output != kNoValue)
+      handed_on_.resize(static_cast<size_t>(model.graph.value(model.stage_output).shape.numel()));
+  }
   if (tensor_layout.size > 1) {
     ENGINE_CHECK(tensor_comm && tensor_comm->size() == tensor_layout.size && tensor_comm->rank() == tensor_layout.rank,
                  "a tensor-parallel step needs its group's communicator");
@@ -379,11 +426,15 @@ void Session::sync_host() {
 }
 
 void Session::load_batch(const Batch& batch) {
-  if (!batch.tokens.empty())
-    std::memcpy(executor.input(model.inputs), batch.tokens.data(), batch.tokens.size() * 4);
-  else
-    std::memcpy(executor.input(model.inputs), batch.inputs.data(), batch.inputs.size() * 4);
-  std::memcpy(executor.input(model.targets), batch.targets.data(), batch.targets.size() * 4);
+  // A pipeline stage reads the inputs its layers read (the tokens first, the targets last).
+  if (model.inputs != kNoValue) {
+    if (!batch.tokens.empty())
+      std::memcpy(executor.input(model.inputs), batch.tokens.data(), batch.tokens.size() * 4);
+    else
+      std::memcpy(executor.input(model.inputs), batch.inputs.data(), batch.inputs.size() * 4);
+  }
+  if (model.targets != kNoValue)
+    std::memcpy(executor.input(model.targets), batch.targets.data(), batch.targets.size() * 4);
   if (model.positions != kNoValue) {
     ENGINE_CHECK(batch.positions.size() == batch.tokens.size(), "packed documents without their positions");
     std::memcpy(executor.input(model.positions), batch.positions.data(), batch.positions.size() * 4);
@@ -393,6 +444,7 @@ void Session::load_batch(const Batch& batch) {
 }
 
 double Session::batch_loss(const std::string& plan) {
+  if (model.losses == kNoValue) return 0;  // a pipeline stage before the last
   const float* losses = executor.value_f32(plan, model.losses);
   const int64_t rows = model.graph.value(model.losses).shape.numel();
   double sum = 0;
@@ -432,6 +484,7 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
       device_partials = device_optimizer->finish_gradients();
     else
       zero.finish_gradients();
+    sync_tied_gradients();
   }
   if (hooks.after_backward) {
     if (device_optimizer) device_optimizer->download_gradients();
@@ -524,9 +577,13 @@ double Session::evaluate(int64_t batches) {
   Batch batch(micro_batch, model.sequence, data->features());
   for (int64_t k = 0; k < rounds; ++k) {
     data->fill(Split::validation, std::min(k * world + rank, batches - 1), batch);
-    load_batch(batch);
-    zero.begin_pass(eval_gathers_);
-    executor.run("eval", 0, 0, 1.0f, &zero);
+    if (pipeline.stages > 1) {
+      pipeline_forward(0, 0, batch, 1.0, "eval");  // through every stage; the last has the loss
+    } else {
+      load_batch(batch);
+      zero.begin_pass(eval_gathers_);
+      executor.run("eval", 0, 0, 1.0f, &zero);
+    }
     const double mean = batch_loss("eval");
     if (masked) {
       mine.push_back(mean * double(batch.targets.size()));
@@ -543,11 +600,11 @@ double Session::evaluate(int64_t batches) {
       sum += all[at];
       count += all[at + 1];
     }
-    return count > 0 ? sum / count : 0.0;
+    return last_stage_value(count > 0 ? sum / count : 0.0);
   }
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) total += all[size_t((i % world) * rounds + i / world)];
-  return total / double(batches);
+  return last_stage_value(total / double(batches));
 }
 
 }  // namespace engine

@@ -27,6 +27,7 @@
 #include "graph/recompute.h"
 #include "linalg/linear_gelu.h"
 #include "models/model.h"
+#include "models/pipeline_stage.h"
 #include "nn/layernorm.h"
 #include "offload/offloaded_state.h"
 #include "optim/device_optimizer.h"
@@ -69,7 +70,8 @@ struct MemoryPlan {
 struct TrafficPlan {
   int64_t gradients = 0, parameters = 0;  // reduce-scatters (+ stage 0's gather); gathers
   int64_t tensor = 0;                     // the tensor-parallel group's all-reduces and gathers
-  int64_t total() const { return gradients + parameters + tensor; }
+  int64_t pipeline = 0;                   // activations and their gradients to the neighbouring stages
+  int64_t total() const { return gradients + parameters + tensor + pipeline; }
   // Bytes each rank reads from and writes to its swap files per optimizer step (offload to nvme).
   int64_t swap_read = 0, swap_written = 0;
 };
@@ -99,10 +101,16 @@ struct CompiledStep {
   TrafficPlan traffic;
   OffloadSpec offload;  // rank 0's (the swap file names differ per rank)
   TensorLayout tensor;  // the tensor-parallel group the graph is split for
+  PipelineLayout pipeline;
+  // A pipeline stage's forward pass on its own, in training mode (dropout as the backward's recompute
+  // draws it): what the schedule runs before a micro-batch's backward (empty with one stage).
+  Plan forward;
 };
 // world: the data-parallel ranks; tensor: the tensor-parallel group and this rank's place in it,
 // whose slices of the split layers the graph holds (by default the whole model).
-CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1, TensorLayout tensor = {});
+// pipeline: the stage of the model this rank computes (models/pipeline_stage.h; by default all).
+CompiledStep compile_step(const recipe::Recipe& recipe, int world = 1, TensorLayout tensor = {},
+                          PipelineLayout pipeline = {});
 
 // The ops whose FLOPs model FLOPs count: matrix products.
 bool is_matmul(const OpDef& op);
@@ -115,6 +123,16 @@ DType compute_dtype(const recipe::Recipe& recipe);
 // Throws UserError when `local_ranks` ranks of this plan need more memory than the machine has available.
 void check_memory_available(const MemoryPlan& memory, int local_ranks = 1);
 
+// Pipeline parallelism: a rank's stage and the groups it talks through (one stage: none).
+struct PipelineLinks {
+  int stage = 0, stages = 1;
+  recipe::PipelineSchedule schedule = recipe::PipelineSchedule::one_f_one_b;
+  Communicator* group = nullptr;      // one rank per stage
+  Communicator* previous = nullptr;   // this stage and the one before (rank 0 the earlier)
+  Communicator* next = nullptr;       // this stage and the one after
+  Communicator* embedding = nullptr;  // the first and last stage (a tied embedding)
+};
+
 class Session {
  public:
   // One process (a local communicator), or rank comm->rank() of comm->size() with `compiled` made
@@ -123,7 +141,7 @@ class Session {
   // With distributed.tensor_parallel > 1, `comm` is the data-parallel group and `tensor_comm` the
   // tensor-parallel one (dist/process_groups.h).
   Session(const recipe::Recipe& recipe, CompiledStep compiled, Communicator* comm = nullptr,
-          Communicator* tensor_comm = nullptr);
+          Communicator* tensor_comm = nullptr, const PipelineLinks* pipeline_links = nullptr);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);
@@ -156,7 +174,17 @@ class Session {
   StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
     const double scale = scaler.scale();
     std::vector<double> losses;
-    if (data->ignores_targets()) {
+    if (pipeline.stages > 1) {  // every micro-batch read first, then through the stages
+      std::vector<Batch> batches;
+      int64_t trained = 0;
+      for (int64_t micro = 0; micro < accumulation; ++micro) {
+        batches.push_back(next_batch());
+        if (data->ignores_targets()) trained += trained_targets(batches.back());
+      }
+      const double normalization = data->ignores_targets() ? trained_normalization(trained) : 1.0;
+      losses = pipeline_micro_batches(step, batches, scale * normalization);
+      for (double& loss : losses) loss *= normalization;
+    } else if (data->ignores_targets()) {
       std::vector<Batch> batches;
       int64_t trained = 0;
       for (int64_t micro = 0; micro < accumulation; ++micro) {
@@ -173,10 +201,21 @@ class Session {
     double loss;
     {
       trace::Scope event("communication", "mean loss");
-      loss = zero.mean_loss(losses);
+      loss = last_stage_value(zero.mean_loss(losses));
     }
     return finish_step(loss, scale, hooks);
   }
+  PipelineLinks pipeline;  // this rank's stage (one stage: no pipeline)
+  // The micro-batches of one step through this stage on the schedule: forward passes handing
+  // activations on, backward passes (each recomputing its forward) handing gradients back. Returns
+  // each micro-batch's mean loss on the last stage (zeros elsewhere). pipeline_schedule.cpp.
+  std::vector<double> pipeline_micro_batches(int64_t step, const std::vector<Batch>& batches, double loss_scale);
+  // The last stage's `value` on every stage (itself without a pipeline).
+  double last_stage_value(double value);
+  // Seconds this stage spent waiting for its neighbours and in the schedule, over the steps so far.
+  double pipeline_wait_seconds = 0, pipeline_seconds = 0;
+  int64_t pipeline_steps = 0;
+
   // Mean loss over `batches` validation batches (forward only), split across the ranks (with a
   // loss mask: over their trained tokens).
   double evaluate(int64_t batches);
@@ -232,7 +271,15 @@ class Session {
   // then averages the ranks' micro-batches).
   double batch_loss(const std::string& plan);
   MemoryPlan memory_;
-  std::vector<int> train_gathers_, eval_gathers_;
+  std::vector<int> train_gathers_, eval_gathers_, forward_gathers_;
+  // A pipeline stage: each micro-batch's received activation until its backward, and the one to hand on.
+  std::vector<std::vector<float>> held_inputs_;
+  std::vector<float> handed_on_;
+  // A pipeline stage's forward pass alone (the schedule's forward), or the whole step (its backward).
+  void pipeline_forward(int64_t step, int64_t micro, const Batch& batch, double loss_scale, const std::string& plan);
+  double pipeline_backward(int64_t step, int64_t micro, const Batch& batch, double loss_scale);
+  // Adds the first and last stage's gradients of a weight both hold (a tied embedding).
+  void sync_tied_gradients();
 };
 
 // The recipe's offload section for rank `rank` (its swap files are <nvme_path>/<run name>.rank-<r>.*).

@@ -114,7 +114,8 @@ class TrainingRun {
 
   TrainSummary run() {
     // The tensor- and data-parallel groups (one group of the whole world without tensor parallelism).
-    groups_ = std::make_unique<ProcessGroups>(world_, int(r_.distributed.tensor_parallel));
+    groups_ = std::make_unique<ProcessGroups>(world_, int(r_.distributed.tensor_parallel),
+                                              int(r_.distributed.pipeline_parallel));
     if (!groups_->warning().empty()) console_ << groups_->warning() << "\n";
     prepare();
     build();
@@ -186,17 +187,40 @@ class TrainingRun {
 
   // The plan, checked against memory; the session, its state initialised, restored or loaded.
   void build() {
-    CompiledStep compiled = compile_step(r_, comm().size(), {groups_->tensor_size(), groups_->tensor_rank()});
+    CompiledStep compiled = compile_step(r_, comm().size(), {groups_->tensor_size(), groups_->tensor_rank()},
+                                         {groups_->stages(), groups_->stage()});
     check_memory_available(compiled.memory, world_.local_size());
     traffic_ = compiled.traffic;
     // Per optimizer step, over all ranks (the same at every world size for the same global batch): a
     // tensor-parallel rank's graph computes 1/T of each split product.
     const double accumulation_steps =
         double(compiled.sharding.accumulation) * double(comm().size()) * double(groups_->tensor_size());
+    if (groups_->stages() > 1) {  // every stage's share of the model, summed (rank 0 holds one)
+      std::vector<double> stage_flops{compiled.model_flops_per_micro_batch, compiled.flops_per_micro_batch,
+                                      compiled.recompute.extra_flops};
+      std::vector<double> all(stage_flops.size() * size_t(groups_->stages()));
+      groups_->pipeline()
+          ->all_gather(stage_flops.data(), all.data(), int64_t(stage_flops.size() * sizeof(double)),
+                       "all-gather of the stages' FLOPs")
+          .wait();
+      compiled.model_flops_per_micro_batch = compiled.flops_per_micro_batch = compiled.recompute.extra_flops = 0;
+      for (int s = 0; s < groups_->stages(); ++s) {
+        compiled.model_flops_per_micro_batch += all[size_t(s) * 3];
+        compiled.flops_per_micro_batch += all[size_t(s) * 3 + 1];
+        compiled.recompute.extra_flops += all[size_t(s) * 3 + 2];
+      }
+    }
     model_flops_ = compiled.model_flops_per_micro_batch * accumulation_steps;
     hardware_flops_ = compiled.flops_per_micro_batch * accumulation_steps;
     recompute_flops_ = compiled.recompute.extra_flops * accumulation_steps;
-    session_ = std::make_unique<Session>(r_, std::move(compiled), &comm(), &groups_->tensor());
+    const PipelineLinks links{.stage = groups_->stage(),
+                              .stages = groups_->stages(),
+                              .schedule = r_.distributed.pipeline_schedule,
+                              .group = groups_->pipeline(),
+                              .previous = groups_->previous(),
+                              .next = groups_->next(),
+                              .embedding = groups_->embedding()};
+    session_ = std::make_unique<Session>(r_, std::move(compiled), &comm(), &groups_->tensor(), &links);
     Session& session = *session_;
     if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && groups_->tensor_size() > 1)
       throw UserError("gradient dumps write whole gradients, and distributed.tensor_parallel " +
@@ -226,7 +250,7 @@ class TrainingRun {
     rows_per_step_ = session.micro_batch * session.accumulation * session.model.sequence * comm().size();
     memory_ = session.memory();
     report_start(out_, session, world_, traffic_);
-    if (groups_->tensor_size() > 1) out_ << "layout: " << groups_->layout() << "\n";
+    if (groups_->tensor_size() > 1 || groups_->stages() > 1) out_ << "layout: " << groups_->layout() << "\n";
   }
 
   // model.init_from (with LoRA: the frozen base) and lora.init_from (a PEFT adapter).
@@ -486,6 +510,9 @@ class TrainingRun {
         if (p.slice.split())
           logical[index] = gather_logical(p, whole.param(index), session.store.numel(index), groups_->tensor());
       }
+    // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
+    std::map<std::string, std::vector<float>> staged;
+    if (groups_->stages() > 1) staged = gather_stages(whole);
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
     fs::path weights = summary_.run_dir / "model.safetensors";
@@ -495,16 +522,50 @@ class TrainingRun {
     std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
     if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
     auto whole_weight = whole_param(whole, session.store);
-    save_weights(weights, session.model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
-      auto split = ref.frozen ? logical.end() : logical.find(ref.index);
-      return split != logical.end() ? split->second.data() : whole_weight(ref);
-    });
+    if (groups_->stages() > 1) {
+      const ModelGraph model = build_model(r_, 1, 1.0);
+      save_weights(weights, model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
+        return staged.at(model.graph.weight(ref).name).data();
+      });
+    } else {
+      save_weights(weights, session.model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
+        auto split = ref.frozen ? logical.end() : logical.find(ref.index);
+        return split != logical.end() ? split->second.data() : whole_weight(ref);
+      });
+    }
     if (summary_.interrupted)
       out_ << "interrupted after step " << summary_.steps << "; weights saved to " << weights.string() << "\n";
     else
       out_ << "done: " << summary_.steps << " steps, final loss " << format_fixed(summary_.final_loss, 4)
            << "; weights saved to " << weights.string() << "\n";
     return summary_;
+  }
+
+  // Every stage's weights by name, on every rank of each pipeline group: stage s broadcasts its
+  // weights' values in its graph's order, which every rank knows from the whole model's cut.
+  std::map<std::string, std::vector<float>> gather_stages(const WholeParameters& whole) {
+    const ModelGraph model = build_model(r_, 1, 1.0);
+    const std::vector<int> cuts = stage_boundaries(model.graph, groups_->stages());
+    std::map<std::string, std::vector<float>> by_name;
+    for (int s = 0; s < groups_->stages(); ++s) {
+      const ModelGraph stage = cut_stage(model, s, cuts);
+      int64_t total = 0;
+      for (const Param& p : stage.graph.params()) total += stage.graph.value(p.value).shape.numel();
+      std::vector<float> values(static_cast<size_t>(total));
+      if (s == groups_->stage()) {
+        float* at = values.data();
+        for (int i = 0; i < int(session_->model.graph.params().size()); ++i)
+          at = std::copy_n(whole.param(i), session_->store.numel(i), at);
+      }
+      groups_->pipeline()->broadcast(values.data(), total * 4, s, "broadcast of a pipeline stage's weights").wait();
+      const float* at = values.data();
+      for (const Param& p : stage.graph.params()) {
+        const int64_t n = stage.graph.value(p.value).shape.numel();
+        by_name.try_emplace(p.name, at, at + n);
+        at += n;
+      }
+    }
+    return by_name;
   }
 
   // summary.json: the run's outcome, its plan against what it measured (a collective: every
@@ -516,7 +577,7 @@ class TrainingRun {
     std::vector<int64_t> peak_per_rank;
     for (double v : gather_values(world_, {double(peak_rss)}, "each rank's peak resident memory"))
       peak_per_rank.push_back(int64_t(v));
-    return nlohmann::json{{"steps", summary_.steps},
+    nlohmann::json record{{"steps", summary_.steps},
                           {"parameters", session.model.graph.param_count()},
                           {"world_size", world_.size()},
                           {"tensor_parallel", groups_->tensor_size()},
@@ -549,6 +610,26 @@ class TrainingRun {
                           {"peak_flops_source", telemetry_->peak().source},
                           {"monitor_samples", telemetry_->monitor_samples()},
                           {"monitor_seconds", telemetry_->monitor_seconds()}};
+    if (groups_->stages() > 1) add_pipeline_bubble(record);
+    return record;
+  }
+
+  // Each stage's idle fraction over the run's steps (the time it waited for its neighbours), next to
+  // the schedule's bubble (stages - 1) / (micro-batches + stages - 1); printed and in summary.json.
+  void add_pipeline_bubble(nlohmann::json& record) {
+    const Session& s = *session_;
+    const double mine = s.pipeline_seconds > 0 ? s.pipeline_wait_seconds / s.pipeline_seconds : 0.0;
+    const std::vector<double> idle = gather_values(*groups_->pipeline(), {mine}, "each pipeline stage's idle fraction");
+    const double p = groups_->stages(), m = double(s.accumulation);
+    const double bubble = (p - 1) / (m + p - 1);
+    record["pipeline_stages"] = groups_->stages();
+    record["pipeline_idle_fraction_per_stage"] = idle;
+    record["pipeline_bubble"] = bubble;
+    out_ << "pipeline: " << groups_->stages() << " stages, " << s.accumulation << " micro-batches per step ("
+         << (r_.distributed.pipeline_schedule == recipe::PipelineSchedule::gpipe ? "GPipe" : "1F1B")
+         << "); idle (waiting for the other stages):";
+    for (size_t k = 0; k < idle.size(); ++k) out_ << " stage " << k << " " << format_fixed(100 * idle[k], 1) << "%";
+    out_ << "; the schedule's bubble (P - 1) / (M + P - 1) = " << format_fixed(100 * bubble, 1) << "%\n";
   }
 
   const TrainOptions& options_;
@@ -559,7 +640,10 @@ class TrainingRun {
   Communicator& comm() { return groups_->data(); }
   // What this rank has sent in both groups.
   int64_t bytes_sent() {
-    return comm().bytes_sent() + (groups_->tensor_size() > 1 ? groups_->tensor().bytes_sent() : 0);
+    int64_t sent = comm().bytes_sent() + (groups_->tensor_size() > 1 ? groups_->tensor().bytes_sent() : 0);
+    for (Communicator* group : {groups_->pipeline(), groups_->previous(), groups_->next(), groups_->embedding()})
+      if (group) sent += group->bytes_sent();
+    return sent;
   }
   const bool lead_;
   std::ostream silent_{nullptr};  // what the other ranks print to

@@ -68,6 +68,24 @@ void declare_distributed(Schema& schema) {
           "(the logits are never gathered whole); norms are replicated. The world size is tensor_parallel x "
           "the data-parallel ranks, over which ZeRO shards. GPT and Llama, on CPU ranks over MPI for now "
           "(docs/parallelism.md).");
+  section.key("pipeline_parallel", &DistributedSection::pipeline_parallel)
+      .def(1)
+      .min(1)
+      .limit(64)
+      .unit("stages")
+      .help(
+          "Pipeline parallelism: the model cut into this many stages at block boundaries (balanced by the "
+          "plan's FLOPs), each on its own ranks; activations and their gradients pass point to point between "
+          "stages and the step's micro-batches (train.gradient_accumulation_steps) flow through them on "
+          "pipeline_schedule. Each stage recomputes its forward pass in the backward (it keeps only its "
+          "input per micro-batch in flight). World size = pipeline_parallel x the data-parallel ranks.");
+  section.key("pipeline_schedule", &DistributedSection::pipeline_schedule)
+      .choices({{"1f1b", PipelineSchedule::one_f_one_b}, {"gpipe", PipelineSchedule::gpipe}})
+      .def(PipelineSchedule::one_f_one_b)
+      .help(
+          "1f1b: after as many forward passes as the stages after this one, each stage alternates one "
+          "forward and one backward (at most pipeline_parallel micro-batches in flight); gpipe: every "
+          "forward pass, then every backward pass (all micro-batches in flight). The same bits either way.");
 }
 
 }  // namespace engine::recipe
