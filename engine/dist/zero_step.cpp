@@ -1,5 +1,6 @@
 #include "dist/zero_step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -200,20 +201,32 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
     partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());
   unit_gradient_norms_ = unit_norms(layout, partials);
   if (!pipeline_) return sum_norm_partials(partials);
-  // This stage's sum of squares over the units it counts, then every stage's in stage order.
-  double squares = 0;
+  // Every stage's partial sums over the units it counts, in stage order: the whole model's list in
+  // its order (its units are the stages' in turn), so the norm is one process's bits.
+  std::vector<double> counted;
   size_t at = 0;
   for (size_t u = 0; u < layout.units(); ++u) {
     const auto blocks = size_t(layout.padded(u) / kShardBlock);
-    for (size_t b = 0; b < blocks; ++b)
-      if (counted_units_[u]) squares += partials[at + b];
+    if (counted_units_[u])
+      counted.insert(counted.end(), partials.begin() + long(at), partials.begin() + long(at + blocks));
     at += blocks;
   }
-  std::vector<double> stages(size_t(pipeline_->size()));
-  pipeline_->all_gather(&squares, stages.data(), sizeof squares, "all-gather of the stages' gradient norms").wait();
-  double total = 0;
-  for (double s : stages) total += s;
-  return std::sqrt(total);
+  const auto stages = size_t(pipeline_->size());
+  int64_t mine = int64_t(counted.size());
+  std::vector<int64_t> sizes(stages);
+  pipeline_->all_gather(&mine, sizes.data(), sizeof mine, "all-gather of the stages' gradient norm sizes").wait();
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  counted.resize(size_t(longest), 0.0);
+  std::vector<double> all(size_t(longest) * stages);
+  pipeline_
+      ->all_gather(counted.data(), all.data(), longest * int64_t(sizeof(double)),
+                   "all-gather of the stages' gradient norm partial sums")
+      .wait();
+  std::vector<double> model;
+  for (size_t s = 0; s < stages; ++s)
+    model.insert(model.end(), all.begin() + long(s * size_t(longest)),
+                 all.begin() + long(s * size_t(longest) + size_t(sizes[s])));
+  return sum_norm_partials(model);
 }
 
 std::vector<double> ZeroStep::unit_parameter_norms() {

@@ -18,82 +18,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../temp_dir.h"
+#include "engine_runs.h"
 
 namespace {
 
-using Weights = std::map<std::string, std::vector<float>>;
-
-struct Training {
-  std::vector<nlohmann::json> steps;  // metrics lines with a loss
-  Weights weights;                    // the final model.safetensors (f32)
-  nlohmann::json summary;
-  std::string output;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-Weights read_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path);
-  Weights weights;
-  if (bytes.size() < 8) return weights;
-  uint64_t header = 0;
-  std::memcpy(&header, bytes.data(), 8);
-  const nlohmann::json index = nlohmann::json::parse(bytes.substr(8, header));
-  for (const auto& [name, entry] : index.items()) {
-    if (name == "__metadata__") continue;
-    EXPECT_EQ(entry.at("dtype"), "F32") << name;
-    const size_t begin = entry.at("data_offsets")[0], end = entry.at("data_offsets")[1];
-    std::vector<float> values((end - begin) / 4);
-    std::memcpy(values.data(), bytes.data() + 8 + header + begin, end - begin);
-    weights[name] = std::move(values);
-  }
-  return weights;
-}
-
-// `engine train` of `recipe_and_overrides` on `world` ranks, 4 steps (`options`: --resume latest,
-// --stop-after 2).
-Training train(const std::string& recipe_and_overrides, int world, const std::string& dir,
-               const std::string& options = "") {
-  const std::string launcher = world == 1
-                                   ? std::string()
-                                   : std::string(MPIEXEC) + " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " +
-                                         MPIEXEC_NUMPROC_FLAG + " " + std::to_string(world) + " ";
-  const std::string command =
-      "OMP_NUM_THREADS=1 " + launcher + "'" ENGINE_BINARY "' train " SOURCE_DIR "/" + recipe_and_overrides +
-      " train.steps=4 train.log_every=1 run.name=run run.output_dir=" + dir + " " + options + " 2>&1";
-  Training run;
-  FILE* pipe = popen(command.c_str(), "r");
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) run.output.append(buffer, n);
-  EXPECT_EQ(pclose(pipe), 0) << command << "\n" << run.output;
-  std::ifstream metrics(dir + "/run/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j.contains("grad_norm")) run.steps.push_back(j);
-  }
-  run.weights = read_safetensors(dir + "/run/model.safetensors");
-  const std::string summary = read_file(dir + "/run/summary.json");
-  if (!summary.empty()) run.summary = nlohmann::json::parse(summary);
-  if (options.find("--stop-after") != std::string::npos) return run;  // cut: no final weights
-  EXPECT_EQ(run.steps.size(), 4u) << command << "\n" << run.output;
-  EXPECT_FALSE(run.weights.empty()) << command << "\n" << run.output;
-  return run;
-}
+using engine::testing::read_safetensors;
+using engine::testing::train;
+using engine::testing::Training;
+using engine::testing::Weights;
 
 // The weights a tolerance applies to: GPT's key bias (rows [C, 2C) of c_attn.bias) left out.
 std::vector<float> compared(const std::string& name, const std::vector<float>& values) {
@@ -257,13 +195,9 @@ TEST(TensorParallel, CheckpointsResumeAtTheirLayoutExactlyAndAtAnotherAsOneProce
 
   // The straight split run's last checkpoint (step 4) exported whole.
   const std::string exported = (dir / "exported.safetensors").string();
-  const std::string command =
-      "'" ENGINE_BINARY "' export " + (dir / "straight" / "run" / "checkpoints").string() + " " + exported + " 2>&1";
-  std::string output;
-  FILE* pipe = popen(command.c_str(), "r");
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  ASSERT_EQ(pclose(pipe), 0) << output;
+  const engine::testing::Shell exporting = engine::testing::shell(
+      "'" ENGINE_BINARY "' export " + (dir / "straight" / "run" / "checkpoints").string() + " " + exported);
+  ASSERT_EQ(exporting.status, 0) << exporting.output;
   EXPECT_TRUE(read_safetensors(exported) == straight.weights) << "the exported checkpoint is not the final weights";
 }
 
@@ -292,17 +226,14 @@ TEST(TensorParallel, TensorParallelBytesAreMegatronsFormula) {
 // A layout the ranks do not divide is refused before anything runs.
 TEST(TensorParallel, AWorldTheGroupDoesNotDivideIsRefused) {
   const engine::testing::TempDir dir("tp_refused");
-  const std::string command = "OMP_NUM_THREADS=1 " + std::string(MPIEXEC) +
-                              " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " MPIEXEC_NUMPROC_FLAG
-                              " 3 '" ENGINE_BINARY "' train " SOURCE_DIR
-                              "/recipes/golden/gpt_markov.yaml distributed.tensor_parallel=2 run.output_dir=" +
-                              (dir / "out").string() + " 2>&1";
-  std::string output;
-  FILE* pipe = popen(command.c_str(), "r");
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  EXPECT_NE(pclose(pipe), 0) << output;
-  EXPECT_NE(output.find("distributed.tensor_parallel 2 does not divide the world size 3"), std::string::npos) << output;
+  const engine::testing::Shell refused = engine::testing::shell(
+      "OMP_NUM_THREADS=1 " + std::string(MPIEXEC) +
+      " --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS " MPIEXEC_NUMPROC_FLAG " 3 '" ENGINE_BINARY
+      "' train " SOURCE_DIR "/recipes/golden/gpt_markov.yaml distributed.tensor_parallel=2 run.output_dir=" +
+      (dir / "out").string());
+  EXPECT_NE(refused.status, 0) << refused.output;
+  EXPECT_NE(refused.output.find("distributed.tensor_parallel 2 does not divide the world size 3"), std::string::npos)
+      << refused.output;
 }
 
 }  // namespace

@@ -1,0 +1,121 @@
+// Pipeline parallelism's promise, checked by running both sides: the model cut into P stages, fed
+// with the step's M micro-batches on 1F1B or GPipe, trains to the bits of one process accumulating
+// the same micro-batches: the same losses, gradient norms and final weights, byte for byte. A stage
+// computes its blocks' ops on the values the whole model would give them (the activations cross in
+// fp32, exactly, whatever the precision), the backward recomputes the forward with the same dropout
+// masks, each stage accumulates its gradients in micro-batch order, and the gradient norm adds the
+// stages' partial sums in the whole model's order. With ZeRO over the data-parallel ranks and with
+// recompute too. The one exception is an embedding tied to the LM head: the first and last stage
+// each sum their own micro-batches' gradients before adding the two, where one process adds them
+// per micro-batch, so GPT-2 (tied) trains within fp32's reordering tolerance (as
+// tensor_parallel_test.cpp derives it) rather than to the bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "../temp_dir.h"
+#include "engine_runs.h"
+
+namespace {
+
+using engine::testing::train;
+using engine::testing::Training;
+
+void expect_same_bits(const Training& pipelined, const Training& whole, const std::string& what) {
+  ASSERT_EQ(pipelined.steps.size(), whole.steps.size()) << what << "\n" << pipelined.output;
+  for (size_t s = 0; s < whole.steps.size(); ++s)
+    for (const char* field : {"loss", "grad_norm", "lr"})
+      EXPECT_EQ(pipelined.steps[s][field], whole.steps[s][field]) << what << ": " << field << " of step " << s + 1;
+  EXPECT_TRUE(pipelined.weights == whole.weights) << what << ": the final weights differ";
+}
+
+std::string with(const std::string& recipe, const std::string& overrides) { return recipe + " " + overrides; }
+
+const char* kLlama = "recipes/golden/llama_markov.yaml";  // an untied head
+
+// P = 2 on 1F1B and on GPipe against one process accumulating the 4 micro-batches.
+TEST(PipelineParallel, TwoStagesOnEitherScheduleAreOneProcessBitForBit) {
+  const engine::testing::TempDir dir("pp_two");
+  const std::string recipe = with(kLlama, "train.gradient_accumulation_steps=4");
+  const Training whole = train(recipe, 1, (dir / "w1").string());
+  expect_same_bits(train(with(recipe, "distributed.pipeline_parallel=2"), 2, (dir / "p2").string()), whole,
+                   "P=2, 1F1B");
+  expect_same_bits(train(with(recipe, "distributed.pipeline_parallel=2 distributed.pipeline_schedule=gpipe"), 2,
+                         (dir / "gpipe").string()),
+                   whole, "P=2, GPipe");
+}
+
+// P = 4 (one block each, the embedding and the head with the first and last) in bf16, M = 6.
+TEST(PipelineParallel, FourStagesInBf16AreOneProcessBitForBit) {
+  const engine::testing::TempDir dir("pp_four");
+  const std::string recipe = with(kLlama, "model.n_layer=4 precision.mode=bf16 train.gradient_accumulation_steps=6");
+  expect_same_bits(train(with(recipe, "distributed.pipeline_parallel=4"), 4, (dir / "p4").string()),
+                   train(recipe, 1, (dir / "w1").string()), "P=4, bf16");
+}
+
+// P = 2 x D = 2 at every ZeRO stage, every block recomputed, against one process accumulating 4.
+TEST(PipelineParallel, TwoStagesByTwoDataRanksAtEveryZeroStageAreOneProcessBitForBit) {
+  const engine::testing::TempDir dir("pp_zero");
+  const Training whole = train(with(kLlama, "train.gradient_accumulation_steps=4"), 1, (dir / "w1").string());
+  for (int stage = 0; stage <= 3; ++stage)
+    expect_same_bits(train(with(kLlama,
+                                "distributed.pipeline_parallel=2 train.gradient_accumulation_steps=2 "
+                                "activation_checkpointing.policy=full distributed.zero_stage=" +
+                                    std::to_string(stage)),
+                           4, (dir / ("s" + std::to_string(stage))).string()),
+                     whole, "P=2 x D=2, ZeRO stage " + std::to_string(stage));
+}
+
+// GPT-2's tied embedding: the first and last stage hold it, sum their gradients and stay in step;
+// dropout draws the whole model's masks and evaluation runs through the stages.
+TEST(PipelineParallel, ATiedEmbeddingStaysOneWeightAcrossTheFirstAndLastStage) {
+  const engine::testing::TempDir dir("pp_tied");
+  const std::string recipe =
+      "recipes/golden/gpt_markov.yaml model.dropout=0.1 train.eval_every=2 "
+      "train.eval_batches=3 train.gradient_accumulation_steps=4";
+  const Training whole = train(recipe, 1, (dir / "w1").string());
+  const Training pipelined = train(with(recipe, "distributed.pipeline_parallel=2"), 2, (dir / "p2").string());
+  ASSERT_EQ(pipelined.steps.size(), whole.steps.size()) << pipelined.output;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    const double loss = whole.steps[s]["loss"], norm = whole.steps[s]["grad_norm"];
+    EXPECT_NEAR(pipelined.steps[s]["loss"].get<double>(), loss, 1e-6 * loss) << "step " << s + 1;
+    EXPECT_NEAR(pipelined.steps[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << "step " << s + 1;
+  }
+  for (const auto& [name, values] : whole.weights) {
+    const std::vector<float>& other = pipelined.weights.at(name);
+    ASSERT_EQ(other.size(), values.size()) << name;
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_NEAR(other[i], values[i], 1e-2 * 0.01 * 4) << name << "[" << i << "]";  // 1e-2 of lr x steps
+  }
+  EXPECT_NE(pipelined.output.find("validation loss"), std::string::npos) << pipelined.output;
+  // 1F1B and GPipe: the same bits (the same passes, in another order).
+  expect_same_bits(train(with(recipe, "distributed.pipeline_parallel=2 distributed.pipeline_schedule=gpipe"), 2,
+                         (dir / "gpipe").string()),
+                   pipelined, "GPipe against 1F1B");
+}
+
+// Each stage's measured idle fraction is reported beside the schedule's bubble (P - 1) / (M + P - 1),
+// and the bytes a stage sends are the activations (stage 0) it hands on: M x B x S x C x 4 per step,
+// plus the step's scalar collectives.
+TEST(PipelineParallel, TheBubbleIsMeasuredAndTheBytesAreTheActivations) {
+  const engine::testing::TempDir dir("pp_bubble");
+  const Training run = train(with(kLlama, "distributed.pipeline_parallel=2 train.gradient_accumulation_steps=4"), 2,
+                             (dir / "p2").string());
+  const double P = 2, M = 4;
+  EXPECT_DOUBLE_EQ(run.summary.value("pipeline_bubble", -1.0), (P - 1) / (M + P - 1));
+  const auto idle = run.summary.at("pipeline_idle_fraction_per_stage").get<std::vector<double>>();
+  ASSERT_EQ(idle.size(), 2u);
+  for (double f : idle) {
+    EXPECT_GE(f, 0.0);
+    EXPECT_LT(f, 1.0);
+  }
+  EXPECT_NE(run.output.find("the schedule's bubble (P - 1) / (M + P - 1) = 20.0%"), std::string::npos) << run.output;
+  const int64_t activations = 4 * 4 * 16 * 32 * 4;  // M x B x S x C fp32
+  EXPECT_EQ(run.summary.value("planned_bytes_sent_per_step", int64_t(-1)), activations);
+  const int64_t measured = run.summary.value("bytes_sent_per_step", int64_t(-1));
+  EXPECT_GE(measured, activations);
+  EXPECT_LE(measured, activations + 1024) << "more than the step's scalar collectives";
+}
+
+}  // namespace
