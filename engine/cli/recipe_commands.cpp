@@ -24,6 +24,24 @@ void require_single_process(const WorldSize& world, const std::string& command) 
                   " ranks under mpirun, and `engine plan --world-size " + n + "` sizes such a run)");
 }
 
+namespace {
+
+// "2 ranks)", or with tensor or pipeline parallelism "2 data-parallel ranks, each of 2 tensor-parallel)".
+std::string ranks_text(const LoadedRecipe& loaded) {
+  const DistributedSection& d = loaded.recipe.distributed;
+  const int64_t model_ranks = d.tensor_parallel * d.pipeline_parallel;
+  if (model_ranks == 1) return std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)");
+  const int64_t data = std::max<int64_t>(1, loaded.world.size / model_ranks);
+  std::string each;
+  if (d.tensor_parallel > 1) each = std::to_string(d.tensor_parallel) + " tensor-parallel";
+  if (d.pipeline_parallel > 1)
+    each += (each.empty() ? "" : " x ") + std::to_string(d.pipeline_parallel) + " pipeline stages";
+  return std::to_string(data) + (data == 1 ? " data-parallel rank" : " data-parallel ranks") + ", each of " + each +
+         ")";
+}
+
+}  // namespace
+
 std::string summary(const LoadedRecipe& loaded) {
   const Recipe& r = loaded.recipe;
   const SectionSpec* model = Schema::engine().find_section("model");
@@ -38,12 +56,7 @@ std::string summary(const LoadedRecipe& loaded) {
   std::string line = loaded.path.string() + ": ok: " + arch + " (" + shape + ") on " + source + ", " +
                      std::to_string(t.steps) + " steps of " + std::to_string(*t.global_batch_size) +
                      " samples (micro-batch " + std::to_string(*t.micro_batch_size) + " x " +
-                     std::to_string(*t.gradient_accumulation_steps) + " accumulation x " +
-                     (r.distributed.tensor_parallel == 1
-                          ? std::to_string(loaded.world.size) + (loaded.world.size == 1 ? " rank)" : " ranks)")
-                          : std::to_string(std::max<int64_t>(1, loaded.world.size / r.distributed.tensor_parallel)) +
-                                " data-parallel ranks, each of " + std::to_string(r.distributed.tensor_parallel) +
-                                " tensor-parallel)");
+                     std::to_string(*t.gradient_accumulation_steps) + " accumulation x " + ranks_text(loaded);
   for (const std::string& note : loaded.notes) line += "\n" + loaded.path.string() + ": note: " + note;
   return line;
 }

@@ -105,7 +105,8 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
   for (int stage = 0; stage <= 3; ++stage) {
     Recipe variant = r;
     variant.distributed.zero_stage = stage;
-    const CompiledStep c = compile_step(variant, world, {int(r.distributed.tensor_parallel), 0});
+    const CompiledStep c = compile_step(variant, world, {int(r.distributed.tensor_parallel), 0},
+                                        {int(r.distributed.pipeline_parallel), 0});
     const MemoryPlan& m = c.memory;
     std::printf("  %s%d    %11s %11s %11s %12s %11s %11s %11s %11s %11s\n",
                 stage == r.distributed.zero_stage ? "*" : " ", stage, format_bytes(m.parameters).c_str(),
@@ -117,28 +118,56 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
   std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
 }
 
-// Every tensor-parallel x data-parallel layout of `ranks` the model splits into (heads, key/value
-// heads, MLP width and vocabulary divisible by T), with each rank's memory and bytes sent per step.
+// Every layout of `ranks` as tensor-parallel T x pipeline stages P x data-parallel D that the model
+// splits into (heads, key/value heads, MLP width and vocabulary divisible by T, a block per stage;
+// tensor and pipeline parallelism do not combine yet), with the heavier end stage's memory (the
+// first stage holds every micro-batch's input in flight, the last the head) and bytes sent.
 void print_layouts(const Recipe& r, int ranks) {
   if (ranks == 1 || r.model.arch == Arch::mlp) return;
-  std::printf("\nlayouts of %d ranks (tensor-parallel T x data-parallel D, ZeRO stage %lld over D; per rank):\n", ranks,
+  std::printf("\nlayouts of %d ranks (T x P x D, ZeRO stage %lld over D; per rank, the heavier end stage's):\n", ranks,
               (long long)r.distributed.zero_stage);
-  std::printf("   T x D    %11s %11s %11s %14s %11s\n", "parameters", "activations", "total", "sent (tensor)",
+  std::printf("  T x P x D     %11s %11s %11s %15s %11s\n", "parameters", "activations", "total", "sent (T or P)",
               "sent/step");
-  for (int t = 1; t <= ranks; ++t) {
-    const auto& m = r.model;
-    if (ranks % t != 0 || m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || *m.ffn_dim % t != 0 ||
-        m.vocab_size % t != 0)
-      continue;
-    Recipe variant = r;
-    variant.distributed.tensor_parallel = t;
-    const CompiledStep c = compile_step(variant, ranks / t, {t, 0});
-    std::printf("  %s%2d x %-3d %11s %11s %11s %14s %11s\n", t == r.distributed.tensor_parallel ? "*" : " ", t,
-                ranks / t, format_bytes(c.memory.parameters).c_str(), format_bytes(c.memory.activations).c_str(),
-                format_bytes(c.memory.total()).c_str(), format_bytes(c.traffic.tensor).c_str(),
+  const auto& m = r.model;
+  for (int t = 1; t <= ranks; ++t)
+    for (int p = 1; p <= ranks / t; ++p) {
+      if (ranks % (t * p) != 0 || (t > 1 && p > 1) || m.n_layer < p) continue;
+      if (m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || *m.ffn_dim % t != 0 || m.vocab_size % t != 0)
+        continue;
+      Recipe variant = r;
+      variant.distributed.tensor_parallel = t;
+      variant.distributed.pipeline_parallel = p;
+      CompiledStep heaviest = compile_step(variant, ranks / (t * p), {t, 0}, {p, 0});
+      if (p > 1) {
+        CompiledStep last = compile_step(variant, ranks / (t * p), {t, 0}, {p, p - 1});
+        if (last.memory.total() > heaviest.memory.total()) heaviest = std::move(last);
+      }
+      const bool recipes = t == r.distributed.tensor_parallel && p == r.distributed.pipeline_parallel;
+      std::printf("  %s%2d x %d x %-3d %11s %11s %11s %15s %11s\n", recipes ? "*" : " ", t, p, ranks / (t * p),
+                  format_bytes(heaviest.memory.parameters).c_str(), format_bytes(heaviest.memory.activations).c_str(),
+                  format_bytes(heaviest.memory.total()).c_str(),
+                  format_bytes(heaviest.traffic.tensor + heaviest.traffic.pipeline).c_str(),
+                  format_bytes(heaviest.traffic.total()).c_str());
+    }
+  std::printf("  (* the recipe's layout: distributed.tensor_parallel, distributed.pipeline_parallel)\n");
+}
+
+// With pipeline stages: each stage's units, parameters, FLOPs and memory (the plan above is stage 0's).
+void print_pipeline_stages(const Recipe& r, int world) {
+  const int stages = int(r.distributed.pipeline_parallel);
+  if (stages == 1) return;
+  std::printf("\npipeline stages (%s schedule, %lld micro-batches per step; the plan above is stage 0's):\n",
+              r.distributed.pipeline_schedule == PipelineSchedule::gpipe ? "GPipe" : "1F1B",
+              (long long)*r.train.gradient_accumulation_steps);
+  std::printf("  stage  %-24s %12s %14s %11s %11s\n", "units", "parameters", "FLOPs/micro", "total", "sent/step");
+  for (int stage = 0; stage < stages; ++stage) {
+    const CompiledStep c = compile_step(r, world, {}, {stages, stage});
+    const std::vector<Unit>& units = c.model.graph.units();
+    const std::string span = units.front().name + (units.size() > 1 ? " .. " + units.back().name : "");
+    std::printf("  %5d  %-24s %12lld %14.4g %11s %11s\n", stage, span.c_str(), (long long)c.model.graph.param_count(),
+                c.flops_per_micro_batch, format_bytes(c.memory.total()).c_str(),
                 format_bytes(c.traffic.total()).c_str());
   }
-  std::printf("  (* the recipe's layout: distributed.tensor_parallel)\n");
 }
 
 }  // namespace
@@ -199,7 +228,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   const int tensor = int(r.distributed.tensor_parallel), stages = int(r.distributed.pipeline_parallel);
   const int world = std::max(1, int(loaded.world.size) / (tensor * stages));
   // Sizes and FLOPs only: nothing is allocated. With pipeline stages, the first stage's plan.
-  CompiledStep session = compile_step(r, world, {tensor, 0}, {stages, getenv("DEBUG_STAGE") ? atoi(getenv("DEBUG_STAGE")) : 0});
+  CompiledStep session = compile_step(r, world, {tensor, 0}, {stages, 0});
   const Graph& g = session.model.graph;
   std::cout << summary(loaded) << "\n\nparameters by wrap unit:\n";
   for (const Unit& unit : g.units()) std::printf("  %-14s %12lld\n", unit.name.c_str(), (long long)unit.numel);
@@ -304,7 +333,8 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     row("total", d.total());
   }
   print_stage_table(r, world, g.param_count());
-  print_layouts(r, world * tensor);
+  print_pipeline_stages(r, world);
+  print_layouts(r, world * tensor * stages);
   if (fit.any()) print_fit(args, fit, loaded);
   return kExitOk;
 }

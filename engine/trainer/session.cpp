@@ -211,6 +211,10 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   // Per micro-batch, the activation on to the next stage and its gradient back to the one before.
   for (ValueId v : {c.model.stage_output, c.model.stage_input_gradient})
     if (v != kNoValue) c.traffic.pipeline += value_bytes(g.value(v)) * c.sharding.accumulation;
+  // A tied embedding's fp32 gradient (this rank's range), all-reduced between the first and last stage.
+  for (size_t u = 0; u < g.units().size(); ++u)
+    if (pipeline.stages > 1 && g.units()[u].name.starts_with(kTiedUnitPrefix))
+      c.traffic.pipeline += ParameterStore::range_size(layout, c.sharding, u) * 4;
   MemoryPlan& m = c.memory;
   c.offload = offload_spec(r, 0);
   const ParameterStore::Bytes store = ParameterStore::planned_bytes(g, c.sharding, c.offload);

@@ -302,3 +302,44 @@ TEST(TensorParallel, WhatDoesNotRunSplitYetIsRefused) {
 
 }  // namespace
 }  // namespace engine::recipe::testing
+
+namespace engine::recipe::testing {
+namespace {
+
+const char* kPipelineBase =
+    "model: {arch: llama, vocab_size: 64, context_length: 32, n_layer: 2, n_head: 2, n_embd: 32}\n"
+    "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 2, gradient_accumulation_steps: 4}\n";
+
+// World 4 at pipeline_parallel 2: two data-parallel ranks; more stages than blocks is refused.
+TEST(PipelineParallel, StagesCountAgainstTheWorldAndTheBlocks) {
+  Files files = recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2}\n");
+  files.world = WorldSize{4, "test"};
+  EXPECT_EQ(*files.load().recipe.train.global_batch_size, 16);
+  auto errors = recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 3}\n").errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_EQ(errors[0].key, "distributed.pipeline_parallel");
+  EXPECT_NE(errors[0].message.find("needs a block per stage at least, and model.n_layer is 2"), std::string::npos)
+      << errors[0].message;
+}
+
+TEST(PipelineParallel, WhatDoesNotRunInStagesYetIsRefused) {
+  for (const auto& [section, key] :
+       {std::pair<std::string, std::string>{"checkpoint: {every_steps: 10}", "checkpoint.every_steps"},
+        {"lora: {rank: 4}", "lora.rank"},
+        {"run: {device: cuda}", "run.device"},
+        {"offload: {optimizer: cpu}", "offload.optimizer"}}) {
+    auto errors =
+        recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2}\n" + section + "\n").errors();
+    bool named = false;
+    for (const auto& e : errors)
+      named |= e.key == key && e.message.find("does not run with pipeline parallelism yet") != std::string::npos;
+    EXPECT_TRUE(named) << section << "\n" << render_diagnostics(errors);
+  }
+  auto errors =
+      recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2, tensor_parallel: 2}\n").errors();
+  ASSERT_FALSE(errors.empty());
+  EXPECT_EQ(errors[0].key, "distributed.tensor_parallel");
+}
+
+}  // namespace
+}  // namespace engine::recipe::testing
