@@ -119,8 +119,8 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
 }
 
 // Every layout of `ranks` as tensor-parallel T x pipeline stages P x data-parallel D that the model
-// splits into (heads, key/value heads, MLP width and vocabulary divisible by T, a block per stage;
-// tensor and pipeline parallelism do not combine yet), with the heavier end stage's memory (the
+// splits into (heads, key/value heads, MLP width and vocabulary divisible by T, a block per stage),
+// with the heavier end stage's memory (the
 // first stage holds every micro-batch's input in flight, the last the head) and bytes sent.
 void print_layouts(const Recipe& r, int ranks) {
   if (ranks == 1 || r.model.arch == Arch::mlp) return;
@@ -131,7 +131,7 @@ void print_layouts(const Recipe& r, int ranks) {
   const auto& m = r.model;
   for (int t = 1; t <= ranks; ++t)
     for (int p = 1; p <= ranks / t; ++p) {
-      if (ranks % (t * p) != 0 || (t > 1 && p > 1) || m.n_layer < p) continue;
+      if (ranks % (t * p) != 0 || m.n_layer < p) continue;
       if (m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || *m.ffn_dim % t != 0 || m.vocab_size % t != 0)
         continue;
       Recipe variant = r;
@@ -161,7 +161,7 @@ void print_pipeline_stages(const Recipe& r, int world) {
               (long long)*r.train.gradient_accumulation_steps);
   std::printf("  stage  %-24s %12s %14s %11s %11s\n", "units", "parameters", "FLOPs/micro", "total", "sent/step");
   for (int stage = 0; stage < stages; ++stage) {
-    const CompiledStep c = compile_step(r, world, {}, {stages, stage});
+    const CompiledStep c = compile_step(r, world, {int(r.distributed.tensor_parallel), 0}, {stages, stage});
     const std::vector<Unit>& units = c.model.graph.units();
     const std::string span = units.front().name + (units.size() > 1 ? " .. " + units.back().name : "");
     std::printf("  %5d  %-24s %12lld %14.4g %11s %11s\n", stage, span.c_str(), (long long)c.model.graph.param_count(),

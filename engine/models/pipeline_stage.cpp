@@ -55,7 +55,9 @@ std::map<std::string, int64_t> init_positions(const Graph& whole) {
   for (const Graph::WeightRef ref : whole.weights()) {
     const Param& p = whole.weight(ref);
     positions[p.name] = position;
-    if (p.init.kind == ParamInit::Kind::normal) position += 4 * whole.value(p.value).shape.numel();
+    // A tensor-parallel slice draws from where its whole tensor does, and the stream passes all of it.
+    const int64_t numel = p.slice.split() ? p.slice.logical.numel() : whole.value(p.value).shape.numel();
+    if (p.init.kind == ParamInit::Kind::normal) position += 4 * numel;
   }
   return positions;
 }
@@ -117,6 +119,7 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
       }
       here = g.add_param(p.name, v.shape, unit, p.init, p.decay);
       g.mutable_params().back().init_position = positions.at(p.name);
+      if (p.slice.split()) g.set_slice(here, p.slice);
     } else if (produced_by[size_t(id)] == stage) {
       here = g.add_activation(v.name, v.shape, v.dtype);
     } else {  // made by an earlier stage: what it hands on

@@ -479,9 +479,6 @@ void check_pipeline_parallel(RuleContext& c) {
     c.error(keys, what + " does not run with pipeline parallelism yet",
             {fix + ", or set distributed.pipeline_parallel: 1"});
   };
-  if (c.r.distributed.tensor_parallel > 1)
-    refuse({"distributed.tensor_parallel", "distributed.pipeline_parallel"}, "tensor parallelism",
-           "set distributed.tensor_parallel: 1");
   if (c.r.run.device == RunDevice::cuda)
     refuse({"run.device", "distributed.pipeline_parallel"}, "the GPU", "use run.device: cpu");
   if (c.r.lora.rank > 0) refuse({"lora.rank", "distributed.pipeline_parallel"}, "LoRA", "set lora.rank: 0");

@@ -259,12 +259,12 @@ void ParameterStore::initialize(uint64_t seed) {
   for (const Graph::WeightRef ref : graph_.weights()) {
     const Param& p = graph_.weight(ref);
     const int64_t n = graph_.value(p.value).shape.numel();
+    // A pipeline stage's weight draws where the whole model's does; the stream goes on from there.
+    if (p.init_position >= 0) position = uint64_t(p.init_position);
     if (p.slice.split()) {  // this rank's part of a tensor-parallel weight, drawn where the whole one is
       position = initialize_slice(ref.index, seed, position);
       continue;
     }
-    // A pipeline stage's weight draws where the whole model's does; the stream goes on from there.
-    if (p.init_position >= 0) position = uint64_t(p.init_position);
     for (int64_t first = 0; first < n; first += kPart) {
       const int64_t count = std::min(kPart, n - first);
       const auto scale = float(p.init.std);

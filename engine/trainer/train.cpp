@@ -512,7 +512,7 @@ class TrainingRun {
       }
     // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
     std::map<std::string, std::vector<float>> staged;
-    if (groups_->stages() > 1) staged = gather_stages(whole);
+    if (groups_->stages() > 1) staged = gather_stages(whole, logical);
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
     fs::path weights = summary_.run_dir / "model.safetensors";
@@ -543,7 +543,9 @@ class TrainingRun {
 
   // Every stage's weights by name, on every rank of each pipeline group: stage s broadcasts its
   // weights' values in its graph's order, which every rank knows from the whole model's cut.
-  std::map<std::string, std::vector<float>> gather_stages(const WholeParameters& whole) {
+  // `logical`: this rank's split weights, whole (tensor parallelism), by parameter index.
+  std::map<std::string, std::vector<float>> gather_stages(const WholeParameters& whole,
+                                                          const std::map<int, std::vector<float>>& logical) {
     const ModelGraph model = build_model(r_, 1, 1.0);
     const std::vector<int> cuts = stage_boundaries(model.graph, groups_->stages());
     std::map<std::string, std::vector<float>> by_name;
@@ -555,7 +557,8 @@ class TrainingRun {
       if (s == groups_->stage()) {
         float* at = values.data();
         for (int i = 0; i < int(session_->model.graph.params().size()); ++i)
-          at = std::copy_n(whole.param(i), session_->store.numel(i), at);
+          at = logical.count(i) ? std::copy(logical.at(i).begin(), logical.at(i).end(), at)
+                                : std::copy_n(whole.param(i), session_->store.numel(i), at);
       }
       groups_->pipeline()->broadcast(values.data(), total * 4, s, "broadcast of a pipeline stage's weights").wait();
       const float* at = values.data();

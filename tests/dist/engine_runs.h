@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -90,6 +91,57 @@ inline Training train(const std::string& recipe_and_overrides, int world, const 
   EXPECT_EQ(run.steps.size(), 4u) << command << "\n" << run.output;
   EXPECT_FALSE(run.weights.empty()) << command << "\n" << run.output;
   return run;
+}
+
+// The weights a tolerance applies to: GPT's key bias (rows [C, 2C) of c_attn.bias) left out.
+inline std::vector<float> compared(const std::string& name, const std::vector<float>& values) {
+  const std::string key_bias = "attn.c_attn.bias";
+  if (name.size() < key_bias.size() || name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) != 0)
+    return values;
+  const size_t c = values.size() / 3;
+  std::vector<float> kept(values.begin(), values.begin() + long(c));
+  kept.insert(kept.end(), values.begin() + long(2 * c), values.end());
+  return kept;
+}
+
+inline double max_abs_difference(const Weights& a, const Weights& b, std::string* where) {
+  double worst = 0;
+  for (const auto& [name, values] : a) {
+    auto other = b.find(name);
+    if (other == b.end() || other->second.size() != values.size()) {
+      ADD_FAILURE() << name << " is missing or has another size in the split run's weights";
+      continue;
+    }
+    const std::vector<float> x = compared(name, values), y = compared(name, other->second);
+    for (size_t i = 0; i < x.size(); ++i)
+      if (std::abs(double(x[i]) - double(y[i])) > worst) {
+        worst = std::abs(double(x[i]) - double(y[i]));
+        *where = name;
+      }
+  }
+  return worst;
+}
+
+inline double l2_difference(const Weights& a, const Weights& b) {
+  double sum = 0;
+  for (const auto& [name, values] : a)
+    if (auto other = b.find(name); other != b.end() && other->second.size() == values.size())
+      for (size_t i = 0; i < values.size(); ++i) sum += std::pow(double(values[i]) - double(other->second[i]), 2);
+  return std::sqrt(sum);
+}
+
+// fp32: a split run against one process, within the reordering tolerances of
+// tensor_parallel_test.cpp: losses within 1e-6 relative, gradient norms 1e-5, weights 1e-2 of lr x steps.
+inline void expect_close_fp32(const Training& split, const Training& whole, double lr, const std::string& what) {
+  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    const double loss = whole.steps[s]["loss"], norm = whole.steps[s]["grad_norm"];
+    EXPECT_NEAR(split.steps[s]["loss"].get<double>(), loss, 1e-6 * loss) << what << ", step " << s + 1;
+    EXPECT_NEAR(split.steps[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << what << ", step " << s + 1;
+  }
+  std::string where;
+  const double worst = max_abs_difference(whole.weights, split.weights, &where);
+  EXPECT_LE(worst, 1e-2 * lr * double(whole.steps.size())) << what << ": final weight of " << where;
 }
 
 }  // namespace engine::testing

@@ -19,6 +19,7 @@
 
 namespace {
 
+using engine::testing::expect_close_fp32;
 using engine::testing::train;
 using engine::testing::Training;
 
@@ -116,6 +117,25 @@ TEST(PipelineParallel, TheBubbleIsMeasuredAndTheBytesAreTheActivations) {
   const int64_t measured = run.summary.value("bytes_sent_per_step", int64_t(-1));
   EXPECT_GE(measured, activations);
   EXPECT_LE(measured, activations + 1024) << "more than the step's scalar collectives";
+}
+
+// 3D: tensor-parallel groups of 2 in each of 2 stages (and 2 data-parallel replicas at ZeRO 1), against
+// one process: within the tensor-parallel reordering (the stages themselves add none).
+TEST(PipelineParallel, TensorParallelStagesTrainTheOneProcessModel) {
+  const engine::testing::TempDir dir("pp_3d");
+  const std::string gpt =
+      "recipes/golden/gpt_markov.yaml model.dropout=0.1 train.eval_every=2 "
+      "train.eval_batches=3 train.gradient_accumulation_steps=4";
+  expect_close_fp32(
+      train(with(gpt, "distributed.tensor_parallel=2 distributed.pipeline_parallel=2"), 4, (dir / "gpt_t2p2").string()),
+      train(gpt, 1, (dir / "gpt").string()), 0.01, "GPT, T=2 x P=2");
+  const std::string llama = with(kLlama, "model.n_head=4 model.kv_heads=2 train.gradient_accumulation_steps=4");
+  expect_close_fp32(
+      train(with(kLlama,
+                 "model.n_head=4 model.kv_heads=2 train.gradient_accumulation_steps=2 "
+                 "distributed.tensor_parallel=2 distributed.pipeline_parallel=2 distributed.zero_stage=1"),
+            8, (dir / "llama_t2p2d2").string()),
+      train(llama, 1, (dir / "llama").string()), 0.005, "Llama, T=2 x P=2 x D=2, ZeRO 1");
 }
 
 }  // namespace

@@ -28,60 +28,12 @@
 
 namespace {
 
+using engine::testing::expect_close_fp32;
+using engine::testing::l2_difference;
 using engine::testing::read_safetensors;
 using engine::testing::train;
 using engine::testing::Training;
 using engine::testing::Weights;
-
-// The weights a tolerance applies to: GPT's key bias (rows [C, 2C) of c_attn.bias) left out.
-std::vector<float> compared(const std::string& name, const std::vector<float>& values) {
-  const std::string key_bias = "attn.c_attn.bias";
-  if (name.size() < key_bias.size() || name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) != 0)
-    return values;
-  const size_t c = values.size() / 3;
-  std::vector<float> kept(values.begin(), values.begin() + long(c));
-  kept.insert(kept.end(), values.begin() + long(2 * c), values.end());
-  return kept;
-}
-
-double max_abs_difference(const Weights& a, const Weights& b, std::string* where) {
-  double worst = 0;
-  for (const auto& [name, values] : a) {
-    auto other = b.find(name);
-    if (other == b.end() || other->second.size() != values.size()) {
-      ADD_FAILURE() << name << " is missing or has another size in the split run's weights";
-      continue;
-    }
-    const std::vector<float> x = compared(name, values), y = compared(name, other->second);
-    for (size_t i = 0; i < x.size(); ++i)
-      if (std::abs(double(x[i]) - double(y[i])) > worst) {
-        worst = std::abs(double(x[i]) - double(y[i]));
-        *where = name;
-      }
-  }
-  return worst;
-}
-
-double l2_difference(const Weights& a, const Weights& b) {
-  double sum = 0;
-  for (const auto& [name, values] : a)
-    if (auto other = b.find(name); other != b.end() && other->second.size() == values.size())
-      for (size_t i = 0; i < values.size(); ++i) sum += std::pow(double(values[i]) - double(other->second[i]), 2);
-  return std::sqrt(sum);
-}
-
-// fp32: the split run against one process, within the reordering tolerances above.
-void expect_close_fp32(const Training& split, const Training& whole, double lr, const std::string& what) {
-  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
-  for (size_t s = 0; s < whole.steps.size(); ++s) {
-    const double loss = whole.steps[s]["loss"], norm = whole.steps[s]["grad_norm"];
-    EXPECT_NEAR(split.steps[s]["loss"].get<double>(), loss, 1e-6 * loss) << what << ", step " << s + 1;
-    EXPECT_NEAR(split.steps[s]["grad_norm"].get<double>(), norm, 1e-5 * norm) << what << ", step " << s + 1;
-  }
-  std::string where;
-  const double worst = max_abs_difference(whole.weights, split.weights, &where);
-  EXPECT_LE(worst, 1e-2 * lr * double(whole.steps.size())) << what << ": final weight of " << where;
-}
 
 // bf16: the split run against one process in bf16, within the distance of that run from fp32's.
 void expect_close_bf16(const Training& split, const Training& whole, const Training& whole_fp32,
