@@ -134,14 +134,16 @@ std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
   if (!pending_) return std::nullopt;
   if (wait && writer_.joinable()) writer_.join();
   const int status = status_.load();
-  // Every rank's [status, checksum high and low 32 bits, write seconds], in rank order.
-  std::vector<double> mine{double(status), 0, 0, 0};
-  if (status == 1) mine = {1, double(checksum_ >> 32), double(checksum_ & 0xffffffffu), write_seconds_};
+  // Every rank's [status, checksum high and low 32 bits, write seconds, file bytes], in rank order
+  // (pipeline stages hold different weights, so their files differ in size).
+  std::vector<double> mine{double(status), 0, 0, 0, 0};
+  if (status == 1)
+    mine = {1, double(checksum_ >> 32), double(checksum_ & 0xffffffffu), write_seconds_, double(file_bytes_)};
   const std::vector<double> all = gather_values(comm_, mine, "checkpoint write status");
   std::vector<int> failed;
   bool writing = false;
   for (int r = 0; r < comm_.size(); ++r) {
-    const double s = all[size_t(r) * 4];
+    const double s = all[size_t(r) * 5];
     if (s < 0) failed.push_back(r);
     if (s == 0) writing = true;
   }
@@ -168,13 +170,13 @@ std::optional<Checkpointer::Committed> Checkpointer::settle(bool wait) {
   done.step = manifest_.step;
   done.path = dir_ / ("step-" + std::to_string(manifest_.step));
   manifest_.files.clear();
-  const int64_t file_bytes = file_bytes_;
   for (int r = 0; r < comm_.size(); ++r) {
-    const uint64_t sum = (uint64_t(all[size_t(r) * 4 + 1]) << 32) | uint64_t(all[size_t(r) * 4 + 2]);
+    const uint64_t sum = (uint64_t(all[size_t(r) * 5 + 1]) << 32) | uint64_t(all[size_t(r) * 5 + 2]);
+    const auto file_bytes = int64_t(all[size_t(r) * 5 + 4]);
     manifest_.files.push_back({rank_file_name(r), file_bytes, checksum_hex(sum)});
-    done.write_seconds = std::max(done.write_seconds, all[size_t(r) * 4 + 3]);
+    done.write_seconds = std::max(done.write_seconds, all[size_t(r) * 5 + 3]);
+    done.bytes += file_bytes;
   }
-  done.bytes = file_bytes * comm_.size();
   // Rank 0 commits; every rank learns whether it could (its disk may be the full one).
   std::string commit_error;
   if (comm_.rank() == 0) {

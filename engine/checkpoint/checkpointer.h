@@ -94,7 +94,7 @@ class Checkpointer {
   std::atomic<int> status_{0};
   std::string error_;
   double write_seconds_ = 0;
-  int64_t file_bytes_ = 0;  // every rank's file has the same size
+  int64_t file_bytes_ = 0;  // this rank's file (pipeline stages differ)
   uint64_t checksum_ = 0;
   std::optional<double> last_write_seconds_;
 };

@@ -43,6 +43,7 @@ Json manifest_to_json(const Manifest& m) {
               {"step", m.step},
               {"world_size", m.world_size},
               {"tensor_parallel", m.tensor_parallel},
+              {"pipeline_parallel", m.pipeline_parallel},
               {"zero_stage", m.zero_stage},
               {"engine_version", m.engine_version},
               {"created", m.created},
@@ -71,6 +72,7 @@ Manifest read_manifest(const fs::path& dir) {
     m.step = j.at("step").get<int64_t>();
     m.world_size = j.at("world_size").get<int>();
     m.tensor_parallel = j.value("tensor_parallel", 1);
+    m.pipeline_parallel = j.value("pipeline_parallel", 1);
     m.zero_stage = j.at("zero_stage").get<int>();
     m.engine_version = j.value("engine_version", "");
     m.created = j.value("created", "");

@@ -48,9 +48,10 @@ struct CheckpointFile {
 };
 
 struct Manifest {
-  int64_t step = 0;         // optimizer steps completed
-  int world_size = 1;       // rank files: data-parallel ranks x tensor_parallel
-  int tensor_parallel = 1;  // rank file d x T + t holds tensor rank t's slices of data rank d's shard
+  int64_t step = 0;           // optimizer steps completed
+  int world_size = 1;         // rank files: data-parallel ranks x tensor_parallel
+  int tensor_parallel = 1;    // rank file d x T + t holds tensor rank t's slices of data rank d's shard
+  int pipeline_parallel = 1;  // stages: rank file (d x P + s) x T + t holds stage s's weights
   int zero_stage = 0;
   std::string engine_version;
   std::string created;   // UTC, ISO 8601

@@ -116,7 +116,7 @@ void add_slice_pieces(const TensorSlice& slice, int file, int64_t offset, int64_
 }  // namespace
 
 std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds,
-                                               int tensor_parallel) {
+                                               int tensor_parallel, int stages, int stage) {
   std::vector<CheckpointTensor> tensors;
   const ShardLayout layout(graph.units(), world, 0);
   for (size_t i = 0; i < graph.params().size(); ++i) {
@@ -136,7 +136,7 @@ std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, co
         for (int r = 0; r < world; ++r) {
           const int64_t begin = std::max(p.offset, r * shard), end = std::min(p.offset + numel, (r + 1) * shard);
           if (begin >= end) continue;
-          const int file = r * tensor_parallel + s;
+          const int file = (r * stages + stage) * tensor_parallel + s;
           const int64_t offset = (section + begin - r * shard) * 4;
           if (p.slice.split())
             add_slice_pieces(p.slice.for_rank(s), file, offset, begin - p.offset, end - begin, t.pieces);

@@ -50,10 +50,11 @@ inline constexpr int64_t kStreamPieceElements = int64_t(1) << 20;  // stream_ran
 void stream_rank(const ParameterStore& store, const std::vector<StateKind>& kinds,
                  const std::function<void(const std::byte*, size_t)>& sink);
 
-// `world`: data-parallel ranks; with tensor_parallel T, the graph is tensor rank 0's and the files
-// are the world's T x world (Manifest::tensor_parallel).
+// `world`: data-parallel ranks; with tensor_parallel T, the graph is tensor rank 0's; with pipeline
+// stages, it is stage `stage`'s. The files are the world's: (data rank x stages + stage) x T + tensor
+// rank (Manifest::tensor_parallel, pipeline_parallel).
 std::vector<CheckpointTensor> describe_tensors(const Graph& graph, int world, const std::vector<std::string>& kinds,
-                                               int tensor_parallel = 1);
+                                               int tensor_parallel = 1, int stages = 1, int stage = 0);
 
 // Fills every kind's optimizer range from the checkpoint; throws UserError for a missing tensor, a
 // shape that differs, a file of the wrong size or a checksum that does not match.

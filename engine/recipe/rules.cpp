@@ -488,10 +488,6 @@ void check_pipeline_parallel(RuleContext& c) {
   if (c.r.distributed.wrap_policy != WrapPolicy::block)
     refuse({"distributed.wrap_policy", "distributed.pipeline_parallel"}, "a wrap policy other than block",
            "set distributed.wrap_policy: block");
-  const CheckpointSection& k = c.r.checkpoint;
-  if (k.every_steps > 0 || k.every_minutes > 0 || k.at_end)
-    refuse({"checkpoint.every_steps", "checkpoint.every_minutes", "checkpoint.at_end", "distributed.pipeline_parallel"},
-           "checkpointing", "set checkpoint.every_steps: 0, checkpoint.every_minutes: 0 and checkpoint.at_end: false");
 }
 
 }  // namespace
@@ -520,7 +516,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"telemetry", "train"}, check_telemetry},
       {{"lora", "model", "run"}, check_lora},
       {{"distributed", "model", "run", "lora", "offload"}, check_tensor_parallel},
-      {{"distributed", "model", "run", "lora", "offload", "checkpoint"}, check_pipeline_parallel},
+      {{"distributed", "model", "run", "lora", "offload"}, check_pipeline_parallel},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

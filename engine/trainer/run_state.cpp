@@ -1,13 +1,16 @@
 #include "trainer/run_state.h"
 
 #include <fstream>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "checkpoint/sharded_state.h"
 #include "core/atomic_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/version.h"
+#include "models/pipeline_stage.h"
 
 namespace engine {
 
@@ -18,14 +21,30 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
   const recipe::Recipe& r = session.recipe;
   Manifest m;
   m.step = steps;
-  m.world_size = session.world * session.tensor_layout.size;  // rank files
+  const int stages = session.pipeline.stages;
+  m.world_size = session.world * session.tensor_layout.size * stages;  // rank files
   m.tensor_parallel = session.tensor_layout.size;
+  m.pipeline_parallel = stages;
   m.zero_stage = int(r.distributed.zero_stage);
   m.engine_version = std::string(kVersion) + " " + kGitRevision;
   m.recipe = recipe_yaml;
   std::vector<std::string> names;
   for (const StateKind& k : kinds) names.push_back(k.name);
-  m.tensors = describe_tensors(session.model.graph, session.world, names, session.tensor_layout.size);
+  if (stages == 1) {
+    m.tensors = describe_tensors(session.model.graph, session.world, names, session.tensor_layout.size);
+  } else {
+    // Every stage's tensors, from the stages' graphs (each rank computes its own stage alone); a
+    // weight two stages hold (a tied embedding) is described once, from the first.
+    const ModelGraph whole = build_model(r, 1, 1.0, {session.tensor_layout.size, 0});
+    const std::vector<int> cuts = stage_boundaries(whole.graph, stages);
+    std::set<std::pair<std::string, std::string>> described;
+    for (int stage = 0; stage < stages; ++stage) {
+      const ModelGraph part = cut_stage(whole, stage, cuts);
+      for (CheckpointTensor& t :
+           describe_tensors(part.graph, session.world, names, session.tensor_layout.size, stages, stage))
+        if (described.insert({t.name, t.kind}).second) m.tensors.push_back(std::move(t));
+    }
+  }
   const LossScaler::State scaler = session.scaler.state();
   m.state = {{"step", steps},
              {"updates", session.updates},

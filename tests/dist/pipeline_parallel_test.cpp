@@ -138,4 +138,29 @@ TEST(PipelineParallel, TensorParallelStagesTrainTheOneProcessModel) {
       train(llama, 1, (dir / "llama").string()), 0.005, "Llama, T=2 x P=2 x D=2, ZeRO 1");
 }
 
+// Checkpoints: each stage's ranks write their weights, the manifest describes every stage's, so a run
+// resumes at its own layout and at another (P = 2 to one process; one process to P = 2 x D = 2 at
+// ZeRO 2) with the bits of the run that never stopped, and `engine export` writes it whole.
+TEST(PipelineParallel, CheckpointsResumeAtAnyLayoutWithTheSameBits) {
+  const engine::testing::TempDir dir("pp_resume");
+  const std::string recipe = with(kLlama, "train.gradient_accumulation_steps=4 checkpoint.every_steps=2");
+  const Training whole = train(recipe, 1, (dir / "w1").string());
+  const std::string staged = with(recipe, "distributed.pipeline_parallel=2");
+  train(staged, 2, (dir / "cut").string(), "--stop-after 2");
+  expect_same_bits(train(staged, 2, (dir / "cut").string(), "--resume latest"), whole, "P=2 cut and resumed");
+  train(staged, 2, (dir / "to_one").string(), "--stop-after 2");
+  expect_same_bits(
+      train(with(recipe, "distributed.pipeline_parallel=1"), 1, (dir / "to_one").string(), "--resume latest"), whole,
+      "P=2 resumed in one process");
+  train(recipe, 1, (dir / "to_stages").string(), "--stop-after 2");
+  expect_same_bits(train(with(recipe, "distributed.pipeline_parallel=2 distributed.zero_stage=2"), 4,
+                         (dir / "to_stages").string(), "--resume latest"),
+                   whole, "one process resumed at P=2 x D=2, ZeRO 2");
+  const std::string exported = (dir / "exported.safetensors").string();
+  const engine::testing::Shell exporting = engine::testing::shell(
+      "'" ENGINE_BINARY "' export " + (dir / "cut" / "run" / "checkpoints").string() + " " + exported);
+  ASSERT_EQ(exporting.status, 0) << exporting.output;
+  EXPECT_TRUE(engine::testing::read_safetensors(exported) == whole.weights) << "the exported checkpoint differs";
+}
+
 }  // namespace
