@@ -133,6 +133,12 @@ void print_table(const FitSearch& search, const FitBudgets& b) {
 }  // namespace
 
 void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& loaded) {
+  const DistributedSection& d = loaded.recipe.distributed;
+  if (d.tensor_parallel > 1 || d.pipeline_parallel > 1)
+    throw UserError(
+        "engine plan --fit proposes ZeRO, offload and checkpointing settings over data-parallel ranks, and does not "
+        "search tensor- or pipeline-parallel layouts yet: set distributed.tensor_parallel and pipeline_parallel to 1 "
+        "for --fit, and compare layouts with `engine plan --world-size N` (its layouts table)");
   CostModel cost;
   const bool device = planned_for_cuda(loaded.recipe);
   if (device)

@@ -5,13 +5,13 @@
 // checkpoint and the seconds since the signal are rank 0's.
 //
 //   StepDecisions mine{.stop_signal = StopSignals::received(), .plugin_stop = plugins.stop_reason().has_value()};
-//   const StepDecisions all = agree(mine, session.zero, comm.size());
+//   const StepDecisions all = agree(mine, world);   // every rank of the world, whatever its groups
 //   if (all.stop_signal) ...   // every rank sees the same decisions
 #pragma once
 
 namespace engine {
 
-class ZeroStep;
+class Communicator;
 
 struct StepDecisions {
   bool stop_signal = false;             // SIGTERM, SIGINT or SIGUSR1 arrived: preempted
@@ -21,7 +21,7 @@ struct StepDecisions {
   double seconds_since_signal = 0;      // rank 0's
 };
 
-// The decisions of every one of `world` ranks combined (every rank calls it at the same point).
-StepDecisions agree(const StepDecisions& mine, ZeroStep& zero, int world);
+// The decisions of every rank of `world` combined (every rank calls it at the same point).
+StepDecisions agree(const StepDecisions& mine, Communicator& world);
 
 }  // namespace engine

@@ -339,7 +339,7 @@ class TrainingRun {
                .checkpoint_requested = plugins_.take_checkpoint_request(),
                .checkpoint_due_by_time = r_.checkpoint.every_minutes > 0 && minutes >= r_.checkpoint.every_minutes,
                .seconds_since_signal = StopSignals::seconds_since()},
-              session.zero, comm().size());
+              world_);
     const bool preempted = decided.stop_signal;
     const bool sliced = options_.stop_after == step + 1;
     const bool stopping = preempted || decided.plugin_stop || sliced;
@@ -425,8 +425,7 @@ class TrainingRun {
     telemetry_->log({{"val_loss", val}}, step + 1, 1, false);
     progress_->note("step " + std::to_string(step + 1) + ": validation loss " + format_fixed(val, 4));
     plugins_.eval(step, val);
-    return agree({.checkpoint_requested = plugins_.take_checkpoint_request()}, session_->zero, comm().size())
-        .checkpoint_requested;
+    return agree({.checkpoint_requested = plugins_.take_checkpoint_request()}, world_).checkpoint_requested;
   }
 
   // Preempted: within the budget from the signal, this step's checkpoint if the last write's time
