@@ -455,10 +455,6 @@ void check_tensor_parallel(RuleContext& c) {
     auto [message, notes] = refused("LoRA", "set lora.rank: 0");
     c.error({"lora.rank", "distributed.tensor_parallel"}, message, notes);
   }
-  if (c.r.offload.optimizer != OffloadTier::none || c.r.offload.parameters != OffloadTier::none) {
-    auto [message, notes] = refused("offload", "set offload.optimizer and offload.parameters: none");
-    c.error({"offload.optimizer", "offload.parameters", "distributed.tensor_parallel"}, message, notes);
-  }
 }
 
 // Pipeline parallelism: a transformer with a block per stage at least, and what runs with it so far.
@@ -482,9 +478,6 @@ void check_pipeline_parallel(RuleContext& c) {
   if (c.r.run.device == RunDevice::cuda)
     refuse({"run.device", "distributed.pipeline_parallel"}, "the GPU", "use run.device: cpu");
   if (c.r.lora.rank > 0) refuse({"lora.rank", "distributed.pipeline_parallel"}, "LoRA", "set lora.rank: 0");
-  if (c.r.offload.optimizer != OffloadTier::none || c.r.offload.parameters != OffloadTier::none)
-    refuse({"offload.optimizer", "offload.parameters", "distributed.pipeline_parallel"}, "offload",
-           "set offload.optimizer and offload.parameters: none");
   if (c.r.distributed.wrap_policy != WrapPolicy::block)
     refuse({"distributed.wrap_policy", "distributed.pipeline_parallel"}, "a wrap policy other than block",
            "set distributed.wrap_policy: block");
@@ -515,8 +508,8 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"offload", "distributed"}, check_offload},
       {{"telemetry", "train"}, check_telemetry},
       {{"lora", "model", "run"}, check_lora},
-      {{"distributed", "model", "run", "lora", "offload"}, check_tensor_parallel},
-      {{"distributed", "model", "run", "lora", "offload"}, check_pipeline_parallel},
+      {{"distributed", "model", "run", "lora"}, check_tensor_parallel},
+      {{"distributed", "model", "run", "lora"}, check_pipeline_parallel},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

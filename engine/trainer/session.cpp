@@ -349,7 +349,10 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
       world(comm.size()),
       data(make_dataset(r)),
       model(std::move(compiled.model)),
-      offload(offload_spec(r, rank)),
+      // Swap files are named by the world rank: the ranks of a tensor-parallel group or of a
+      // pipeline's stages share their data-parallel rank.
+      offload(offload_spec(r, (rank * compiled.pipeline.stages + compiled.pipeline.stage) * compiled.tensor.size +
+                                  compiled.tensor.rank)),
       offloaded(make_offloaded_state(r, model.graph, offload, rank_sharding(compiled.sharding, comm))),
       store(model.graph, rank_sharding(compiled.sharding, comm), offload, offloaded.get()),
       optimizer(offload.optimizer != OffloadTier::none ? make_offloaded_optimizer(r.optimizer, store, *offloaded)

@@ -55,7 +55,9 @@ TEST(PipelineParallel, FourStagesInBf16AreOneProcessBitForBit) {
                    train(recipe, 1, (dir / "w1").string()), "P=4, bf16");
 }
 
-// P = 2 x D = 2 at every ZeRO stage, every block recomputed, against one process accumulating 4.
+// P = 2 x D = 2 at every ZeRO stage, every block recomputed, against one process accumulating 4; and
+// at ZeRO 3 with the optimizer state, masters and parameter shards offloaded to NVMe swap files
+// (named by world rank: the stages share their data-parallel ranks).
 TEST(PipelineParallel, TwoStagesByTwoDataRanksAtEveryZeroStageAreOneProcessBitForBit) {
   const engine::testing::TempDir dir("pp_zero");
   const Training whole = train(with(kLlama, "train.gradient_accumulation_steps=4"), 1, (dir / "w1").string());
@@ -66,6 +68,13 @@ TEST(PipelineParallel, TwoStagesByTwoDataRanksAtEveryZeroStageAreOneProcessBitFo
                                     std::to_string(stage)),
                            4, (dir / ("s" + std::to_string(stage))).string()),
                      whole, "P=2 x D=2, ZeRO stage " + std::to_string(stage));
+  expect_same_bits(train(with(kLlama,
+                              "distributed.pipeline_parallel=2 train.gradient_accumulation_steps=2 "
+                              "distributed.zero_stage=3 offload.optimizer=nvme offload.parameters=nvme "
+                              "offload.nvme_path=" +
+                                  (dir / "swap").string()),
+                         4, (dir / "nvme").string()),
+                   whole, "P=2 x D=2, ZeRO 3, NVMe offload");
 }
 
 // GPT-2's tied embedding: the first and last stage hold it, sum their gradients and stay in step;

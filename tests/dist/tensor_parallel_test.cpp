@@ -58,15 +58,21 @@ constexpr double kGptLr = 0.01, kLlamaLr = 0.005;
 
 std::string with(const std::string& recipe, const std::string& overrides) { return recipe + " " + overrides; }
 
-// T = 2 against one process; the same with 2 micro-batches accumulated and every block recomputed.
+// T = 2 against one process; the same with 2 micro-batches accumulated and every block recomputed, and
+// with the optimizer state offloaded.
 TEST(TensorParallel, GptSplitInTwoTrainsTheOneProcessModel) {
   const engine::testing::TempDir dir("tp_gpt");
   const Training whole = train(kGpt, 1, (dir / "w1").string());
   expect_close_fp32(train(with(kGpt, "distributed.tensor_parallel=2"), 2, (dir / "t2").string()), whole, kGptLr, "T=2");
   const std::string accumulated =
       with(kGpt, "train.gradient_accumulation_steps=2 activation_checkpointing.policy=full");
-  expect_close_fp32(train(with(accumulated, "distributed.tensor_parallel=2"), 2, (dir / "t2a2").string()),
-                    train(accumulated, 1, (dir / "w1a2").string()), kGptLr, "T=2, accumulating 2 with recompute");
+  const Training split = train(with(accumulated, "distributed.tensor_parallel=2"), 2, (dir / "t2a2").string());
+  expect_close_fp32(split, train(accumulated, 1, (dir / "w1a2").string()), kGptLr,
+                    "T=2, accumulating 2 with recompute");
+  // The optimizer state offloaded (each rank's slices' state): the same bits as without.
+  const Training offloaded =
+      train(with(accumulated, "distributed.tensor_parallel=2 offload.optimizer=cpu"), 2, (dir / "cpu").string());
+  EXPECT_TRUE(offloaded.weights == split.weights) << "T=2 with offload.optimizer cpu: the final weights differ";
 }
 
 // T = 2 x D = 2 at every ZeRO stage (over the data-parallel ranks) against one process accumulating 2.
