@@ -98,10 +98,11 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
   PluginDriver plugins(original, [](const std::string&) {});  // plugins act as in `engine train`, silently
   const recipe::LoadedRecipe& loaded = plugins.recipe();
   const recipe::Recipe& r = loaded.recipe;
-  if (r.distributed.tensor_parallel > 1)
+  if (r.distributed.tensor_parallel > 1 || r.distributed.pipeline_parallel > 1)
     throw UserError(
-        "goldens record data-parallel runs; set distributed.tensor_parallel: 1 (a tensor-parallel run "
-        "trains the same model, within the tolerance docs/parallelism.md derives)");
+        "goldens record data-parallel runs; set distributed.tensor_parallel and pipeline_parallel to 1 (a split run "
+        "trains the same model: a pipeline to its bits, tensor parallelism within the tolerance docs/parallelism.md "
+        "derives)");
   Session session(r, compile_step(r, comm ? comm->size() : 1), comm);
   session.store.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) load_weights(r.model.init_from, session.store, r.model.arch);

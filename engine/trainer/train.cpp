@@ -222,9 +222,13 @@ class TrainingRun {
                               .embedding = groups_->embedding()};
     session_ = std::make_unique<Session>(r_, std::move(compiled), &comm(), &groups_->tensor(), &links);
     Session& session = *session_;
-    if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && groups_->tensor_size() > 1)
-      throw UserError("gradient dumps write whole gradients, and distributed.tensor_parallel " +
-                      std::to_string(groups_->tensor_size()) + " splits them; dump with tensor_parallel 1");
+    if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) &&
+        (groups_->tensor_size() > 1 || groups_->stages() > 1))
+      throw UserError(
+          "gradient dumps write the whole model's gradients from one rank, and distributed."
+          "tensor_parallel " +
+          std::to_string(groups_->tensor_size()) + " x pipeline_parallel " + std::to_string(groups_->stages()) +
+          " split them over ranks; dump with both at 1 (a pipeline has the same gradients)");
     if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && !session.store.masters_whole())
       throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
                       std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm().size()) +
