@@ -90,9 +90,7 @@ namespace {
 void add_slice_pieces(const TensorSlice& slice, int file, int64_t offset, int64_t first, int64_t count,
                       std::vector<CheckpointPiece>& pieces) {
   const int64_t width = slice.columns(), columns = slice.logical_columns(), column = slice.column_begin();
-  std::vector<int64_t> logical_rows;
-  for (auto [begin, end] : slice.rows())
-    for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+  const std::vector<int64_t> logical_rows = slice.row_list();
   bool joinable = false;  // whether the last piece is this call's
   for (int64_t at = first; at < first + count;) {
     const int64_t local_row = at / width, in_row = at % width;
@@ -165,9 +163,7 @@ struct Copy {
 void add_slice_copies(const TensorSlice& slice, int64_t first, int64_t last, const std::vector<CheckpointPiece>& pieces,
                       const StateKind& kind, size_t unit, int64_t base, std::map<int, std::vector<Copy>>& copies) {
   const int64_t width = slice.columns(), columns = slice.logical_columns(), column = slice.column_begin();
-  std::vector<int64_t> logical_rows;
-  for (auto [begin, end] : slice.rows())
-    for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+  const std::vector<int64_t> logical_rows = slice.row_list();
   for (int64_t at = first; at < last;) {
     const int64_t in_row = at % width, n = std::min(width - in_row, last - at);
     const int64_t row = logical_rows[size_t(at / width)], from = column + in_row;  // logical columns [from, from + n)

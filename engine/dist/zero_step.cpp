@@ -187,11 +187,8 @@ double ZeroStep::gradient_norm() {
 double ZeroStep::gradient_norm(std::vector<double> partials) {
   const ShardLayout& layout = store_.layout();
   if (tensor_) {  // the group's partials summed in rank order: the same list on every rank of it
-    std::vector<double> all(partials.size() * size_t(tensor_->size()));
-    tensor_
-        ->all_gather(partials.data(), all.data(), int64_t(partials.size() * sizeof(double)),
-                     "all-gather of the gradient norm's tensor-parallel partial sums")
-        .wait();
+    const std::vector<double> all =
+        gather_values(*tensor_, partials, "the gradient norm's tensor-parallel partial sums");
     for (size_t k = 0; k < partials.size(); ++k) {
       partials[k] = 0;
       for (int r = 0; r < tensor_->size(); ++r) partials[k] += all[size_t(r) * partials.size() + k];
@@ -211,21 +208,15 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
       counted.insert(counted.end(), partials.begin() + long(at), partials.begin() + long(at + blocks));
     at += blocks;
   }
-  const auto stages = size_t(pipeline_->size());
-  int64_t mine = int64_t(counted.size());
-  std::vector<int64_t> sizes(stages);
-  pipeline_->all_gather(&mine, sizes.data(), sizeof mine, "all-gather of the stages' gradient norm sizes").wait();
-  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
-  counted.resize(size_t(longest), 0.0);
-  std::vector<double> all(size_t(longest) * stages);
-  pipeline_
-      ->all_gather(counted.data(), all.data(), longest * int64_t(sizeof(double)),
-                   "all-gather of the stages' gradient norm partial sums")
-      .wait();
+  // Stages hold different units: each list is padded to the longest for the gather.
+  const std::vector<double> sizes =
+      gather_values(*pipeline_, {double(counted.size())}, "the stages' gradient norm sizes");
+  const auto longest = size_t(*std::max_element(sizes.begin(), sizes.end()));
+  counted.resize(longest, 0.0);
+  const std::vector<double> all = gather_values(*pipeline_, counted, "the stages' gradient norm partial sums");
   std::vector<double> model;
-  for (size_t s = 0; s < stages; ++s)
-    model.insert(model.end(), all.begin() + long(s * size_t(longest)),
-                 all.begin() + long(s * size_t(longest) + size_t(sizes[s])));
+  for (size_t s = 0; s < sizes.size(); ++s)
+    model.insert(model.end(), all.begin() + long(s * longest), all.begin() + long(s * longest + size_t(sizes[s])));
   return sum_norm_partials(model);
 }
 

@@ -47,6 +47,13 @@ std::vector<std::pair<int64_t, int64_t>> TensorSlice::rows() const {
   return mine;
 }
 
+std::vector<int64_t> TensorSlice::row_list() const {
+  std::vector<int64_t> list;
+  for (auto [begin, end] : rows())
+    for (int64_t row = begin; row < end; ++row) list.push_back(row);
+  return list;
+}
+
 int64_t TensorSlice::numel() const {
   int64_t rows_held = 0;
   for (auto [begin, end] : rows()) rows_held += end - begin;

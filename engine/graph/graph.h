@@ -100,6 +100,8 @@ struct TensorSlice {
   int64_t logical_columns() const { return logical.dims.size() == 2 ? logical.dims[1] : 1; }
   // This rank's logical rows [begin, end), in local order, and its columns.
   std::vector<std::pair<int64_t, int64_t>> rows() const;
+  // The logical row of each of this rank's rows, in local order (rows() one by one).
+  std::vector<int64_t> row_list() const;
   int64_t column_begin() const { return by_columns ? logical_columns() / size * rank : 0; }
   int64_t columns() const { return by_columns ? logical_columns() / size : logical_columns(); }
   int64_t numel() const;  // this rank's elements

@@ -34,7 +34,8 @@ void apply_precision(Graph& graph, DType compute, DType gradient_accumulation) {
     const Value& v = graph.values()[i];
     if (v.placement != Placement::input || v.dtype != DType::f32) continue;
     const bool read_as_is = std::all_of(forward.begin(), forward.end(), [&](const Node& node) {
-      return node.op->any_float_inputs || std::find(node.inputs.begin(), node.inputs.end(), ValueId(i)) == node.inputs.end();
+      return node.op->any_float_inputs ||
+             std::find(node.inputs.begin(), node.inputs.end(), ValueId(i)) == node.inputs.end();
     });
     if (read_as_is) continue;
     ValueId cast = graph.add_activation(v.name + "." + std::string(dtype_name(compute)), v.shape, compute);

@@ -71,7 +71,7 @@ int stage_of(int unit, const std::vector<int>& boundaries) {
 ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>& boundaries) {
   const Graph& w = whole.graph;
   const int stages = int(boundaries.size()) - 1;
-  const bool first = stage == 0, last = stage == stages - 1;
+  const bool last = stage == stages - 1;
   const std::map<std::string, int64_t> positions = init_positions(w);
   // Which stages read each weight, and which read each activation.
   std::map<ValueId, std::vector<int>> readers;
@@ -184,9 +184,15 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
     m.stage_output = ops::stage_output(g, handed, m.stage_output_gradient, "stage_output");
     g.set_loss(m.stage_output);
   }
-  (void)first;
   g.mark_forward_end();
   return m;
+}
+
+std::vector<ModelGraph> cut_stages(const ModelGraph& whole, int stages) {
+  const std::vector<int> boundaries = stage_boundaries(whole.graph, stages);
+  std::vector<ModelGraph> graphs;
+  for (int stage = 0; stage < stages; ++stage) graphs.push_back(cut_stage(whole, stage, boundaries));
+  return graphs;
 }
 
 }  // namespace engine

@@ -34,6 +34,8 @@ struct PipelineLayout {
 std::vector<int> stage_boundaries(const Graph& whole, int stages);
 
 ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>& boundaries);
+// Every stage's graph, in stage order (what a rank that computes one stage needs to describe them all).
+std::vector<ModelGraph> cut_stages(const ModelGraph& whole, int stages);
 
 // The unit prefix of weights two stages share (cut_stage).
 inline const std::string kTiedUnitPrefix = "tied.";

@@ -421,6 +421,21 @@ void check_lora(RuleContext& c) {
             "or set lora.rank: 0");
 }
 
+// `what` (at `key`) does not run with `layout` (`layout_key` > 1) yet: refused by name, with the fix
+// and the way back to one rank.
+void refuse_with(RuleContext& c, const char* key, const char* layout_key, const std::string& layout,
+                 const std::string& what, const std::string& fix) {
+  c.error({key, layout_key}, what + " does not run with " + layout + " yet",
+          {fix + ", or set " + std::string(layout_key) + ": 1"});
+}
+
+// What neither tensor nor pipeline parallelism runs with yet: the GPU and LoRA.
+void refuse_unsupported(RuleContext& c, const char* layout_key, const std::string& layout) {
+  if (c.r.run.device == RunDevice::cuda)
+    refuse_with(c, "run.device", layout_key, layout, "the GPU", "use run.device: cpu");
+  if (c.r.lora.rank > 0) refuse_with(c, "lora.rank", layout_key, layout, "LoRA", "set lora.rank: 0");
+}
+
 // Tensor parallelism: a transformer whose heads, MLP width and vocabulary divide among the ranks,
 // and what runs with it so far.
 void check_tensor_parallel(RuleContext& c) {
@@ -443,18 +458,7 @@ void check_tensor_parallel(RuleContext& c) {
   if (m.kv_heads) divides("model.kv_heads", *m.kv_heads, "key/value heads");
   if (m.ffn_dim) divides("model.ffn_dim", *m.ffn_dim, "the MLP's hidden columns");
   divides("model.vocab_size", m.vocab_size, "the vocabulary's rows");
-  auto refused = [&](const std::string& what, const std::string& fix) {
-    return std::make_pair(what + " does not run with tensor parallelism yet",
-                          std::vector<std::string>{fix + ", or set distributed.tensor_parallel: 1"});
-  };
-  if (c.r.run.device == RunDevice::cuda) {
-    auto [message, notes] = refused("the GPU", "use run.device: cpu");
-    c.error({"run.device", "distributed.tensor_parallel"}, message, notes);
-  }
-  if (c.r.lora.rank > 0) {
-    auto [message, notes] = refused("LoRA", "set lora.rank: 0");
-    c.error({"lora.rank", "distributed.tensor_parallel"}, message, notes);
-  }
+  refuse_unsupported(c, "distributed.tensor_parallel", "tensor parallelism");
 }
 
 // Pipeline parallelism: a transformer with a block per stage at least, and what runs with it so far.
@@ -471,16 +475,10 @@ void check_pipeline_parallel(RuleContext& c) {
     c.error({"distributed.pipeline_parallel", "model.n_layer"},
             "distributed.pipeline_parallel " + str(p) + " needs a block per stage at least, and model.n_layer is " +
                 str(c.r.model.n_layer));
-  auto refuse = [&](std::initializer_list<const char*> keys, const std::string& what, const std::string& fix) {
-    c.error(keys, what + " does not run with pipeline parallelism yet",
-            {fix + ", or set distributed.pipeline_parallel: 1"});
-  };
-  if (c.r.run.device == RunDevice::cuda)
-    refuse({"run.device", "distributed.pipeline_parallel"}, "the GPU", "use run.device: cpu");
-  if (c.r.lora.rank > 0) refuse({"lora.rank", "distributed.pipeline_parallel"}, "LoRA", "set lora.rank: 0");
+  refuse_unsupported(c, "distributed.pipeline_parallel", "pipeline parallelism");
   if (c.r.distributed.wrap_policy != WrapPolicy::block)
-    refuse({"distributed.wrap_policy", "distributed.pipeline_parallel"}, "a wrap policy other than block",
-           "set distributed.wrap_policy: block");
+    refuse_with(c, "distributed.wrap_policy", "distributed.pipeline_parallel", "pipeline parallelism",
+                "a wrap policy other than block", "set distributed.wrap_policy: block");
 }
 
 }  // namespace

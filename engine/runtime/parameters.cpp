@@ -300,9 +300,7 @@ uint64_t ParameterStore::initialize_slice(int index, uint64_t seed, uint64_t pos
   std::vector<float> values(static_cast<size_t>(n));
   if (p.init.kind == ParamInit::Kind::normal) {
     const auto scale = float(p.init.std);
-    std::vector<int64_t> logical_rows;  // per local row, its logical row
-    for (auto [begin, end] : slice.rows())
-      for (int64_t row = begin; row < end; ++row) logical_rows.push_back(row);
+    const std::vector<int64_t> logical_rows = slice.row_list();
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < local_rows; ++r) {
       RandomStream stream(seed, RandomPurpose::init,

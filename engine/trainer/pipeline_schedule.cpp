@@ -38,8 +38,10 @@ void Session::pipeline_forward(int64_t step, int64_t micro, const Batch& batch, 
     const auto start = Clock::now();
     auto* input = static_cast<float*>(executor.input(model.stage_input));
     pipeline.previous->broadcast(input, int64_t(held_inputs_[0].size() * 4), 0, "pipeline activation").wait();
-    if (plan == "forward") pipeline_wait_seconds += since(start);  // the training step's idle time
-    if (plan == "forward") std::copy(input, input + held_inputs_[0].size(), held_inputs_[size_t(micro)].begin());
+    if (plan == "forward") {  // the training step's: its idle time, and the input its backward reruns from
+      pipeline_wait_seconds += since(start);
+      std::copy(input, input + held_inputs_[0].size(), held_inputs_[size_t(micro)].begin());
+    }
   }
   // The last stage's forward pass is its backward's: it runs there.
   if (plan == "forward" && model.stage_output == kNoValue) return;

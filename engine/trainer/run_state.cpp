@@ -35,15 +35,12 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
   } else {
     // Every stage's tensors, from the stages' graphs (each rank computes its own stage alone); a
     // weight two stages hold (a tied embedding) is described once, from the first.
-    const ModelGraph whole = build_model(r, 1, 1.0, {session.tensor_layout.size, 0});
-    const std::vector<int> cuts = stage_boundaries(whole.graph, stages);
+    const std::vector<ModelGraph> parts = cut_stages(build_model(r, 1, 1.0, {session.tensor_layout.size, 0}), stages);
     std::set<std::pair<std::string, std::string>> described;
-    for (int stage = 0; stage < stages; ++stage) {
-      const ModelGraph part = cut_stage(whole, stage, cuts);
-      for (CheckpointTensor& t :
-           describe_tensors(part.graph, session.world, names, session.tensor_layout.size, stages, stage))
+    for (int stage = 0; stage < stages; ++stage)
+      for (CheckpointTensor& t : describe_tensors(parts[size_t(stage)].graph, session.world, names,
+                                                  session.tensor_layout.size, stages, stage))
         if (described.insert({t.name, t.kind}).second) m.tensors.push_back(std::move(t));
-    }
   }
   const LossScaler::State scaler = session.scaler.state();
   m.state = {{"step", steps},

@@ -202,8 +202,8 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   c.train = plan_zero_step(g, layout, all_nodes(g), kept, zero, true);
   c.eval = plan_zero_step(g, layout, forward_nodes(g), kept, zero, false);
   c.eval.training = false;
-  if (pipeline.stages > 1) {  // no reductions: a backward follows each forward pass
-    c.forward = plan_zero_step(g, layout, forward_nodes(g), kept, zero, false);
+  if (pipeline.stages > 1) {  // the evaluation plan with dropout on (no reductions: the backward makes them)
+    c.forward = c.eval;
     c.forward.training = true;
   }
   c.traffic = plan_traffic(g, layout, c.sharding, c.train);
@@ -224,8 +224,8 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   m.optimizer_state = optimizer_state_bytes(r.optimizer, store.optimizer_elements * 4);
   m.activations = std::max({c.train.arena_bytes, c.eval.arena_bytes, c.forward.arena_bytes});
   if (!c.train.actions.empty() || !c.eval.actions.empty()) {
-    const int64_t without = std::max(plan_step(g, c.train.nodes, kept).arena_bytes,
-                                     plan_step(g, c.eval.nodes, kept).arena_bytes);
+    const int64_t without =
+        std::max(plan_step(g, c.train.nodes, kept).arena_bytes, plan_step(g, c.eval.nodes, kept).arena_bytes);
     m.zero_buffers = std::max<int64_t>(0, m.activations - without);
   }
   for (const Value& v : g.values()) {

@@ -514,8 +514,13 @@ class TrainingRun {
           logical[index] = gather_logical(p, whole.param(index), session.store.numel(index), groups_->tensor());
       }
     // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
+    // (Named by the whole model's graph, built once here for the gather and the file.)
+    std::optional<ModelGraph> whole_model;
     std::map<std::string, std::vector<float>> staged;
-    if (groups_->stages() > 1) staged = gather_stages(whole, logical);
+    if (groups_->stages() > 1) {
+      whole_model = build_model(r_, 1, 1.0);
+      staged = gather_stages(*whole_model, whole, logical);
+    }
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
     fs::path weights = summary_.run_dir / "model.safetensors";
@@ -525,11 +530,10 @@ class TrainingRun {
     std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
     if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
     auto whole_weight = whole_param(whole, session.store);
-    if (groups_->stages() > 1) {
-      const ModelGraph model = build_model(r_, 1, 1.0);
-      save_weights(weights, model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
-        return staged.at(model.graph.weight(ref).name).data();
-      });
+    if (whole_model) {
+      const Graph& model = whole_model->graph;
+      save_weights(weights, model, r_.model.arch, metadata,
+                   [&](Graph::WeightRef ref) -> const float* { return staged.at(model.weight(ref).name).data(); });
     } else {
       save_weights(weights, session.model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
         auto split = ref.frozen ? logical.end() : logical.find(ref.index);
@@ -547,13 +551,12 @@ class TrainingRun {
   // Every stage's weights by name, on every rank of each pipeline group: stage s broadcasts its
   // weights' values in its graph's order, which every rank knows from the whole model's cut.
   // `logical`: this rank's split weights, whole (tensor parallelism), by parameter index.
-  std::map<std::string, std::vector<float>> gather_stages(const WholeParameters& whole,
+  std::map<std::string, std::vector<float>> gather_stages(const ModelGraph& model, const WholeParameters& whole,
                                                           const std::map<int, std::vector<float>>& logical) {
-    const ModelGraph model = build_model(r_, 1, 1.0);
-    const std::vector<int> cuts = stage_boundaries(model.graph, groups_->stages());
+    const std::vector<ModelGraph> stages = cut_stages(model, groups_->stages());
     std::map<std::string, std::vector<float>> by_name;
     for (int s = 0; s < groups_->stages(); ++s) {
-      const ModelGraph stage = cut_stage(model, s, cuts);
+      const ModelGraph& stage = stages[size_t(s)];
       int64_t total = 0;
       for (const Param& p : stage.graph.params()) total += stage.graph.value(p.value).shape.numel();
       std::vector<float> values(static_cast<size_t>(total));

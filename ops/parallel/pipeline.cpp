@@ -1,29 +1,8 @@
 #include "parallel/pipeline.h"
 
-#include <vector>
-
-#include "core/convert.h"
-
 namespace engine::ops {
 
 namespace {
-
-// out (+)= in, element for element, between any two floating types (sums in fp32).
-void convert(const Node& node, const KernelContext& ctx, ValueId in, ValueId out) {
-  const int64_t n = ctx.shape(in).numel();
-  const DType from = ctx.dtype(in), to = ctx.dtype(out);
-  const bool accumulate = ctx.accumulates(node, 0);
-  if (to == DType::f32) {
-    widen(ctx.data(in), from, ctx.f32(out), n, accumulate);
-    return;
-  }
-  std::vector<float> values(static_cast<size_t>(n));
-  widen(ctx.data(in), from, values.data(), n);
-  if (accumulate) widen(ctx.data(out), to, values.data(), n, true);
-  narrow(values.data(), ctx.data(out), to, n);
-}
-
-void forward_cpu(const Node& node, const KernelContext& ctx) { convert(node, ctx, node.inputs[0], node.outputs[0]); }
 
 void stage_input_grad(GradBuilder& gb, const Node& node) {
   const ValueId dy = gb.grad(node.outputs[0]);
@@ -47,19 +26,19 @@ double no_flops(const Graph&, const Node&) { return 0.0; }
 }  // namespace
 
 const OpDef kStageInput{.name = "stage_input",
-                        .cpu = forward_cpu,
+                        .cpu = copy_kernel,
                         .cuda = no_cuda_yet,
                         .grad = stage_input_grad,
                         .flops = no_flops,
                         .native_16bit = "fp32 in, rounded once to the graph's type",
                         .any_float_inputs = true};
 const OpDef kStageInputGrad{.name = "stage_input_grad",
-                            .cpu = forward_cpu,
+                            .cpu = copy_kernel,
                             .cuda = no_cuda_yet,
                             .flops = no_flops,
                             .native_16bit = "widened to fp32 exactly"};
 const OpDef kStageOutput{.name = "stage_output",
-                         .cpu = forward_cpu,
+                         .cpu = copy_kernel,
                          .cuda = no_cuda_yet,
                          .grad = stage_output_grad,
                          .flops = no_flops,
@@ -67,7 +46,7 @@ const OpDef kStageOutput{.name = "stage_output",
                          .fp32_outputs = 0b1,
                          .any_float_inputs = true};
 const OpDef kStageOutputGrad{.name = "stage_output_grad",
-                             .cpu = forward_cpu,
+                             .cpu = copy_kernel,
                              .cuda = no_cuda_yet,
                              .flops = no_flops,
                              .native_16bit = "fp32 in, rounded once to the graph's type"};

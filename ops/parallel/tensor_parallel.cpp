@@ -21,11 +21,6 @@ int64_t bytes_of(const KernelContext& ctx, ValueId id) {
   return ctx.shape(id).numel() * int64_t(dtype_size(ctx.dtype(id)));
 }
 
-// f forward: the identity.
-void copy_cpu(const Node& node, const KernelContext& ctx) {
-  std::memcpy(ctx.data(node.outputs[0]), ctx.data(node.inputs[0]), size_t(bytes_of(ctx, node.inputs[0])));
-}
-
 // f backward: dx (+)= all_reduce(dy). dy is left as it is (another node may share it).
 void all_reduce_gradient_cpu(const Node& node, const KernelContext& ctx) {
   const ValueId dy = node.inputs[0], dx = node.outputs[0];
@@ -198,7 +193,7 @@ void no_cuda_yet(const Node& node, const KernelContext&) {
 }  // namespace
 
 const OpDef kCopyToTensorGroup{.name = "copy_to_tensor_group",
-                               .cpu = copy_cpu,
+                               .cpu = copy_kernel,
                                .cuda = no_cuda_yet,
                                .grad = copy_grad,
                                .flops = [](const Graph&, const Node&) { return 0.0; },

@@ -286,24 +286,23 @@ TEST(TensorParallel, WhatIsSplitMustDivide) {
   EXPECT_EQ(errors[1].key, "model.kv_heads");
 }
 
-// What does not run split yet is refused by name, never run some other way.
-TEST(TensorParallel, WhatDoesNotRunSplitYetIsRefused) {
+// `recipe_text` plus each of the sections the layout does not run with yet is refused, naming its key
+// and saying so (`message`), never run some other way.
+void expect_refused_with_layout(const std::string& recipe_text, const std::string& message) {
   for (const auto& [section, key] :
        {std::pair<std::string, std::string>{"lora: {rank: 4}", "lora.rank"}, {"run: {device: cuda}", "run.device"}}) {
-    auto errors = recipe(std::string(kTensorBase) + "distributed: {tensor_parallel: 2}\n" + section + "\n").errors();
+    auto errors = recipe(recipe_text + section + "\n").errors();
     ASSERT_FALSE(errors.empty()) << section;
     bool named = false;
-    for (const auto& e : errors)
-      named |= e.key == key && e.message.find("does not run with tensor parallelism yet") != std::string::npos;
+    for (const auto& e : errors) named |= e.key == key && e.message.find(message) != std::string::npos;
     EXPECT_TRUE(named) << section << "\n" << render_diagnostics(errors);
   }
 }
 
-}  // namespace
-}  // namespace engine::recipe::testing
-
-namespace engine::recipe::testing {
-namespace {
+TEST(TensorParallel, WhatDoesNotRunSplitYetIsRefused) {
+  expect_refused_with_layout(std::string(kTensorBase) + "distributed: {tensor_parallel: 2}\n",
+                             "does not run with tensor parallelism yet");
+}
 
 const char* kPipelineBase =
     "model: {arch: llama, vocab_size: 64, context_length: 32, n_layer: 2, n_head: 2, n_embd: 32}\n"
@@ -322,15 +321,8 @@ TEST(PipelineParallel, StagesCountAgainstTheWorldAndTheBlocks) {
 }
 
 TEST(PipelineParallel, WhatDoesNotRunInStagesYetIsRefused) {
-  for (const auto& [section, key] :
-       {std::pair<std::string, std::string>{"lora: {rank: 4}", "lora.rank"}, {"run: {device: cuda}", "run.device"}}) {
-    auto errors =
-        recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2}\n" + section + "\n").errors();
-    bool named = false;
-    for (const auto& e : errors)
-      named |= e.key == key && e.message.find("does not run with pipeline parallelism yet") != std::string::npos;
-    EXPECT_TRUE(named) << section << "\n" << render_diagnostics(errors);
-  }
+  expect_refused_with_layout(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2}\n",
+                             "does not run with pipeline parallelism yet");
 }
 
 }  // namespace
