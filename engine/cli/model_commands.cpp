@@ -83,10 +83,13 @@ ExportedWeights weights_of_checkpoint(const fs::path& checkpoint, bool with_base
   if (lora && with_base) {
     store.initialize(uint64_t(r.run.seed));
     if (!r.model.init_from.empty()) load_weights(r.model.init_from, store, r.model.arch);
+    // The whole base's digest, as the run took it before training (whatever its layout); a
+    // checkpoint from before it names its one rank's buffer after any fp16 -> bf16 fall-back.
+    const nlohmann::json base = manifest.state.value("frozen_weights", nlohmann::json::object());
+    const std::string digest = ParameterStore::hash_text(store.frozen_hash({}, nullptr));
     const std::string saved = manifest.state.value("compute_dtype", std::string());
     if (saved == "bf16" && model.graph.param_dtype() == DType::f16) store.retype(DType::f16, DType::bf16);
-    const std::string want = manifest.state.value("frozen_weights", nlohmann::json::object()).value("xxh3", "");
-    if (want != store.frozen_digest())
+    if (base.contains("digest") ? base.value("digest", "") != digest : base.value("xxh3", "") != store.frozen_digest())
       throw UserError(checkpoint.string() +
                       ": its adapters were trained over other base weights than model.init_from " +
                       (r.model.init_from.empty() ? std::string("(none: the seed's)") : r.model.init_from.string()) +

@@ -69,9 +69,10 @@ void TensorSlice::take(const float* whole, float* part) const {
 
 void Graph::set_slice(ValueId value, TensorSlice slice) {
   const Value& v = values_[size_t(value)];
-  ENGINE_CHECK(v.placement == Placement::parameter, v.name + ": only a trained parameter is split");
+  ENGINE_CHECK(v.placement == Placement::parameter || v.placement == Placement::frozen,
+               v.name + ": only a weight is split");
   ENGINE_CHECK(slice.numel() == v.shape.numel(), v.name + ": the slice does not make its shape");
-  params_[size_t(v.param)].slice = std::move(slice);
+  (v.placement == Placement::frozen ? frozen_ : params_)[size_t(v.param)].slice = std::move(slice);
 }
 
 ValueId Graph::add_frozen(std::string name, Shape shape, ParamInit init) {

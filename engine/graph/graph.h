@@ -140,7 +140,8 @@ class Graph {
   // Starts a wrap unit: parameters name it explicitly, forward nodes added after it belong to it.
   int add_unit(std::string name, bool block = false);
   ValueId add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay = true);
-  // Marks parameter `value` as this rank's `slice` of a larger logical tensor (tensor parallelism).
+  // Marks weight `value` (trained or frozen) as this rank's `slice` of a larger logical tensor
+  // (tensor parallelism).
   void set_slice(ValueId value, TensorSlice slice);
   // A weight the step reads and never trains (Placement::frozen).
   ValueId add_frozen(std::string name, Shape shape, ParamInit init);
@@ -188,6 +189,7 @@ class Graph {
   Value& mutable_value(ValueId id) { return values_[static_cast<size_t>(id)]; }
   // For the wrap pass, which regroups units (and so every parameter's unit and offset).
   std::vector<Param>& mutable_params() { return params_; }
+  std::vector<Param>& mutable_frozen() { return frozen_; }
   std::vector<Unit>& mutable_units() { return units_; }
 
  private:

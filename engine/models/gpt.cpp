@@ -24,7 +24,7 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
-  Lora lora(g, recipe);                // with lora.rank > 0: every weight below frozen, adapters trained
+  Lora lora(g, recipe, tensor);        // with lora.rank > 0: every weight below frozen, adapters trained
   TensorParallel tp(g, tensor, lora);  // with T ranks: each holds its 1/T of the split layers
   const int64_t T = tp.size();
 
@@ -65,20 +65,22 @@ ModelGraph build_gpt(const recipe::Recipe& recipe, int64_t batch, int64_t sequen
     ValueId out_w = tp.row(p + "mlp.c_proj.weight", C, F, unit, ParamInit::normal(residual_std));
     ValueId out_b = bias(p + "mlp.c_proj.bias", C, unit);
 
-    ValueId h = tp.enter(ops::layernorm(g, x, ln1_w, ln1_b, m.norm_eps, p + "ln_1"), p + "attn");
-    ValueId qkv = lora.adapt(ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn"), h, p, "attn.c_attn", 0, 3 * C, unit);
+    // An adapter of a column-parallel layer reads the normalised input before the group's copy.
+    ValueId ln = ops::layernorm(g, x, ln1_w, ln1_b, m.norm_eps, p + "ln_1");
+    ValueId h = tp.enter(ln, p + "attn");
+    ValueId qkv = lora.adapt(ops::linear(g, h, attn_w, attn_b, p + "attn.c_attn"), ln, p, "attn.c_attn", 0, 3 * C, unit,
+                             qkv_blocks);
     ValueId a = ops::causal_attention(g, qkv, m.n_head / T, p + "attn", 0, model.positions);
-    ValueId proj = lora.adapt(ops::linear(g, a, proj_w, tp.split_bias(proj_b), p + "attn.c_proj"), a, p, "attn.c_proj",
-                              0, C, unit);
-    proj = tp.leave(proj, proj_b, p + "attn");
+    ValueId proj = tp.leave(ops::linear(g, a, proj_w, tp.split_bias(proj_b), p + "attn.c_proj"), proj_b, p + "attn");
+    proj = lora.adapt_row(proj, a, p, "attn.c_proj", C, unit);
     proj = ops::dropout(g, proj, m.dropout, p + "attn.dropout");
     x = ops::add(g, x, proj, p + "residual_1");
-    h = tp.enter(ops::layernorm(g, x, ln2_w, ln2_b, m.norm_eps, p + "ln_2"), p + "mlp");
-    ValueId fc = lora.adapt(ops::linear(g, h, fc_w, fc_b, p + "mlp.c_fc"), h, p, "mlp.c_fc", 0, F, unit);
+    ln = ops::layernorm(g, x, ln2_w, ln2_b, m.norm_eps, p + "ln_2");
+    h = tp.enter(ln, p + "mlp");
+    ValueId fc = lora.adapt(ops::linear(g, h, fc_w, fc_b, p + "mlp.c_fc"), ln, p, "mlp.c_fc", 0, F, unit);
     ValueId f = ops::gelu(g, fc, p + "mlp.gelu");
-    ValueId o =
-        lora.adapt(ops::linear(g, f, out_w, tp.split_bias(out_b), p + "mlp.c_proj"), f, p, "mlp.c_proj", 0, C, unit);
-    o = tp.leave(o, out_b, p + "mlp");
+    ValueId o = tp.leave(ops::linear(g, f, out_w, tp.split_bias(out_b), p + "mlp.c_proj"), out_b, p + "mlp");
+    o = lora.adapt_row(o, f, p, "mlp.c_proj", C, unit);
     o = ops::dropout(g, o, m.dropout, p + "mlp.dropout");
     x = ops::add(g, x, o, p + "residual_2");
   }

@@ -29,7 +29,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   const double std = m.init_std, residual_std = m.init_std / std::sqrt(2.0 * double(L));
   ModelGraph model = start_language_model(recipe, batch, sequence, V);
   Graph& g = model.graph;
-  Lora lora(g, recipe);                // with lora.rank > 0: every weight below frozen, adapters trained
+  Lora lora(g, recipe, tensor);        // with lora.rank > 0: every weight below frozen, adapters trained
   TensorParallel tp(g, tensor, lora);  // with T ranks: each holds its 1/T of the split layers
   const int64_t T = tp.size();
   auto norm_weight = [&](const std::string& name, int unit) {
@@ -56,24 +56,25 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
     ValueId up_w = tp.column(p + "mlp.up_proj.weight", mlp_block, C, unit, ParamInit::normal(std));
     ValueId down_w = tp.row(p + "mlp.down_proj.weight", C, F, unit, ParamInit::normal(residual_std));
 
-    ValueId h = tp.enter(ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm"), p + "self_attn");
+    // An adapter of a column-parallel layer reads the normalised input before the group's copy.
+    ValueId normed = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
+    ValueId h = tp.enter(normed, p + "self_attn");
     ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
-    qkv = lora.adapt(qkv, h, p, "self_attn.q_proj", 0, C, unit);
-    qkv = lora.adapt(qkv, h, p, "self_attn.k_proj", C, KVC, unit);
-    qkv = lora.adapt(qkv, h, p, "self_attn.v_proj", C + KVC, KVC, unit);
+    qkv = lora.adapt(qkv, normed, p, "self_attn.q_proj", 0, C, unit);
+    qkv = lora.adapt(qkv, normed, p, "self_attn.k_proj", C, KVC, unit);
+    qkv = lora.adapt(qkv, normed, p, "self_attn.v_proj", C + KVC, KVC, unit);
     qkv = ops::rotary(g, qkv, m.n_head / T, m.rope_theta, p + "self_attn.rotary", KV / T, model.positions);
     ValueId a = ops::causal_attention(g, qkv, m.n_head / T, p + "self_attn", KV / T, model.positions);
-    ValueId o =
-        lora.adapt(ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), a, p, "self_attn.o_proj", 0, C, unit);
-    x = ops::add(g, x, tp.leave(o, kNoValue, p + "self_attn"), p + "residual_1");
-    h = tp.enter(ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm"), p + "mlp");
+    ValueId o = tp.leave(ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), kNoValue, p + "self_attn");
+    x = ops::add(g, x, lora.adapt_row(o, a, p, "self_attn.o_proj", C, unit), p + "residual_1");
+    normed = ops::rmsnorm(g, x, ln2, m.norm_eps, p + "post_attention_layernorm");
+    h = tp.enter(normed, p + "mlp");
     ValueId gate =
-        lora.adapt(ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj"), h, p, "mlp.gate_proj", 0, F, unit);
-    ValueId up = lora.adapt(ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj"), h, p, "mlp.up_proj", 0, F, unit);
+        lora.adapt(ops::linear(g, h, gate_w, kNoValue, p + "mlp.gate_proj"), normed, p, "mlp.gate_proj", 0, F, unit);
+    ValueId up = lora.adapt(ops::linear(g, h, up_w, kNoValue, p + "mlp.up_proj"), normed, p, "mlp.up_proj", 0, F, unit);
     ValueId f = ops::swiglu(g, gate, up, p + "mlp.swiglu");
-    ValueId down =
-        lora.adapt(ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), f, p, "mlp.down_proj", 0, C, unit);
-    x = ops::add(g, x, tp.leave(down, kNoValue, p + "mlp"), p + "residual_2");
+    ValueId down = tp.leave(ops::linear(g, f, down_w, kNoValue, p + "mlp.down_proj"), kNoValue, p + "mlp");
+    x = ops::add(g, x, lora.adapt_row(down, f, p, "mlp.down_proj", C, unit), p + "residual_2");
   }
 
   int head = g.add_unit("head");

@@ -48,16 +48,22 @@ std::vector<int> stage_boundaries(const Graph& whole, int stages) {
 
 namespace {
 
-// Where the whole model draws each weight in the init stream (ParameterStore::initialize's order).
+// Where the whole model draws each weight in its init stream (ParameterStore::initialize's order):
+// four words a normal, two a uniform (the adapters' own stream).
 std::map<std::string, int64_t> init_positions(const Graph& whole) {
   std::map<std::string, int64_t> positions;
-  int64_t position = 0;
+  int64_t position = 0, uniform_position = 0;
   for (const Graph::WeightRef ref : whole.weights()) {
     const Param& p = whole.weight(ref);
-    positions[p.name] = position;
     // A tensor-parallel slice draws from where its whole tensor does, and the stream passes all of it.
     const int64_t numel = p.slice.split() ? p.slice.logical.numel() : whole.value(p.value).shape.numel();
-    if (p.init.kind == ParamInit::Kind::normal) position += 4 * numel;
+    if (p.init.kind == ParamInit::Kind::uniform) {
+      positions[p.name] = uniform_position;
+      uniform_position += 2 * numel;
+    } else {
+      positions[p.name] = position;
+      if (p.init.kind == ParamInit::Kind::normal) position += 4 * numel;
+    }
   }
   return positions;
 }
@@ -119,6 +125,11 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
       }
       here = g.add_param(p.name, v.shape, unit, p.init, p.decay);
       g.mutable_params().back().init_position = positions.at(p.name);
+      if (p.slice.split()) g.set_slice(here, p.slice);
+    } else if (v.placement == Placement::frozen) {  // every stage that reads it holds it (a tied one too)
+      const Param& p = w.frozen()[size_t(v.param)];
+      here = g.add_frozen(p.name, v.shape, p.init);
+      g.mutable_frozen().back().init_position = positions.at(p.name);
       if (p.slice.split()) g.set_slice(here, p.slice);
     } else if (produced_by[size_t(id)] == stage) {
       here = g.add_activation(v.name, v.shape, v.dtype);

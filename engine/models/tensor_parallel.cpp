@@ -19,8 +19,8 @@ ValueId TensorParallel::column(const std::string& name, const std::vector<std::p
   const TensorSlice slice{.logical = logical, .by_columns = false, .blocks = blocks, .rank = rank_, .size = int(size_)};
   int64_t local_rows = 0;
   for (auto [begin, end] : slice.rows()) local_rows += end - begin;
-  ValueId w = graph_.add_param(name, columns ? Shape{local_rows, columns} : Shape{local_rows}, unit, init, decay);
-  graph_.set_slice(w, std::move(slice));
+  ValueId w = lora_.weight(name, columns ? Shape{local_rows, columns} : Shape{local_rows}, unit, init, decay);
+  graph_.set_slice(w, slice);
   return w;
 }
 
@@ -28,7 +28,7 @@ ValueId TensorParallel::row(const std::string& name, int64_t rows, int64_t colum
                             bool decay) {
   if (!enabled()) return lora_.weight(name, Shape{rows, columns}, unit, init, decay);
   const int64_t part = columns / size_;
-  ValueId w = graph_.add_param(name, Shape{rows, part}, unit, init, decay);
+  ValueId w = lora_.weight(name, Shape{rows, part}, unit, init, decay);
   graph_.set_slice(w,
                    TensorSlice{.logical = Shape{rows, columns}, .by_columns = true, .rank = rank_, .size = int(size_)});
   return w;

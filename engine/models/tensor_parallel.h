@@ -30,7 +30,7 @@ namespace engine {
 
 class TensorParallel {
  public:
-  // `lora` makes the whole weights.
+  // `lora` makes the weights (frozen ones with LoRA).
   TensorParallel(Graph& graph, TensorLayout layout, Lora& lora);
   bool enabled() const { return size_ > 1; }
   int64_t size() const { return size_; }

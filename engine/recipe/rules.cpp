@@ -429,11 +429,10 @@ void refuse_with(RuleContext& c, const char* key, const char* layout_key, const 
           {fix + ", or set " + std::string(layout_key) + ": 1"});
 }
 
-// What neither tensor nor pipeline parallelism runs with yet: the GPU and LoRA.
+// What neither tensor nor pipeline parallelism runs with yet: the GPU.
 void refuse_unsupported(RuleContext& c, const char* layout_key, const std::string& layout) {
   if (c.r.run.device == RunDevice::cuda)
     refuse_with(c, "run.device", layout_key, layout, "the GPU", "use run.device: cpu");
-  if (c.r.lora.rank > 0) refuse_with(c, "lora.rank", layout_key, layout, "LoRA", "set lora.rank: 0");
 }
 
 // Tensor parallelism: a transformer whose heads, MLP width and vocabulary divide among the ranks,

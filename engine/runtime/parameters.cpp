@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "core/convert.h"
 #include "core/error.h"
@@ -101,11 +102,50 @@ void* ParameterStore::frozen_storage(int index) const {
   return frozen_.data() + graph_.frozen()[size_t(index)].offset * int64_t(dtype_size(frozen_dtype_));
 }
 
-std::string ParameterStore::frozen_digest() const {
+std::string ParameterStore::hash_text(uint64_t hash) {
   char text[17];
-  std::snprintf(text, sizeof text, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(frozen_.data(), size_t(frozen_.bytes()))));
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
   return text;
+}
+
+std::string ParameterStore::frozen_digest() const {
+  return hash_text(XXH3_64bits(frozen_.data(), size_t(frozen_.bytes())));
+}
+
+uint64_t ParameterStore::frozen_hash(const std::set<std::string>& skip, int64_t* elements) const {
+  constexpr int64_t kChunk = 4096;  // widened a chunk at a time: no whole fp32 copy of a weight
+  uint64_t sum = 0;
+  int64_t hashed = 0;
+  for (int index = 0; index < int(graph_.frozen().size()); ++index) {
+    const Param& p = graph_.frozen()[size_t(index)];
+    if (skip.count(p.name)) continue;
+    const uint64_t name = XXH3_64bits(p.name.data(), p.name.size());
+    const int64_t n = frozen_numel(index);
+    const auto* stored = static_cast<const std::byte*>(frozen_storage(index));
+    const int64_t element_bytes = int64_t(dtype_size(frozen_dtype_));
+    // The index of each element in the whole tensor: a slice's rows and columns are the whole's.
+    const bool split = p.slice.split();
+    const std::vector<int64_t> rows = split ? p.slice.row_list() : std::vector<int64_t>{};
+    const int64_t width = split ? p.slice.columns() : n, stride = split ? p.slice.logical_columns() : n,
+                  column = split ? p.slice.column_begin() : 0;
+    uint64_t partial = 0;
+#pragma omp parallel for reduction(+ : partial) schedule(static)
+    for (int64_t first = 0; first < n; first += kChunk) {
+      const int64_t count = std::min(kChunk, n - first);
+      float values[kChunk];
+      widen_serial(stored + first * element_bytes, frozen_dtype_, values, count);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t at = first + k, whole = split ? rows[size_t(at / width)] * stride + column + at % width : at;
+        uint32_t bits;
+        std::memcpy(&bits, &values[k], sizeof bits);
+        partial += mix64(mix64(name + uint64_t(whole)) ^ bits);
+      }
+    }
+    sum += partial;
+    hashed += n;
+  }
+  if (elements) *elements = hashed;
+  return sum;
 }
 
 void ParameterStore::set_frozen_part(int index, int64_t first, const float* values, int64_t count) {
@@ -259,10 +299,11 @@ void ParameterStore::initialize(uint64_t seed) {
   for (const Graph::WeightRef ref : graph_.weights()) {
     const Param& p = graph_.weight(ref);
     const int64_t n = graph_.value(p.value).shape.numel();
+    uint64_t& at = p.init.kind == ParamInit::Kind::uniform ? uniform_position : position;
     // A pipeline stage's weight draws where the whole model's does; the stream goes on from there.
-    if (p.init_position >= 0) position = uint64_t(p.init_position);
+    if (p.init_position >= 0) at = uint64_t(p.init_position);
     if (p.slice.split()) {  // this rank's part of a tensor-parallel weight, drawn where the whole one is
-      position = initialize_slice(ref.index, seed, position);
+      at = initialize_slice(ref, seed, at);
       continue;
     }
     for (int64_t first = 0; first < n; first += kPart) {
@@ -291,16 +332,16 @@ void ParameterStore::initialize(uint64_t seed) {
   }
 }
 
-uint64_t ParameterStore::initialize_slice(int index, uint64_t seed, uint64_t position) {
-  const Param& p = graph_.params()[size_t(index)];
+uint64_t ParameterStore::initialize_slice(Graph::WeightRef ref, uint64_t seed, uint64_t position) {
+  const Param& p = graph_.weight(ref);
   const TensorSlice& slice = p.slice;
-  const int64_t logical = slice.logical.numel(), n = numel(index);
+  const int64_t logical = slice.logical.numel(), n = graph_.value(p.value).shape.numel();
   const int64_t columns = slice.logical_columns(), width = slice.columns(), column_begin = slice.column_begin();
   const int64_t local_rows = n / width;
+  const std::vector<int64_t> logical_rows = slice.row_list();
   std::vector<float> values(static_cast<size_t>(n));
-  if (p.init.kind == ParamInit::Kind::normal) {
-    const auto scale = float(p.init.std);
-    const std::vector<int64_t> logical_rows = slice.row_list();
+  const auto scale = float(p.init.std);
+  if (p.init.kind == ParamInit::Kind::normal) {  // four words a draw
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < local_rows; ++r) {
       RandomStream stream(seed, RandomPurpose::init,
@@ -308,11 +349,17 @@ uint64_t ParameterStore::initialize_slice(int index, uint64_t seed, uint64_t pos
       for (int64_t k = 0; k < width; ++k) values[size_t(r * width + k)] = scale * stream.normal();
     }
     position += 4 * uint64_t(logical);
+  } else if (p.init.kind == ParamInit::Kind::uniform) {  // two words a draw, from the adapters' stream
+    for (int64_t r = 0; r < local_rows; ++r) {
+      RandomStream stream(seed, RandomPurpose::adapter_init,
+                          position + 2 * uint64_t(logical_rows[size_t(r)] * columns + column_begin));
+      for (int64_t k = 0; k < width; ++k) values[size_t(r * width + k)] = scale * float(2.0 * stream.uniform() - 1.0);
+    }
+    position += 2 * uint64_t(logical);
   } else {
-    ENGINE_CHECK(p.init.kind != ParamInit::Kind::uniform, p.name + ": a split weight draws normals only");
     std::fill(values.begin(), values.end(), p.init.kind == ParamInit::Kind::ones ? 1.0f : 0.0f);
   }
-  set_param(index, values.data());
+  set_weight(ref, values.data());
   return position;
 }
 

@@ -28,6 +28,8 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -70,8 +72,15 @@ class ParameterStore {
   int64_t frozen_numel(int index) const { return graph_.value(graph_.frozen()[size_t(index)].value).shape.numel(); }
   std::vector<float> frozen_values(int index) const;
   void* frozen_storage(int index) const;
-  // XXH3 of every frozen weight as stored, in hex: what a LoRA checkpoint records of its base.
+  // XXH3 of every frozen weight as stored, in hex: what a LoRA checkpoint recorded of its base
+  // before checkpoints named it by frozen_hash.
   std::string frozen_digest() const;
+  // What a LoRA checkpoint records of its base, whatever the layout: the sum (mod 2^64) over this
+  // rank's frozen elements of a hash of (weight name, the element's index in the whole tensor, its
+  // value), leaving out the weights `skip` names. Ranks that hold disjoint parts of the model (tensor
+  // slices, pipeline stages) add theirs to the whole model's. `elements`: how many were hashed.
+  uint64_t frozen_hash(const std::set<std::string>& skip, int64_t* elements) const;
+  static std::string hash_text(uint64_t hash);  // 16 hex digits
   // Either kind of weight, by its place in Graph::weights.
   void set_weight(Graph::WeightRef ref, const float* values) {
     ref.frozen ? set_frozen(ref.index, values) : set_param(ref.index, values);
@@ -142,9 +151,9 @@ class ParameterStore {
   struct UnitSizes {
     int64_t compute = 0, master = 0, shard16 = 0, micro_grad = 0, grad_shard = 0, opt_grad = 0;
   };
-  // Param `index`, a tensor-parallel slice, from the init stream whose whole tensor starts at
-  // `position`; returns the position after the whole tensor.
-  uint64_t initialize_slice(int index, uint64_t seed, uint64_t position);
+  // Weight `ref`, a tensor-parallel slice, from its init stream (the adapters' for a uniform one)
+  // where its whole tensor starts at `position`; returns the position after the whole tensor.
+  uint64_t initialize_slice(Graph::WeightRef ref, uint64_t seed, uint64_t position);
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
                               DType param, DType grad, size_t u);
   struct UnitBuffers {

@@ -69,8 +69,7 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
   // A LoRA checkpoint holds the adapters; the base they were trained over is named by its digest,
   // so a resume over other base weights is refused rather than trained on.
   if (!session.model.graph.frozen().empty())
-    m.state["frozen_weights"] = {{"elements", session.model.graph.frozen_count()},
-                                 {"xxh3", session.store.frozen_digest()}};
+    m.state["frozen_weights"] = {{"elements", session.frozen_base_elements}, {"digest", session.frozen_base_digest}};
   return m;
 }
 
@@ -88,8 +87,10 @@ void restore_checkpoint(Session& session, PluginDriver& plugins, const std::file
   session.zero.finish_update();  // the compute copies from the restored masters
   plugins.restore_state(state.at("plugins"));
   if (state.contains("frozen_weights")) {
-    const std::string want = state["frozen_weights"].value("xxh3", std::string());
-    if (want != session.store.frozen_digest())
+    // The whole base's digest; a checkpoint from before it names its one rank's buffer (xxh3).
+    const nlohmann::json& base = state["frozen_weights"];
+    if (base.contains("digest") ? base["digest"].get<std::string>() != session.frozen_base_digest
+                                : base.value("xxh3", std::string()) != session.store.frozen_digest())
       throw UserError(dir.string() + ": its adapters were trained over other frozen base weights than this run " +
                       "starts from (model.init_from " +
                       (session.recipe.model.init_from.empty() ? std::string("none: the seed's random weights")

@@ -246,6 +246,10 @@ class Session {
   LossScaler scaler;
   TensorLayout tensor_layout;  // the step's tensor-parallel group (size 1: none)
   int64_t updates = 0;         // applied optimizer updates (skipped steps do not count)
+  // LoRA: the frozen base the run started from, over the whole model whatever the layout
+  // (ParameterStore::frozen_hash summed over one replica's ranks), as hex; what checkpoints record.
+  std::string frozen_base_digest;
+  int64_t frozen_base_elements = 0;
 
   // fp16 -> bf16 for the rest of the run: the graph's 16-bit values change type (same sizes, so
   // the plan stands), the parameter copies are rounded anew and loss scaling stops.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <vector>
 
 #include "checkpoint/adapters.h"
@@ -235,8 +237,11 @@ class TrainingRun {
                       " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
     session.store.initialize(uint64_t(r_.run.seed));
     // A LoRA checkpoint holds the adapters and their optimizer state; the frozen base comes from
-    // where the run started, as it did then.
-    if (resume_dir_ && r_.lora.rank > 0) load_initial_weights(session.store);
+    // where the run started, as it did then, and is named by its digest before anything else.
+    if (r_.lora.rank > 0) {
+      load_initial_weights(session.store);
+      digest_frozen_base(session);
+    }
     if (resume_dir_) {
       const auto restore_start = std::chrono::steady_clock::now();
       restore_checkpoint(session, plugins_, *resume_dir_, resume_);
@@ -248,13 +253,41 @@ class TrainingRun {
       summary_.final_loss = resume_.state.value("last_loss", 0.0);
       elapsed_before_ = resume_.state.value("elapsed_s", 0.0);
       summary_.steps = first_step_;
-    } else {
+    } else if (r_.lora.rank == 0) {
       load_initial_weights(session.store);
     }
     rows_per_step_ = session.micro_batch * session.accumulation * session.model.sequence * comm().size();
     memory_ = session.memory();
     report_start(out_, session, world_, traffic_);
     if (groups_->tensor_size() > 1 || groups_->stages() > 1) out_ << "layout: " << groups_->layout() << "\n";
+  }
+
+  // The frozen base's digest over the whole model (a collective of the world): each rank hashes its
+  // part, a weight an earlier stage holds too (a tied embedding) left to that stage and a whole
+  // (replicated) one to the first rank of the tensor-parallel group, and the ranks of one
+  // data-parallel replica (world ranks below T x P) add theirs.
+  void digest_frozen_base(Session& session) {
+    std::set<std::string> skip;
+    if (groups_->tensor().rank() != 0)
+      for (const Param& p : session.model.graph.frozen())
+        if (!p.slice.split()) skip.insert(p.name);
+    if (groups_->stages() > 1) {
+      const std::vector<ModelGraph> stages = cut_stages(build_model(r_, 1, 1.0), groups_->stages());
+      for (int s = 0; s < groups_->stage(); ++s)
+        for (const Param& p : stages[size_t(s)].graph.frozen()) skip.insert(p.name);
+    }
+    int64_t elements = 0;
+    const uint64_t hash = session.store.frozen_hash(skip, &elements);
+    const std::array<uint64_t, 2> mine{hash, uint64_t(elements)};
+    std::vector<uint64_t> all(2 * size_t(world_.size()));
+    world_.all_gather(mine.data(), all.data(), sizeof mine, "all-gather of the frozen base's digest").wait();
+    uint64_t sum = 0, count = 0;
+    for (size_t r = 0; r < size_t(groups_->tensor_size() * groups_->stages()); ++r) {
+      sum += all[2 * r];
+      count += all[2 * r + 1];
+    }
+    session.frozen_base_digest = ParameterStore::hash_text(sum);
+    session.frozen_base_elements = int64_t(count);
   }
 
   // model.init_from (with LoRA: the frozen base) and lora.init_from (a PEFT adapter).
@@ -505,13 +538,16 @@ class TrainingRun {
     }
     session.sync_host();
     const WholeParameters whole(session.store, comm());
-    // A tensor-parallel run's split weights, assembled whole from the group's slices (a collective).
-    std::map<int, std::vector<float>> logical;
+    auto whole_weight = whole_param(whole, session.store);
+    // A tensor-parallel run's split weights (trained and frozen), assembled whole from the group's
+    // slices (a collective), by name.
+    std::map<std::string, std::vector<float>> logical;
+    const Graph& graph = session.model.graph;
     if (groups_->tensor_size() > 1)
-      for (int index = 0; index < int(session.model.graph.params().size()); ++index) {
-        const Param& p = session.model.graph.params()[size_t(index)];
+      for (const Graph::WeightRef ref : graph.weights()) {
+        const Param& p = graph.weight(ref);
         if (p.slice.split())
-          logical[index] = gather_logical(p, whole.param(index), session.store.numel(index), groups_->tensor());
+          logical[p.name] = gather_logical(p, whole_weight(ref), graph.value(p.value).shape.numel(), groups_->tensor());
       }
     // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
     // (Named by the whole model's graph, built once here for the gather and the file.)
@@ -519,7 +555,7 @@ class TrainingRun {
     std::map<std::string, std::vector<float>> staged;
     if (groups_->stages() > 1) {
       whole_model = build_model(r_, 1, 1.0);
-      staged = gather_stages(*whole_model, whole, logical);
+      staged = gather_stages(*whole_model, whole_weight, logical);
     }
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
@@ -529,14 +565,13 @@ class TrainingRun {
                                                               : "mlp";
     std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
     if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
-    auto whole_weight = whole_param(whole, session.store);
     if (whole_model) {
       const Graph& model = whole_model->graph;
       save_weights(weights, model, r_.model.arch, metadata,
                    [&](Graph::WeightRef ref) -> const float* { return staged.at(model.weight(ref).name).data(); });
     } else {
-      save_weights(weights, session.model.graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
-        auto split = ref.frozen ? logical.end() : logical.find(ref.index);
+      save_weights(weights, graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
+        auto split = logical.find(graph.weight(ref).name);
         return split != logical.end() ? split->second.data() : whole_weight(ref);
       });
     }
@@ -548,28 +583,33 @@ class TrainingRun {
     return summary_;
   }
 
-  // Every stage's weights by name, on every rank of each pipeline group: stage s broadcasts its
-  // weights' values in its graph's order, which every rank knows from the whole model's cut.
-  // `logical`: this rank's split weights, whole (tensor parallelism), by parameter index.
-  std::map<std::string, std::vector<float>> gather_stages(const ModelGraph& model, const WholeParameters& whole,
-                                                          const std::map<int, std::vector<float>>& logical) {
+  // Every stage's weights (trained and frozen) by name, on every rank of each pipeline group: stage s
+  // broadcasts its weights' values in its graph's order, which every rank knows from the whole
+  // model's cut. `logical`: this rank's split weights, whole (tensor parallelism), by name.
+  std::map<std::string, std::vector<float>> gather_stages(const ModelGraph& model,
+                                                          const std::function<const float*(Graph::WeightRef)>& weight,
+                                                          const std::map<std::string, std::vector<float>>& logical) {
     const std::vector<ModelGraph> stages = cut_stages(model, groups_->stages());
+    const Graph& mine = session_->model.graph;
     std::map<std::string, std::vector<float>> by_name;
     for (int s = 0; s < groups_->stages(); ++s) {
-      const ModelGraph& stage = stages[size_t(s)];
+      const Graph& stage = stages[size_t(s)].graph;
       int64_t total = 0;
-      for (const Param& p : stage.graph.params()) total += stage.graph.value(p.value).shape.numel();
+      for (const Graph::WeightRef ref : stage.weights()) total += stage.value(stage.weight(ref).value).shape.numel();
       std::vector<float> values(static_cast<size_t>(total));
       if (s == groups_->stage()) {
         float* at = values.data();
-        for (int i = 0; i < int(session_->model.graph.params().size()); ++i)
-          at = logical.count(i) ? std::copy(logical.at(i).begin(), logical.at(i).end(), at)
-                                : std::copy_n(whole.param(i), session_->store.numel(i), at);
+        for (const Graph::WeightRef ref : mine.weights()) {
+          const Param& p = mine.weight(ref);
+          at = logical.count(p.name) ? std::copy(logical.at(p.name).begin(), logical.at(p.name).end(), at)
+                                     : std::copy_n(weight(ref), mine.value(p.value).shape.numel(), at);
+        }
       }
       groups_->pipeline()->broadcast(values.data(), total * 4, s, "broadcast of a pipeline stage's weights").wait();
       const float* at = values.data();
-      for (const Param& p : stage.graph.params()) {
-        const int64_t n = stage.graph.value(p.value).shape.numel();
+      for (const Graph::WeightRef ref : stage.weights()) {
+        const Param& p = stage.weight(ref);
+        const int64_t n = stage.value(p.value).shape.numel();
         by_name.try_emplace(p.name, at, at + n);
         at += n;
       }

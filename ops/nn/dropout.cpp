@@ -44,11 +44,35 @@ void apply_mask(const Node& node, const KernelContext& ctx) {
   }
 }
 
+// apply_mask on columns [column_begin, column_begin + width) of rows `columns` wide: element (row, k)
+// takes the word of element row * columns + column_begin + k of the whole.
+void apply_mask_columns(const Node& node, const KernelContext& ctx) {
+  if (!ctx.training) return copy_kernel(node, ctx);
+  const int64_t n = ctx.shape(node.inputs[0]).numel(), width = ctx.shape(node.inputs[0]).last();
+  const int64_t columns = node.attrs.ints[1], column_begin = node.attrs.ints[2];
+  const DropoutMask mask =
+      DropoutMask::make(node.attrs.floats[0], node.attrs.ints[0], ctx.seed, ctx.step, ctx.micro_step);
+  for_each_chunk<1, 1>(ctx, {node.inputs[0]}, {node.outputs[0]}, {ctx.accumulates(node, 0)}, n,
+                       [&](const float* const* in, float* const* out, int64_t begin, int64_t count) {
+                         for (int64_t k = 0; k < count; ++k) {
+                           const int64_t i = begin + k, whole = i / width * columns + column_begin + i % width;
+                           out[0][k] = mask.apply(mask.block(whole / 4).word[whole % 4], in[0][k]);
+                         }
+                       });
+}
+
+template <const OpDef& kBackward>
 void dropout_grad(GradBuilder& gb, const Node& node) {
   ValueId dy = gb.grad(node.outputs[0]);
   if (dy == kNoValue) return;
   auto t = gb.target(node.inputs[0]);
-  gb.emit(kDropoutBackward, {dy}, {t.value}, t, node.attrs, node.name);
+  gb.emit(kBackward, {dy}, {t.value}, t, node.attrs, node.name);
+}
+
+// Tells dropout sites apart: the node's position in the graph, the tensor-parallel collectives left
+// out, so that the ranks of a split model draw the unsplit model's masks.
+int64_t dropout_salt(const Graph& g) {
+  return std::count_if(g.nodes().begin(), g.nodes().end(), [](const Node& node) { return !node.op->tensor_parallel; });
 }
 
 }  // namespace
@@ -57,7 +81,7 @@ constexpr const char* kCudaDropout16 = "16-bit values read and written directly 
 const OpDef kDropout{.name = "dropout",
                      .cpu = apply_mask,
                      .cuda = cuda::dropout_mask,
-                     .grad = dropout_grad,
+                     .grad = dropout_grad<kDropoutBackward>,
                      .flops = elementwise_flops,
                      .native_16bit = kWidenedChunks,
                      .cuda_16bit = kCudaDropout16,
@@ -75,11 +99,31 @@ ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
   if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
   if (p <= 0) return x;
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);
-  // The salt tells dropout sites apart: the node's position in the graph, the tensor-parallel
-  // collectives left out, so that the ranks of a split model draw the unsplit model's masks.
-  const auto salt =
-      std::count_if(g.nodes().begin(), g.nodes().end(), [](const Node& node) { return !node.op->tensor_parallel; });
-  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{int64_t(salt)}, {p}}, false, false, name});
+  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{dropout_salt(g)}, {p}}, false, false, name});
+  return y;
+}
+
+const OpDef kDropoutColumns{.name = "dropout_columns",
+                            .cpu = apply_mask_columns,
+                            .grad = dropout_grad<kDropoutColumnsBackward>,
+                            .flops = elementwise_flops,
+                            .native_16bit = kWidenedChunks,
+                            .cheap_to_recompute = true};
+const OpDef kDropoutColumnsBackward{.name = "dropout_columns_backward",
+                                    .cpu = apply_mask_columns,
+                                    .flops = elementwise_flops,
+                                    .native_16bit = kWidenedChunks};
+
+ValueId dropout_columns(Graph& g, ValueId x, double p, int64_t columns, int64_t column_begin, const std::string& name) {
+  if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
+  if (p <= 0) return x;
+  const int64_t width = g.value(x).shape.last();
+  if (column_begin < 0 || column_begin + width > columns)
+    shape_error(name, "columns [" + std::to_string(column_begin) + ", " + std::to_string(column_begin + width) +
+                          ") are not within " + std::to_string(columns));
+  ValueId y = g.add_activation(name + ".out", g.value(x).shape);
+  g.add_node(
+      Node{&kDropoutColumns, {x}, {y}, Attrs{{dropout_salt(g), columns, column_begin}, {p}}, false, false, name});
   return y;
 }
 

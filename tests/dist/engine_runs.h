@@ -144,4 +144,21 @@ inline void expect_close_fp32(const Training& split, const Training& whole, doub
   EXPECT_LE(worst, 1e-2 * lr * double(whole.steps.size())) << what << ": final weight of " << where;
 }
 
+// 16-bit (bf16, fp16): a split run against one process in the same precision, within twice the
+// distance of that run from fp32's (tensor_parallel_test.cpp derives it).
+inline void expect_close_16bit(const Training& split, const Training& whole, const Training& whole_fp32,
+                               const std::string& what) {
+  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
+  double split_loss = 0, own_loss = 0;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    const double loss = whole.steps[s]["loss"];
+    split_loss = std::max(split_loss, std::abs(split.steps[s]["loss"].get<double>() - loss));
+    own_loss = std::max(own_loss, std::abs(whole_fp32.steps[s]["loss"].get<double>() - loss));
+  }
+  EXPECT_LE(split_loss, 2 * own_loss) << what << ": the losses' largest difference";
+  EXPECT_GT(own_loss, 0) << what << ": 16-bit and fp32 trained the same bits";
+  EXPECT_LE(l2_difference(whole.weights, split.weights), 2 * l2_difference(whole.weights, whole_fp32.weights))
+      << what << ": the final weights";
+}
+
 }  // namespace engine::testing

@@ -77,6 +77,29 @@ TEST(PipelineParallel, TwoStagesByTwoDataRanksAtEveryZeroStageAreOneProcessBitFo
                    whole, "P=2 x D=2, ZeRO 3, NVMe offload");
 }
 
+// LoRA: each stage holds its blocks' frozen weights and adapters (a frozen tied embedding on the first
+// and last stage alike, with no gradient to share), so GPT-2 too trains the one-process adapters
+// bit for bit, with dropout in the model and in the adapters; and T = 2 x P = 2 within fp32's
+// tolerance (tensor_parallel_test.cpp).
+TEST(PipelineParallel, LoraStagesAreOneProcessBitForBit) {
+  const engine::testing::TempDir dir("pp_lora");
+  const std::string lora =
+      "lora.rank=4 lora.alpha=8 lora.dropout=0.1 lora.target_modules=all-linear "
+      "train.gradient_accumulation_steps=4";
+  const std::string gpt = with("recipes/golden/gpt_markov.yaml model.dropout=0.1 checkpoint.every_steps=2", lora);
+  const Training whole = train(gpt, 1, (dir / "g1").string());
+  expect_same_bits(train(with(gpt, "distributed.pipeline_parallel=2"), 2, (dir / "g2").string()), whole,
+                   "GPT LoRA, P=2");
+  // Cut after step 2 and resumed in one process: the checkpoint names the whole frozen base (the tied
+  // embedding once), so the resume is accepted and trains the same bits.
+  train(with(gpt, "distributed.pipeline_parallel=2"), 2, (dir / "cut").string(), "--stop-after 2");
+  expect_same_bits(train(gpt, 1, (dir / "cut").string(), "--resume latest"), whole, "GPT LoRA, P=2 resumed at P=1");
+  const std::string llama = with(kLlama, lora);
+  expect_close_fp32(
+      train(with(llama, "distributed.pipeline_parallel=2 distributed.tensor_parallel=2"), 4, (dir / "l22").string()),
+      train(llama, 1, (dir / "l1").string()), 0.005, "Llama LoRA, T=2 x P=2");
+}
+
 // GPT-2's tied embedding: the first and last stage hold it, sum their gradients and stay in step;
 // dropout draws the whole model's masks and evaluation runs through the stages.
 TEST(PipelineParallel, ATiedEmbeddingStaysOneWeightAcrossTheFirstAndLastStage) {
@@ -145,6 +168,27 @@ TEST(PipelineParallel, TensorParallelStagesTrainTheOneProcessModel) {
                  "distributed.tensor_parallel=2 distributed.pipeline_parallel=2 distributed.zero_stage=1"),
             8, (dir / "llama_t2p2d2").string()),
       train(llama, 1, (dir / "llama").string()), 0.005, "Llama, T=2 x P=2 x D=2, ZeRO 1");
+}
+
+// fp16 with dynamic loss scaling at T = 2 x P = 2 (GPT, 2^22 to start): an overflow anywhere makes the
+// whole model's gradient norm infinite on every rank, so all four ranks skip the steps one process
+// skips (the first two), at the same scales, and then train within fp16's own distance from fp32.
+TEST(PipelineParallel, Fp16OverflowsAreAgreedByEveryRankAsOneProcessHasThem) {
+  const engine::testing::TempDir dir("pp_fp16");
+  const std::string gpt = "recipes/golden/gpt_markov.yaml train.gradient_accumulation_steps=2";
+  const std::string fp16 = with(gpt, "precision.mode=fp16 precision.initial_scale_power=22");
+  const Training whole = train(fp16, 1, (dir / "w1").string());
+  const Training split =
+      train(with(fp16, "distributed.tensor_parallel=2 distributed.pipeline_parallel=2"), 4, (dir / "t2p2").string());
+  ASSERT_EQ(split.steps.size(), whole.steps.size()) << split.output;
+  int skipped = 0;
+  for (size_t s = 0; s < whole.steps.size(); ++s) {
+    skipped += whole.steps[s]["grad_norm"].is_null();
+    EXPECT_EQ(split.steps[s]["grad_norm"].is_null(), whole.steps[s]["grad_norm"].is_null()) << "step " << s + 1;
+    EXPECT_EQ(split.steps[s]["loss_scale"], whole.steps[s]["loss_scale"]) << "step " << s + 1;
+  }
+  EXPECT_EQ(skipped, 2) << "the one-process run's overflows";
+  engine::testing::expect_close_16bit(split, whole, train(gpt, 1, (dir / "fp32").string()), "fp16, T=2 x P=2");
 }
 
 // Checkpoints: each stage's ranks write their weights, the manifest describes every stage's, so a run

@@ -28,28 +28,12 @@
 
 namespace {
 
+using engine::testing::expect_close_16bit;
 using engine::testing::expect_close_fp32;
-using engine::testing::l2_difference;
 using engine::testing::read_safetensors;
 using engine::testing::train;
 using engine::testing::Training;
 using engine::testing::Weights;
-
-// bf16: the split run against one process in bf16, within the distance of that run from fp32's.
-void expect_close_bf16(const Training& split, const Training& whole, const Training& whole_fp32,
-                       const std::string& what) {
-  ASSERT_EQ(split.steps.size(), whole.steps.size()) << what;
-  double split_loss = 0, bf16_loss = 0;
-  for (size_t s = 0; s < whole.steps.size(); ++s) {
-    const double loss = whole.steps[s]["loss"];
-    split_loss = std::max(split_loss, std::abs(split.steps[s]["loss"].get<double>() - loss));
-    bf16_loss = std::max(bf16_loss, std::abs(whole_fp32.steps[s]["loss"].get<double>() - loss));
-  }
-  EXPECT_LE(split_loss, 2 * bf16_loss) << what << ": the losses' largest difference";
-  EXPECT_GT(bf16_loss, 0) << what << ": bf16 and fp32 trained the same bits";
-  EXPECT_LE(l2_difference(whole.weights, split.weights), 2 * l2_difference(whole.weights, whole_fp32.weights))
-      << what << ": the final weights";
-}
 
 const char* kGpt = "recipes/golden/gpt_markov.yaml model.dropout=0.1 train.eval_every=2 train.eval_batches=3";
 // Grouped-query attention: 4 query heads over 2 key/value heads, split 2 and 1 per rank.
@@ -111,13 +95,54 @@ TEST(TensorParallel, Bf16SplitRunsStayWithinBf16sOwnDistanceFromFp32) {
     const std::string accumulated = with(recipe, "train.gradient_accumulation_steps=2");
     const Training whole_fp32 = train(accumulated, 1, (dir / (name + "32")).string());
     const Training whole = train(with(accumulated, "precision.mode=bf16"), 1, (dir / (name + "16")).string());
-    expect_close_bf16(train(with(accumulated, "precision.mode=bf16 distributed.tensor_parallel=2"), 2,
-                            (dir / (name + "t2")).string()),
-                      whole, whole_fp32, name + " bf16, T=2 accumulating 2");
-    expect_close_bf16(train(with(recipe, "precision.mode=bf16 distributed.tensor_parallel=2 distributed.zero_stage=2"),
-                            4, (dir / (name + "t2d2")).string()),
-                      whole, whole_fp32, name + " bf16, T=2 x D=2, ZeRO stage 2");
+    expect_close_16bit(train(with(accumulated, "precision.mode=bf16 distributed.tensor_parallel=2"), 2,
+                             (dir / (name + "t2")).string()),
+                       whole, whole_fp32, name + " bf16, T=2 accumulating 2");
+    expect_close_16bit(train(with(recipe, "precision.mode=bf16 distributed.tensor_parallel=2 distributed.zero_stage=2"),
+                             4, (dir / (name + "t2d2")).string()),
+                       whole, whole_fp32, name + " bf16, T=2 x D=2, ZeRO stage 2");
   }
+}
+
+// LoRA split with its layers (models/lora.h): every linear layer adapted, with adapter dropout on
+// split inputs too, trains the one-process adapters (the frozen base weights stay the same bits),
+// for GPT with dropout at T = 2 and Llama with grouped-query attention at T = 2 x D = 2, ZeRO 2.
+TEST(TensorParallel, LoraAdaptersSplitWithTheirLayersTrainTheOneProcessAdapters) {
+  const engine::testing::TempDir dir("tp_lora");
+  const std::string lora = "lora.rank=4 lora.alpha=8 lora.dropout=0.1 lora.target_modules=all-linear";
+  const std::string gpt = with(kGpt, lora + " checkpoint.every_steps=2");
+  const Training whole = train(gpt, 1, (dir / "g1").string());
+  const std::string split = with(gpt, "distributed.tensor_parallel=2");
+  const Training straight = train(split, 2, (dir / "gt2").string());
+  expect_close_fp32(straight, whole, kGptLr, "GPT LoRA, T=2");
+
+  // A checkpoint names the whole frozen base, whatever the layout: cut after step 2, the split run
+  // resumes at its layout with the straight run's bits and in one process as one process trains;
+  // `engine export` of its last checkpoint (the base from the seed, the adapters assembled whole,
+  // merged) is the export of its final weights file.
+  train(split, 2, (dir / "cut").string(), "--stop-after 2");
+  const Training resumed = train(split, 2, (dir / "cut").string(), "--resume latest");
+  ASSERT_EQ(resumed.steps.size(), straight.steps.size()) << resumed.output;
+  for (size_t k = 0; k < straight.steps.size(); ++k)
+    EXPECT_EQ(resumed.steps[k]["loss"], straight.steps[k]["loss"]) << "step " << k + 1;
+  EXPECT_TRUE(resumed.weights == straight.weights) << "LoRA resumed at T=2: the final weights differ";
+  train(split, 2, (dir / "to_whole").string(), "--stop-after 2");
+  expect_close_fp32(train(gpt, 1, (dir / "to_whole").string(), "--resume latest"), whole, kGptLr,
+                    "GPT LoRA, T=2 resumed in one process");
+  const std::string from_checkpoint = (dir / "checkpoint.safetensors").string(),
+                    from_weights = (dir / "weights.safetensors").string();
+  const engine::testing::Shell exporting = engine::testing::shell(
+      "'" ENGINE_BINARY "' export " + (dir / "gt2" / "run" / "checkpoints").string() + " " + from_checkpoint +
+      " && '" ENGINE_BINARY "' export " + (dir / "gt2" / "run").string() + " " + from_weights);
+  ASSERT_EQ(exporting.status, 0) << exporting.output;
+  EXPECT_TRUE(read_safetensors(from_checkpoint) == read_safetensors(from_weights))
+      << "the LoRA checkpoint exported is not the final weights exported";
+
+  const std::string llama = with(kLlama, lora);
+  expect_close_fp32(
+      train(with(llama, "distributed.tensor_parallel=2 distributed.zero_stage=2"), 4, (dir / "lt2d2").string()),
+      train(with(llama, "train.gradient_accumulation_steps=2"), 1, (dir / "l1").string()), kLlamaLr,
+      "Llama LoRA, T=2 x D=2, ZeRO 2");
 }
 
 // Checkpoints hold each rank's slices and the manifest maps them to the whole tensors, so a run

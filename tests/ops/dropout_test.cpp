@@ -106,6 +106,53 @@ TEST(Dropout, SixteenBitStorageIsTheFp32ResultRoundedOnce) {
       }
 }
 
+// dropout_columns on a tensor-parallel rank's columns keeps and scales exactly what dropout keeps of
+// those columns of the whole input (the same salt), in fp32 and in 16-bit storage, for each of 3
+// ranks of a width off the random blocks' 4.
+TEST(Dropout, ColumnsOfASplitInputDropWhatTheWholeInputDrops) {
+  const int64_t rows = 37, columns = 30, ranks = 3, width = columns / ranks;
+  for (DType type : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(type));
+    std::vector<float> whole_in(size_t(rows * columns)), whole_out(whole_in.size());
+    for (size_t i = 0; i < whole_in.size(); ++i) whole_in[i] = float(i % 29) * 0.25f + 0.5f;  // exact in bf16, never 0
+    Graph g;
+    ValueId x = g.add_activation("x", Shape{rows, columns}), y = g.add_activation("y", Shape{rows, columns});
+    ValueId xs = g.add_activation("xs", Shape{rows, width}, type),
+            ys = g.add_activation("ys", Shape{rows, width}, type);
+    KernelContext ctx;
+    ctx.graph = &g;
+    ctx.seed = 5;
+    ctx.step = 3;
+    ctx.micro_step = 1;
+    ctx.pointers = {whole_in.data(), whole_out.data(), nullptr, nullptr};
+    ctx.dtypes = {DType::f32, DType::f32, type, type};
+    ops::kDropout.cpu(Node{&ops::kDropout, {x}, {y}, Attrs{{17}, {0.25}}, false, false, "drop"}, ctx);
+    int64_t dropped = 0;
+    for (int64_t rank = 0; rank < ranks; ++rank) {
+      std::vector<float> in32(size_t(rows * width)), out32(in32.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < width; ++k)
+          in32[size_t(r * width + k)] = whole_in[size_t(r * columns + rank * width + k)];
+      std::vector<uint16_t> in16(in32.size()), out16(in32.size());
+      narrow(in32.data(), in16.data(), type == DType::f32 ? DType::bf16 : type, int64_t(in32.size()));
+      ctx.pointers[2] = type == DType::f32 ? static_cast<void*>(in32.data()) : in16.data();
+      ctx.pointers[3] = type == DType::f32 ? static_cast<void*>(out32.data()) : out16.data();
+      for (const OpDef* op : {&ops::kDropoutColumns, &ops::kDropoutColumnsBackward}) {
+        op->cpu(Node{op, {xs}, {ys}, Attrs{{17, columns, rank * width}, {0.25}}, false, false, "drop"}, ctx);
+        if (type != DType::f32) widen(out16.data(), type, out32.data(), int64_t(out32.size()));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < width; ++k) {
+            const float whole = whole_out[size_t(r * columns + rank * width + k)];  // rounded once in 16 bits
+            ASSERT_EQ(out32[size_t(r * width + k)], type == DType::f32 ? whole : bf16_to_float(float_to_bf16(whole)))
+                << op->name << " rank " << rank << " row " << r << " column " << k;
+          }
+      }
+      for (float v : out32) dropped += v == 0.0f;
+    }
+    EXPECT_GT(dropped, 0) << "no element dropped: the comparison proves nothing";
+  }
+}
+
 TEST(Dropout, ProbabilitiesOfOneOrMoreAndNanAreRefused) {
   Graph g;
   ValueId x = g.add_param("x", Shape{4}, g.add_unit("u"), ParamInit::ones());
