@@ -42,11 +42,11 @@ std::string fits_text(const FitRow& row, const FitBudgets& b) {
   return "no: " + missed;
 }
 
-std::string describe(const FitRow& row) {
-  char text[160];
-  std::snprintf(text, sizeof text, "stage %d, offload %s, activation checkpointing %s, micro-batch %lld x %lld",
-                row.stage, row.offload_name().c_str(), policy_name(row.policy), (long long)row.micro,
-                (long long)row.accumulation);
+std::string describe(const FitRow& row, bool layouts) {
+  char text[200];
+  std::snprintf(text, sizeof text, "%s%sstage %d, offload %s, activation checkpointing %s, micro-batch %lld x %lld",
+                layouts ? "layout T x P x D " : "", layouts ? (row.layout_name() + ", ").c_str() : "", row.stage,
+                row.offload_name().c_str(), policy_name(row.policy), (long long)row.micro, (long long)row.accumulation);
   return text;
 }
 
@@ -115,14 +115,20 @@ FitBudgets budgets_from(const FitArgs& args, const FitSearch& search, std::ostre
 }
 
 void print_table(const FitSearch& search, const FitBudgets& b) {
-  std::printf("  %-5s %-26s %-9s %9s %10s %10s", "stage", "offload", "ckpt", "micro", "host", "needed");
+  const bool ranks = search.world > 1;
+  std::printf(" ");
+  if (search.layouts) std::printf(" %-11s", "T x P x D");
+  std::printf(" %-5s %-26s %-9s %9s %10s %10s", "stage", "offload", "ckpt", "micro", "host", "needed");
+  if (ranks) std::printf(" %10s", "sent/step");
   if (search.device) std::printf(" %10s %10s", "device", "link/step");
   std::printf(" %10s %10s %10s %8s  %s\n", "swap", "swap/step", "recompute", "s/step", "fits");
   for (const FitRow& row : search.rows) {
     const std::string micro = std::to_string(row.micro) + "x" + std::to_string(row.accumulation);
-    std::printf("%s %-5d %-26s %-9s %9s %10s %10s", row.is_recipe ? "*" : " ", row.stage, row.offload_name().c_str(),
-                policy_name(row.policy), micro.c_str(), format_bytes(row.host).c_str(),
-                format_bytes(row.host_needed).c_str());
+    std::printf("%s", row.is_recipe ? "*" : " ");
+    if (search.layouts) std::printf(" %-11s", row.layout_name().c_str());
+    std::printf(" %-5d %-26s %-9s %9s %10s %10s", row.stage, row.offload_name().c_str(), policy_name(row.policy),
+                micro.c_str(), format_bytes(row.host).c_str(), format_bytes(row.host_needed).c_str());
+    if (ranks) std::printf(" %10s", format_bytes(row.sent).c_str());
     if (search.device)
       std::printf(" %10s %10s", format_bytes(row.device).c_str(), format_bytes(row.link_moved).c_str());
     std::printf(" %10s %10s %10.3g %8.3g  %s\n", format_bytes(row.swap).c_str(), format_bytes(row.swap_moved).c_str(),
@@ -133,17 +139,13 @@ void print_table(const FitSearch& search, const FitBudgets& b) {
 }  // namespace
 
 void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& loaded) {
-  const DistributedSection& d = loaded.recipe.distributed;
-  if (d.tensor_parallel > 1 || d.pipeline_parallel > 1)
-    throw UserError(
-        "engine plan --fit proposes ZeRO, offload and checkpointing settings over data-parallel ranks, and does not "
-        "search tensor- or pipeline-parallel layouts yet: set distributed.tensor_parallel and pipeline_parallel to 1 "
-        "for --fit, and compare layouts with `engine plan --world-size N` (its layouts table)");
   CostModel cost;
   const bool device = planned_for_cuda(loaded.recipe);
-  if (device)
+  if (device) {
     cost.flops_per_second = CostModel::device_flops_per_second(
         loaded.recipe.precision.mode == PrecisionMode::fp32 ? DType::f32 : DType::bf16);
+    cost.interconnect_bytes_per_second = CostModel::device_interconnect_bytes_per_second;
+  }
   if (fit.flops_per_second > 0) cost.flops_per_second = fit.flops_per_second;
   if (!fit.swap_bandwidth.empty()) {
     cost.swap_bytes_per_second = double(parse_byte_size(fit.swap_bandwidth, "--swap-bandwidth"));
@@ -165,20 +167,24 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
   std::cout << "  nvme swap    " << budget_text(b.nvme) << "  (" << b.nvme_source << ")\n";
   std::printf("  cost model   s/step = FLOPs per step / %.3g FLOP/s + swap bytes moved per step / %.3g B/s\n",
               cost.flops_per_second, cost.swap_bytes_per_second);
+  if (world > 1)
+    std::printf("               + bytes sent per step / %.3g B/s%s\n", cost.interconnect_bytes_per_second,
+                search.layouts ? "; FLOPs x (M + P - 1) / M with P pipeline stages over M micro-batches" : "");
   if (search.device)
     std::printf("               + (staged GPU runs) link bytes per step / %.3g B/s + the host's update / %.3g B/s\n",
                 cost.link_bytes_per_second, cost.host_update_bytes_per_second);
   std::printf("\n");
   print_table(search, b);
-  std::cout << "  (* the recipe as given; host: MemoryPlan total per rank; needed: with the checkpoint snapshot, for\n"
-               "   all ranks, as `engine train` checks it; swap/step: bytes read and written per step; recompute:\n"
-               "   extra FLOPs per step; ";
+  std::cout << "  (* the recipe as given; host: MemoryPlan total per rank (the heaviest stage's); needed: with the\n"
+               "   checkpoint snapshot, for all ranks, as `engine train` checks it; swap/step: bytes read and written\n"
+               "   per step; recompute: extra FLOPs per step;";
+  std::cout << (world > 1 ? " sent/step: bytes the busiest rank sends per step;\n   " : "\n   ");
   if (search.device)
     std::cout << "device: the GPU's plan per rank (engine plan's device memory); link/step: bytes\n"
                  "   between host and GPU per step of a run staged through the host";
   else
-    std::cout << "offload to cpu is left out: on a CPU run the state is already in host\n   memory";
-  if (world == 1) std::cout << "; at world size 1 the stages shard nothing, their rows differ only by buffers";
+    std::cout << "offload to cpu is left out: on a CPU run the state is already in host memory";
+  if (world == 1) std::cout << ";\n   at world size 1 the stages shard nothing, their rows differ only by buffers";
   std::cout << ")\n";
   for (const std::string& note : search.notes) std::cout << "  " << note << "\n";
 
@@ -189,7 +195,7 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
   std::string command = "engine train " + shell_word(args.recipe.string());
   for (const std::string& o : args.overrides) command += " " + shell_word(o);
   if (const FitRow* best = fastest_fit(search.rows, b)) {
-    std::cout << "fastest that fits: " << describe(*best) << "; " << needs(*best, b) << "; predicted "
+    std::cout << "fastest that fits: " << describe(*best, search.layouts) << "; " << needs(*best, b) << "; predicted "
               << format_fixed(best->seconds, 3) << " s per step\n";
     for (const std::string& o : best->overrides) command += " " + shell_word(o);
     std::cout << "  " << command << "\n";
@@ -198,7 +204,7 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
     return;
   }
   const FitRow* closest = closest_fit(search.rows, b);
-  std::cout << "nothing fits these budgets. The closest is " << describe(*closest) << ", which needs "
+  std::cout << "nothing fits these budgets. The closest is " << describe(*closest, search.layouts) << ", which needs "
             << needs(*closest, b) << "\n";
   for (const std::string& o : closest->overrides) command += " " + shell_word(o);
   std::cout << "  " << command << "\n";

@@ -19,6 +19,7 @@
 #include "recipe/rules.h"
 #include "telemetry/roofline.h"
 #include "trainer/device.h"
+#include "trainer/fit.h"
 #include "trainer/progress_line.h"
 #include "trainer/session.h"
 #include "trainer/train.h"
@@ -119,36 +120,30 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
 }
 
 // Every layout of `ranks` as tensor-parallel T x pipeline stages P x data-parallel D that the model
-// splits into (heads, key/value heads, MLP width and vocabulary divisible by T, a block per stage),
-// with the heavier end stage's memory (the
-// first stage holds every micro-batch's input in flight, the last the head) and bytes sent.
+// splits into (trainer/fit.h model_layouts), with the heavier end stage's memory (the first stage
+// holds every micro-batch's input in flight, the last the head) and bytes sent.
 void print_layouts(const Recipe& r, int ranks) {
   if (ranks == 1 || r.model.arch == Arch::mlp) return;
   std::printf("\nlayouts of %d ranks (T x P x D, ZeRO stage %lld over D; per rank, the heavier end stage's):\n", ranks,
               (long long)r.distributed.zero_stage);
   std::printf("  T x P x D     %11s %11s %11s %15s %11s\n", "parameters", "activations", "total", "sent (T or P)",
               "sent/step");
-  const auto& m = r.model;
-  for (int t = 1; t <= ranks; ++t)
-    for (int p = 1; p <= ranks / t; ++p) {
-      if (ranks % (t * p) != 0 || m.n_layer < p) continue;
-      if (m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || *m.ffn_dim % t != 0 || m.vocab_size % t != 0)
-        continue;
-      Recipe variant = r;
-      variant.distributed.tensor_parallel = t;
-      variant.distributed.pipeline_parallel = p;
-      CompiledStep heaviest = compile_step(variant, ranks / (t * p), {t, 0}, {p, 0});
-      if (p > 1) {
-        CompiledStep last = compile_step(variant, ranks / (t * p), {t, 0}, {p, p - 1});
-        if (last.memory.total() > heaviest.memory.total()) heaviest = std::move(last);
-      }
-      const bool recipes = t == r.distributed.tensor_parallel && p == r.distributed.pipeline_parallel;
-      std::printf("  %s%2d x %d x %-3d %11s %11s %11s %15s %11s\n", recipes ? "*" : " ", t, p, ranks / (t * p),
-                  format_bytes(heaviest.memory.parameters).c_str(), format_bytes(heaviest.memory.activations).c_str(),
-                  format_bytes(heaviest.memory.total()).c_str(),
-                  format_bytes(heaviest.traffic.tensor + heaviest.traffic.pipeline).c_str(),
-                  format_bytes(heaviest.traffic.total()).c_str());
+  for (const auto& [t, p] : model_layouts(r, ranks)) {
+    Recipe variant = r;
+    variant.distributed.tensor_parallel = t;
+    variant.distributed.pipeline_parallel = p;
+    CompiledStep heaviest = compile_step(variant, ranks / (t * p), {t, 0}, {p, 0});
+    if (p > 1) {
+      CompiledStep last = compile_step(variant, ranks / (t * p), {t, 0}, {p, p - 1});
+      if (last.memory.total() > heaviest.memory.total()) heaviest = std::move(last);
     }
+    const bool recipes = t == r.distributed.tensor_parallel && p == r.distributed.pipeline_parallel;
+    std::printf("  %s%2d x %d x %-3d %11s %11s %11s %15s %11s\n", recipes ? "*" : " ", t, p, ranks / (t * p),
+                format_bytes(heaviest.memory.parameters).c_str(), format_bytes(heaviest.memory.activations).c_str(),
+                format_bytes(heaviest.memory.total()).c_str(),
+                format_bytes(heaviest.traffic.tensor + heaviest.traffic.pipeline).c_str(),
+                format_bytes(heaviest.traffic.total()).c_str());
+  }
   std::printf("  (* the recipe's layout: distributed.tensor_parallel, distributed.pipeline_parallel)\n");
 }
 

@@ -26,6 +26,25 @@ double FitRow::overshoot(const FitBudgets& b) const {
   return std::max({ratio(host_needed, b.host), ratio(swap_needed, b.nvme), ratio(device_needed, b.device)});
 }
 
+std::string FitRow::layout_name() const {
+  return std::to_string(tensor) + " x " + std::to_string(pipeline) + " x " + std::to_string(data);
+}
+
+std::vector<std::pair<int, int>> model_layouts(const recipe::Recipe& r, int ranks) {
+  std::vector<std::pair<int, int>> layouts;
+  if (r.model.arch == recipe::Arch::mlp) return {{1, 1}};
+  const auto& m = r.model;
+  for (int t = 1; t <= ranks; ++t)
+    for (int p = 1; p <= ranks / t; ++p) {
+      if (ranks % (t * p) != 0 || m.n_layer < p) continue;
+      if (m.n_head % t != 0 || m.kv_heads.value_or(m.n_head) % t != 0 || m.ffn_dim.value_or(0) % t != 0 ||
+          m.vocab_size % t != 0)
+        continue;
+      layouts.emplace_back(t, p);
+    }
+  return layouts;
+}
+
 std::string FitRow::offload_name() const {
   if (optimizer == OffloadTier::none) return "none";
   return std::string(parameters != OffloadTier::none ? "optimizer+parameters " : "optimizer ") +
@@ -42,28 +61,43 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   const recipe::LoadedRecipe loaded = recipe::load_recipe(path, with_row);
   const recipe::Recipe& r = loaded.recipe;
   const int world = int(loaded.world.size);
-  const CompiledStep c = compile_step(r, world);
+  row.tensor = int(r.distributed.tensor_parallel);
+  row.pipeline = int(r.distributed.pipeline_parallel);
+  row.data = std::max(1, world / (row.tensor * row.pipeline));
+  // Every stage's plan (one without a pipeline): the row's numbers are its busiest rank's, and the
+  // machine holds T x D ranks of each stage.
+  std::vector<CompiledStep> stages;
+  for (int s = 0; s < row.pipeline; ++s)
+    stages.push_back(compile_step(r, row.data, {row.tensor, 0}, {row.pipeline, s}));
+  const CompiledStep* c = &stages.front();
+  for (const CompiledStep& stage : stages) {
+    if (stage.memory.total() > c->memory.total()) c = &stage;
+    row.host_needed += host_bytes_needed(stage.memory, row.tensor * row.data);
+    row.swap_needed += stage.memory.swap * row.tensor * row.data;
+    row.flops = std::max(row.flops, stage.flops_per_micro_batch * double(*r.train.gradient_accumulation_steps));
+    row.sent = std::max(row.sent, stage.traffic.total());
+  }
   row.stage = int(r.distributed.zero_stage);
   row.optimizer = r.offload.optimizer;
   row.parameters = r.offload.parameters;
   row.policy = r.activation_checkpointing.policy;
   row.micro = *r.train.micro_batch_size;
   row.accumulation = *r.train.gradient_accumulation_steps;
-  row.host = c.memory.total();
-  row.host_needed = host_bytes_needed(c.memory, world);
-  row.swap = c.memory.swap;
-  row.swap_needed = c.memory.swap * world;
-  row.swap_moved = c.traffic.swap_read + c.traffic.swap_written;
-  row.flops = c.flops_per_micro_batch * double(row.accumulation);
-  row.extra_flops = c.recompute.extra_flops * double(row.accumulation);
-  row.seconds = row.flops / cost.flops_per_second + double(row.swap_moved) / cost.swap_bytes_per_second;
+  row.host = c->memory.total();
+  row.swap = c->memory.swap;
+  row.swap_moved = c->traffic.swap_read + c->traffic.swap_written;
+  row.extra_flops = c->recompute.extra_flops * double(row.accumulation);
+  const double bubble = double(row.accumulation + row.pipeline - 1) / double(row.accumulation);
+  row.seconds = row.flops / cost.flops_per_second * bubble + double(row.sent) / cost.interconnect_bytes_per_second +
+                double(row.swap_moved) / cost.swap_bytes_per_second;
   if (!planned_for_cuda(r)) return;
-  row.device = plan_device_memory(c, r, world).total();
+  const CompiledStep& step = *c;  // one stage: a GPU run has no pipeline
+  row.device = plan_device_memory(step, r, world).total();
   row.device_needed = row.device * ranks_per_device;
   if (device_resident(r, world)) return;
   // Staged: each micro-batch uploads the parameters (ZeRO-3: gathered for the forward and again for
   // the backward) and downloads the gradients; the host reduces and updates over its shard.
-  const Graph& g = c.model.graph;
+  const Graph& g = step.model.graph;
   const auto elements = double(g.param_count());
   const double parameters = elements * double(dtype_size(g.param_dtype())) * (row.stage == 3 ? 2 : 1);
   const double gradients = elements * double(dtype_size(g.grad_dtype()));
@@ -91,10 +125,16 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
   plan_row(as_given, path, options, cost, search.ranks_per_device);
   search.rows.push_back(as_given);
 
-  const int64_t micro = *r.train.micro_batch_size, per_rank_rows = micro * *r.train.gradient_accumulation_steps;
-  std::vector<int64_t> micros;
-  for (int64_t m = micro; m >= 1; m /= 2)
-    if (per_rank_rows % m == 0) micros.push_back(m);
+  // The layouts: the recipe's, then (a CPU run of a transformer over several ranks) every other the
+  // model splits into, each keeping the global batch over its data-parallel ranks.
+  const int recipe_t = int(r.distributed.tensor_parallel), recipe_p = int(r.distributed.pipeline_parallel);
+  const int64_t micro = *r.train.micro_batch_size, global_rows = micro * *r.train.gradient_accumulation_steps *
+                                                                 std::max(1, search.world / (recipe_t * recipe_p));
+  std::vector<std::pair<int, int>> layouts = {{recipe_t, recipe_p}};
+  if (!search.device)
+    for (const auto& layout : model_layouts(r, search.world))
+      if (layout != layouts.front()) layouts.push_back(layout);
+  search.layouts = layouts.size() > 1;
   std::vector<CheckpointPolicy> policies = {CheckpointPolicy::none, CheckpointPolicy::selective,
                                             CheckpointPolicy::full};
   if (r.activation_checkpointing.policy == CheckpointPolicy::every_k) policies.push_back(CheckpointPolicy::every_k);
@@ -108,44 +148,62 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
   for (OffloadTier t : tiers)
     if (t != OffloadTier::none) offloads.emplace_back(t, t);
 
-  for (int stage = 0; stage <= 3; ++stage)
-    for (auto [optimizer, parameters] : offloads)
-      for (CheckpointPolicy policy : policies)
-        for (int64_t m : micros) {
-          if (parameters != OffloadTier::none && stage != 3) continue;
-          const bool nvme = optimizer == OffloadTier::nvme;
-          const int64_t accumulation = per_rank_rows / m;
-          if (stage == r.distributed.zero_stage && optimizer == r.offload.optimizer &&
-              parameters == r.offload.parameters && policy == r.activation_checkpointing.policy && m == micro)
-            continue;  // the recipe as given
-          FitRow row;
-          std::vector<std::string>& o = row.overrides;
-          auto set = [&](bool differs, const std::string& key, const std::string& value) {
-            if (differs) o.push_back(key + "=" + value);
-          };
-          set(stage != r.distributed.zero_stage, "distributed.zero_stage", std::to_string(stage));
-          set(optimizer != r.offload.optimizer, "offload.optimizer", offload_tier_name(optimizer));
-          set(parameters != r.offload.parameters, "offload.parameters", offload_tier_name(parameters));
-          set(nvme && !search.nvme_path_given, "offload.nvme_path", search.nvme_path.string());
-          set(policy != r.activation_checkpointing.policy, "activation_checkpointing.policy", policy_name(policy));
-          // Keys that only apply to some policies go with them.
-          if (policy != CheckpointPolicy::every_k && loaded.given("activation_checkpointing.k"))
-            o.push_back("~activation_checkpointing.k");
-          if ((policy == CheckpointPolicy::none || policy == CheckpointPolicy::selective) &&
-              loaded.given("activation_checkpointing.cpu_checkpointing"))
-            o.push_back("~activation_checkpointing.cpu_checkpointing");
-          set(m != micro, "train.micro_batch_size", std::to_string(m));
-          set(accumulation != *r.train.gradient_accumulation_steps, "train.gradient_accumulation_steps",
-              std::to_string(accumulation));
-          try {
-            plan_row(row, path, options, cost, search.ranks_per_device);
-            search.rows.push_back(std::move(row));
-          } catch (const UserError& e) {  // RecipeError included: a combination the rules refuse
-            std::string overrides;
-            for (const std::string& text : row.overrides) overrides += " " + text;
-            search.notes.push_back("not planned:" + overrides + ": " + e.what());
+  for (const auto& [t, p] : layouts) {
+    const int data = search.world / (t * p);
+    if (global_rows % data != 0) {
+      search.notes.push_back("layout " + std::to_string(t) + " x " + std::to_string(p) + " x " + std::to_string(data) +
+                             " not planned: its " + std::to_string(data) +
+                             " data-parallel ranks do not divide the global batch of " + std::to_string(global_rows));
+      continue;
+    }
+    const int64_t per_rank_rows = global_rows / data;
+    std::vector<int64_t> micros;
+    for (int64_t m = std::min(micro, per_rank_rows); m >= 1; m /= 2)
+      if (per_rank_rows % m == 0) micros.push_back(m);
+    const bool recipe_layout = t == recipe_t && p == recipe_p;
+    for (int stage = 0; stage <= 3; ++stage)
+      for (auto [optimizer, parameters] : offloads)
+        for (CheckpointPolicy policy : policies)
+          for (int64_t m : micros) {
+            if (parameters != OffloadTier::none && stage != 3) continue;
+            const bool nvme = optimizer == OffloadTier::nvme;
+            const int64_t accumulation = per_rank_rows / m;
+            if (recipe_layout && stage == r.distributed.zero_stage && optimizer == r.offload.optimizer &&
+                parameters == r.offload.parameters && policy == r.activation_checkpointing.policy && m == micro)
+              continue;  // the recipe as given
+            FitRow row;
+            std::vector<std::string>& o = row.overrides;
+            auto set = [&](bool differs, const std::string& key, const std::string& value) {
+              if (differs) o.push_back(key + "=" + value);
+            };
+            set(t != recipe_t, "distributed.tensor_parallel", std::to_string(t));
+            set(p != recipe_p, "distributed.pipeline_parallel", std::to_string(p));
+            // Stages cut at blocks: the wrap policy that makes each block its own unit.
+            set(p > 1 && r.distributed.wrap_policy != recipe::WrapPolicy::block, "distributed.wrap_policy", "block");
+            set(stage != r.distributed.zero_stage, "distributed.zero_stage", std::to_string(stage));
+            set(optimizer != r.offload.optimizer, "offload.optimizer", offload_tier_name(optimizer));
+            set(parameters != r.offload.parameters, "offload.parameters", offload_tier_name(parameters));
+            set(nvme && !search.nvme_path_given, "offload.nvme_path", search.nvme_path.string());
+            set(policy != r.activation_checkpointing.policy, "activation_checkpointing.policy", policy_name(policy));
+            // Keys that only apply to some policies go with them.
+            if (policy != CheckpointPolicy::every_k && loaded.given("activation_checkpointing.k"))
+              o.push_back("~activation_checkpointing.k");
+            if ((policy == CheckpointPolicy::none || policy == CheckpointPolicy::selective) &&
+                loaded.given("activation_checkpointing.cpu_checkpointing"))
+              o.push_back("~activation_checkpointing.cpu_checkpointing");
+            set(m != micro, "train.micro_batch_size", std::to_string(m));
+            set(accumulation != *r.train.gradient_accumulation_steps, "train.gradient_accumulation_steps",
+                std::to_string(accumulation));
+            try {
+              plan_row(row, path, options, cost, search.ranks_per_device);
+              search.rows.push_back(std::move(row));
+            } catch (const UserError& e) {  // RecipeError included: a combination the rules refuse
+              std::string overrides;
+              for (const std::string& text : row.overrides) overrides += " " + text;
+              search.notes.push_back("not planned:" + overrides + ": " + e.what());
+            }
           }
-        }
+  }
   return search;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -179,6 +180,43 @@ TEST_F(Fit, DeviceMemoryIsAHostBudgetOnTheCpu) {
   const Result automatic = run("plan " + kRecipe + " run.device=cpu --fit --device-memory auto");
   EXPECT_EQ(automatic.status, 2) << automatic.output;
   EXPECT_TRUE(contains(automatic.output, "--device-memory auto: this run trains on the CPU")) << automatic.output;
+}
+
+// Over 4 ranks the search plans every T x P x D layout the model splits into (the benchmark GPT with a
+// vocabulary of 50304 rows: T = 2 divides its 6 heads, P = 2 and 4 its 6 blocks), each row from every
+// stage's plan with the global batch kept. A host budget that only a split layout meets without swap
+// gets it proposed, and `engine plan` of the proposal confirms it fits.
+TEST_F(Fit, OverSeveralRanksTheLayoutsAreSearchedAndASplitOneProposed) {
+  const std::string recipe = kRecipe + " model.vocab_size=50304 run.output_dir=unused";
+  engine::recipe::LoadOptions options;
+  options.overrides = {"model.vocab_size=50304", "run.output_dir=unused"};
+  options.world = {4, "test"};
+  const auto loaded = engine::recipe::load_recipe(kSource / kRecipe, options);
+  const engine::FitSearch search = engine::fit_rows(kSource / kRecipe, options, loaded, {});
+  ASSERT_TRUE(search.layouts);
+  std::set<std::string> layouts;
+  int64_t least_split = INT64_MAX, least_whole = INT64_MAX;
+  for (const engine::FitRow& row : search.rows) {
+    layouts.insert(row.layout_name());
+    EXPECT_EQ(row.tensor * row.pipeline * row.data, 4) << row.layout_name();
+    EXPECT_EQ(row.micro * row.accumulation * row.data, 32) << row.layout_name() << ": the global batch";
+    if (row.swap_needed > 0) continue;
+    int64_t& least = row.tensor * row.pipeline > 1 ? least_split : least_whole;
+    least = std::min(least, row.host_needed);
+  }
+  EXPECT_EQ(layouts, (std::set<std::string>{"1 x 1 x 4", "1 x 2 x 2", "1 x 4 x 1", "2 x 1 x 2", "2 x 2 x 1"}));
+  ASSERT_LT(least_split, least_whole) << "a split layout should need the least host memory without swap";
+
+  const std::string budgets = " --world-size 4 --host-memory " + std::to_string(least_split) + " --nvme 1MiB";
+  const Result fit = run("plan " + recipe + " --fit" + budgets);
+  ASSERT_EQ(fit.status, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "fastest that fits: layout T x P x D")) << fit.output;
+  const std::string command = proposed_command(fit.output);
+  EXPECT_TRUE(contains(command, "distributed.tensor_parallel=") || contains(command, "distributed.pipeline_parallel="))
+      << command;
+  const Result confirm = run("plan" + command.substr(std::string("engine train").size()) + budgets);
+  ASSERT_EQ(confirm.status, 0) << confirm.output;
+  EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
 }
 
 // A GPU run's rows (planned on any machine: planning needs no device) carry the device memory
