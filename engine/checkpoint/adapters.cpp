@@ -49,7 +49,8 @@ LoraSettings lora_settings(const std::map<std::string, std::string>& metadata) {
   return lora;
 }
 
-void load_adapters(const std::filesystem::path& path, ParameterStore& store, const recipe::Recipe& recipe) {
+void load_adapters(const std::filesystem::path& path, ParameterStore& store, const recipe::Recipe& recipe,
+                   const Graph* whole) {
   namespace fs = std::filesystem;
   const fs::path file = fs::is_directory(path) ? path / "adapter_model.safetensors" : path;
   if (!fs::exists(file))
@@ -80,7 +81,7 @@ void load_adapters(const std::filesystem::path& path, ParameterStore& store, con
         throw UserError(config.string() + ": " + key + " " + j[key].dump() + " is not supported (one rank and alpha " +
                         "for every adapter, no modules trained whole)");
   }
-  load_weight_set(read_safetensors(file), file, store, recipe.model.arch, WeightSet::adapters);
+  load_weight_set(read_safetensors(file), file, store, recipe.model.arch, WeightSet::adapters, whole);
 }
 
 void merge_adapters(std::vector<SafeTensor>& tensors, const LoraSettings& lora) {

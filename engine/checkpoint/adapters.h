@@ -37,7 +37,9 @@ LoraSettings lora_settings(const std::map<std::string, std::string>& metadata);
 
 // Loads a PEFT adapter (its directory, or adapter_model.safetensors) into the store's adapters; the
 // adapter_config.json beside it, when there is one, must give the recipe's rank and alpha.
-void load_adapters(const std::filesystem::path& path, ParameterStore& store, const recipe::Recipe& recipe);
+// `whole`: the whole model when the store holds one pipeline stage of it (checkpoint/weights.h).
+void load_adapters(const std::filesystem::path& path, ParameterStore& store, const recipe::Recipe& recipe,
+                   const Graph* whole = nullptr);
 
 // Folds every adapter into its base weight and removes the adapters (tensors in the weights files'
 // names and layouts, fp32).

@@ -213,12 +213,12 @@ void save_weights(const std::filesystem::path& path, const Graph& graph, recipe:
   write_safetensors(path, hugging_face_tensors(graph, arch, param), with_format);
 }
 
-bool load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch) {
-  return load_weight_set(read_weights_source(path), path, store, arch, WeightSet::model);
+bool load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch, const Graph* whole) {
+  return load_weight_set(read_weights_source(path), path, store, arch, WeightSet::model, whole);
 }
 
 bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
-                     WeightSet set) {
+                     WeightSet set, const Graph* whole) {
   std::map<std::string, SafeTensor> renamed;
   for (auto& [name, tensor] : file.tensors) {
     std::string plain = name;
@@ -273,17 +273,27 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
         copy_block(in, out, part.rows, part.cols, false);
     }
   }
+  // The tensors of the weights other pipeline stages hold: theirs to load.
+  std::set<std::string> here, elsewhere;
+  for (const Graph::WeightRef ref : g.weights()) here.insert(g.weight(ref).name);
+  if (whole)
+    for (const Graph::WeightRef ref : whole->weights()) {
+      const Param& p = whole->weight(ref);
+      if (here.count(p.name) || (set == WeightSet::adapters && !is_adapter(p.name))) continue;
+      for (const FilePart& part : file_parts(p.name, whole->value(p.value).shape, arch)) elsewhere.insert(part.name);
+    }
+  auto anywhere = [&](const std::string& name) { return expected.count(name) || elsewhere.count(name); };
   // An adapter's file holds adapters only: anything else in it (a module PEFT saved whole, as its
   // modules_to_save) would be dropped, so it is named.
   for (const auto& [name, t] : renamed)
-    if (!expected.count(name) && (set == WeightSet::adapters || !is_known_buffer(name, expected)))
+    if (!anywhere(name) && (set == WeightSet::adapters || !is_known_buffer(name, expected)))
       problems.push_back("unexpected tensor '" + name + "'" +
                          (is_adapter(name) && g.frozen().empty() ? " (a LoRA adapter: set lora.rank to load it)" : ""));
   // A tied model takes a file's lm_head.weight only when it is the embedding itself: a head of its
   // own would be dropped, and a different model trained.
   const std::string embedding = arch == recipe::Arch::llama ? "model.embed_tokens.weight" : "wte.weight";
   const auto head = renamed.find("lm_head.weight"), embed = renamed.find(embedding);
-  if (set == WeightSet::model && !expected.count("lm_head.weight") && head != renamed.end() && embed != renamed.end() &&
+  if (set == WeightSet::model && !anywhere("lm_head.weight") && head != renamed.end() && embed != renamed.end() &&
       head->second.data != embed->second.data)
     problems.push_back("lm_head.weight differs from " + embedding +
                        ": the checkpoint's head is untied; set model.tie_embeddings: false to load it");

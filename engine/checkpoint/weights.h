@@ -52,13 +52,15 @@ std::function<const float*(Graph::WeightRef)> store_weights(const ParameterStore
 
 // Loads every weight of the model from a file or model directory. A LoRA model's adapters are
 // loaded when the file has them (a run's own weights) and keep their values when it has none (a
-// Hugging Face model, the base alone). Returns whether it loaded adapters.
-bool load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch);
+// Hugging Face model, the base alone). Returns whether it loaded adapters. `whole`: the whole model
+// when the store holds one pipeline stage of it, whose other stages' tensors the file holds too.
+bool load_weights(const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
+                  const Graph* whole = nullptr);
 enum class WeightSet { model, adapters };
 // The same from tensors already read; `adapters`: the LoRA adapters alone (a PEFT adapter's file,
 // its "base_model.model." prefix dropped), every one required.
 bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, ParameterStore& store, recipe::Arch arch,
-                     WeightSet set);
+                     WeightSet set, const Graph* whole = nullptr);
 // Whether a tensor name is a LoRA adapter's (.lora_A. or .lora_B.).
 bool is_adapter(const std::string& name);
 

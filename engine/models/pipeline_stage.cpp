@@ -156,7 +156,8 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
     copy.unit = units.at(node.unit);
     g.add_node(std::move(copy));
   }
-  // Units a shared weight emptied (Llama's embeddings, its table tied to the head) are dropped.
+  // Units without trained weights (Llama's embeddings, its table tied to the head; LoRA's frozen
+  // head) are dropped.
   std::vector<Unit>& kept = g.mutable_units();
   std::vector<int> renumber(kept.size(), -1);
   std::vector<Unit> nonempty;
@@ -166,8 +167,10 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
       nonempty.push_back(kept[u]);
     }
   for (Param& p : g.mutable_params()) p.unit = renumber[size_t(p.unit)];
+  // A dropped unit's nodes (the embedding's, a LoRA head's over frozen weights) belong to no unit,
+  // as no block's: activation checkpointing leaves them out of the blocks it recomputes.
   for (Node& node : g.mutable_nodes())
-    if (node.unit >= 0) node.unit = renumber[size_t(node.unit)] >= 0 ? renumber[size_t(node.unit)] : 0;
+    if (node.unit >= 0) node.unit = renumber[size_t(node.unit)];
   kept = std::move(nonempty);
 
   auto find = [&](ValueId id) { return id == kNoValue || !mapped.count(id) ? kNoValue : mapped.at(id); };
@@ -199,10 +202,14 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
   return m;
 }
 
-std::vector<ModelGraph> cut_stages(const ModelGraph& whole, int stages) {
-  const std::vector<int> boundaries = stage_boundaries(whole.graph, stages);
+std::vector<int> pipeline_boundaries(const recipe::Recipe& recipe, int stages, int tensor_parallel) {
+  return stage_boundaries(build_model(recipe, 1, 1.0, {tensor_parallel, 0}).graph, stages);
+}
+
+std::vector<ModelGraph> cut_stages(const ModelGraph& whole, const std::vector<int>& boundaries) {
   std::vector<ModelGraph> graphs;
-  for (int stage = 0; stage < stages; ++stage) graphs.push_back(cut_stage(whole, stage, boundaries));
+  for (int stage = 0; stage + 1 < int(boundaries.size()); ++stage)
+    graphs.push_back(cut_stage(whole, stage, boundaries));
   return graphs;
 }
 

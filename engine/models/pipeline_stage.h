@@ -34,8 +34,14 @@ struct PipelineLayout {
 std::vector<int> stage_boundaries(const Graph& whole, int stages);
 
 ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>& boundaries);
+// The boundaries every rank of a run cuts at: balanced over the model as a rank of a
+// `tensor_parallel` group holds it (its FLOPs are what a stage's rank computes), at micro-batch 1, so
+// that a rank that cuts another build of the model (unsplit, to name the weights whole) cuts the
+// units its stage's ranks train.
+std::vector<int> pipeline_boundaries(const recipe::Recipe& recipe, int stages, int tensor_parallel);
+
 // Every stage's graph, in stage order (what a rank that computes one stage needs to describe them all).
-std::vector<ModelGraph> cut_stages(const ModelGraph& whole, int stages);
+std::vector<ModelGraph> cut_stages(const ModelGraph& whole, const std::vector<int>& boundaries);
 
 // The unit prefix of weights two stages share (cut_stage).
 inline const std::string kTiedUnitPrefix = "tied.";

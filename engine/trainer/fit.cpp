@@ -127,11 +127,14 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
 
   // The layouts: the recipe's, then (a CPU run of a transformer over several ranks) every other the
   // model splits into, each keeping the global batch over its data-parallel ranks.
+  // Without a world size that T x P divides (none given: one data-parallel rank of the recipe's
+  // layout), the recipe's layout alone.
   const int recipe_t = int(r.distributed.tensor_parallel), recipe_p = int(r.distributed.pipeline_parallel);
+  const bool whole_world = search.world % (recipe_t * recipe_p) == 0;
   const int64_t micro = *r.train.micro_batch_size, global_rows = micro * *r.train.gradient_accumulation_steps *
                                                                  std::max(1, search.world / (recipe_t * recipe_p));
   std::vector<std::pair<int, int>> layouts = {{recipe_t, recipe_p}};
-  if (!search.device)
+  if (!search.device && whole_world)
     for (const auto& layout : model_layouts(r, search.world))
       if (layout != layouts.front()) layouts.push_back(layout);
   search.layouts = layouts.size() > 1;
@@ -149,7 +152,7 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
     if (t != OffloadTier::none) offloads.emplace_back(t, t);
 
   for (const auto& [t, p] : layouts) {
-    const int data = search.world / (t * p);
+    const int data = std::max(1, search.world / (t * p));
     if (global_rows % data != 0) {
       search.notes.push_back("layout " + std::to_string(t) + " x " + std::to_string(p) + " x " + std::to_string(data) +
                              " not planned: its " + std::to_string(data) +

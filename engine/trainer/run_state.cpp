@@ -35,7 +35,8 @@ Manifest checkpoint_manifest(int64_t steps, Session& session, PluginDriver& plug
   } else {
     // Every stage's tensors, from the stages' graphs (each rank computes its own stage alone); a
     // weight two stages hold (a tied embedding) is described once, from the first.
-    const std::vector<ModelGraph> parts = cut_stages(build_model(r, 1, 1.0, {session.tensor_layout.size, 0}), stages);
+    const std::vector<ModelGraph> parts = cut_stages(build_model(r, 1, 1.0, {session.tensor_layout.size, 0}),
+                                                     pipeline_boundaries(r, stages, session.tensor_layout.size));
     std::set<std::pair<std::string, std::string>> described;
     for (int stage = 0; stage < stages; ++stage)
       for (CheckpointTensor& t : describe_tensors(parts[size_t(stage)].graph, session.world, names,

@@ -64,7 +64,7 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout
   // ranks).
   ModelGraph model = build_model(r, micro, 1.0 / double(rows * accumulation * world), tensor);
   if (pipeline.stages > 1)  // this rank's stage of the whole model (models/pipeline_stage.h)
-    model = cut_stage(model, pipeline.stage, stage_boundaries(model.graph, pipeline.stages));
+    model = cut_stage(model, pipeline.stage, pipeline_boundaries(r, pipeline.stages, tensor.size));
   apply_wrap_policy(model.graph, wrap_policy(r.distributed));
   apply_precision(model.graph, compute_dtype(r), gradient_dtype(r.precision.accumulation_dtype));
   autodiff(model.graph);

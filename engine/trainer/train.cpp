@@ -80,18 +80,6 @@ std::function<const float*(Graph::WeightRef)> whole_param(const WholeParameters&
   return [&whole, frozen](Graph::WeightRef ref) { return ref.frozen ? frozen(ref) : whole.param(ref.index); };
 }
 
-std::function<void()> gradient_dump_hook(int64_t step, const TrainOptions& options, const Session& session,
-                                         recipe::Arch arch) {
-  if (session.rank != 0) return {};
-  std::vector<fs::path> files;
-  if (step == 0 && !options.first_gradients.empty()) files.push_back(options.first_gradients);
-  if (auto it = options.gradients_at.find(step + 1); it != options.gradients_at.end()) files.push_back(it->second);
-  if (files.empty()) return {};
-  return [&session, arch, files] {
-    for (const fs::path& file : files) save_gradients(file, session.store, arch);
-  };
-}
-
 // One `engine train` from start to end, in the order it happens: the recipe as the plugins leave
 // it and the resumption (prepare), the session with its initial state (build), the logs, loader
 // and checkpointer (open_outputs), the steps, and the summary with the weights (finish). Each step
@@ -224,13 +212,6 @@ class TrainingRun {
                               .embedding = groups_->embedding()};
     session_ = std::make_unique<Session>(r_, std::move(compiled), &comm(), &groups_->tensor(), &links);
     Session& session = *session_;
-    if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) &&
-        (groups_->tensor_size() > 1 || groups_->stages() > 1))
-      throw UserError(
-          "gradient dumps write the whole model's gradients from one rank, and distributed."
-          "tensor_parallel " +
-          std::to_string(groups_->tensor_size()) + " x pipeline_parallel " + std::to_string(groups_->stages()) +
-          " split them over ranks; dump with both at 1 (a pipeline has the same gradients)");
     if ((!options_.first_gradients.empty() || !options_.gradients_at.empty()) && !session.store.masters_whole())
       throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
                       std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm().size()) +
@@ -272,7 +253,7 @@ class TrainingRun {
       for (const Param& p : session.model.graph.frozen())
         if (!p.slice.split()) skip.insert(p.name);
     if (groups_->stages() > 1) {
-      const std::vector<ModelGraph> stages = cut_stages(build_model(r_, 1, 1.0), groups_->stages());
+      const std::vector<ModelGraph> stages = cut_stages(build_model(r_, 1, 1.0), stage_cuts());
       for (int s = 0; s < groups_->stage(); ++s)
         for (const Param& p : stages[size_t(s)].graph.frozen()) skip.insert(p.name);
     }
@@ -292,12 +273,16 @@ class TrainingRun {
 
   // model.init_from (with LoRA: the frozen base) and lora.init_from (a PEFT adapter).
   void load_initial_weights(ParameterStore& store) {
+    // A pipeline stage reads its own weights of files that hold the whole model's.
+    std::optional<ModelGraph> whole;
+    if (groups_->stages() > 1) whole = build_model(r_, 1, 1.0);
+    const Graph* whole_graph = whole ? &whole->graph : nullptr;
     if (!r_.model.init_from.empty()) {
-      load_weights(r_.model.init_from, store, r_.model.arch);
+      load_weights(r_.model.init_from, store, r_.model.arch, whole_graph);
       out_ << "weights loaded from " << r_.model.init_from.string() << "\n";
     }
     if (r_.lora.rank > 0 && !r_.lora.init_from.empty() && !resume_dir_) {
-      load_adapters(r_.lora.init_from, store, r_);
+      load_adapters(r_.lora.init_from, store, r_, whole_graph);
       out_ << "adapters loaded from " << r_.lora.init_from.string() << "\n";
     }
   }
@@ -346,7 +331,7 @@ class TrainingRun {
       trace::Scope event("other", "step start (plugins)");
       plugins_.step_start(step);
       hooks.before_update = plugins_.update_hook(step, session);
-      hooks.after_backward = gradient_dump_hook(step, options_, session, r_.model.arch);
+      hooks.after_backward = gradient_dump_hook(step);
     }
     const int64_t sent_before = bytes_sent(), tensor_sent_before = groups_->tensor().bytes_sent();
     auto next_batch = [&] {
@@ -539,23 +524,16 @@ class TrainingRun {
     session.sync_host();
     const WholeParameters whole(session.store, comm());
     auto whole_weight = whole_param(whole, session.store);
-    // A tensor-parallel run's split weights (trained and frozen), assembled whole from the group's
-    // slices (a collective), by name.
-    std::map<std::string, std::vector<float>> logical;
+    // A tensor-parallel run's split weights (trained and frozen), assembled whole (a collective).
+    const std::map<std::string, std::vector<float>> logical = gather_slices(whole_weight);
     const Graph& graph = session.model.graph;
-    if (groups_->tensor_size() > 1)
-      for (const Graph::WeightRef ref : graph.weights()) {
-        const Param& p = graph.weight(ref);
-        if (p.slice.split())
-          logical[p.name] = gather_logical(p, whole_weight(ref), graph.value(p.value).shape.numel(), groups_->tensor());
-      }
     // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
     // (Named by the whole model's graph, built once here for the gather and the file.)
     std::optional<ModelGraph> whole_model;
     std::map<std::string, std::vector<float>> staged;
     if (groups_->stages() > 1) {
       whole_model = build_model(r_, 1, 1.0);
-      staged = gather_stages(*whole_model, whole_weight, logical);
+      staged = gather_stages(*whole_model, whole_weight, logical, true);
     }
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
@@ -583,31 +561,54 @@ class TrainingRun {
     return summary_;
   }
 
-  // Every stage's weights (trained and frozen) by name, on every rank of each pipeline group: stage s
-  // broadcasts its weights' values in its graph's order, which every rank knows from the whole
-  // model's cut. `logical`: this rank's split weights, whole (tensor parallelism), by name.
-  std::map<std::string, std::vector<float>> gather_stages(const ModelGraph& model,
-                                                          const std::function<const float*(Graph::WeightRef)>& weight,
-                                                          const std::map<std::string, std::vector<float>>& logical) {
-    const std::vector<ModelGraph> stages = cut_stages(model, groups_->stages());
+  using WeightValues = std::function<const float*(Graph::WeightRef)>;
+
+  // Where the run's pipeline is cut (the units each stage trains), for cutting other builds of it.
+  std::vector<int> stage_cuts() const { return pipeline_boundaries(r_, groups_->stages(), groups_->tensor_size()); }
+
+  // This rank's tensor-parallel slices of `value` (a weight's values, or a gradient: null for none, as a
+  // frozen weight has), each assembled whole, by name: a collective of the tensor-parallel group.
+  std::map<std::string, std::vector<float>> gather_slices(const WeightValues& value) {
+    std::map<std::string, std::vector<float>> logical;
+    if (groups_->tensor_size() == 1) return logical;
+    const Graph& graph = session_->model.graph;
+    for (const Graph::WeightRef ref : graph.weights()) {
+      const Param& p = graph.weight(ref);
+      if (!p.slice.split()) continue;
+      if (const float* values = value(ref))
+        logical[p.name] = gather_logical(p, values, graph.value(p.value).shape.numel(), groups_->tensor());
+    }
+    return logical;
+  }
+
+  // Every stage's `value` of its weights by name (frozen ones only `with_frozen`), on every rank of
+  // each pipeline group: stage s broadcasts them in its graph's order, which every rank knows from
+  // the whole model's cut. `logical`: this rank's split ones, whole (gather_slices).
+  std::map<std::string, std::vector<float>> gather_stages(const ModelGraph& model, const WeightValues& value,
+                                                          const std::map<std::string, std::vector<float>>& logical,
+                                                          bool with_frozen) {
+    const std::vector<ModelGraph> stages = cut_stages(model, stage_cuts());
     const Graph& mine = session_->model.graph;
     std::map<std::string, std::vector<float>> by_name;
     for (int s = 0; s < groups_->stages(); ++s) {
       const Graph& stage = stages[size_t(s)].graph;
       int64_t total = 0;
-      for (const Graph::WeightRef ref : stage.weights()) total += stage.value(stage.weight(ref).value).shape.numel();
+      for (const Graph::WeightRef ref : stage.weights())
+        if (with_frozen || !ref.frozen) total += stage.value(stage.weight(ref).value).shape.numel();
       std::vector<float> values(static_cast<size_t>(total));
       if (s == groups_->stage()) {
         float* at = values.data();
         for (const Graph::WeightRef ref : mine.weights()) {
+          if (!with_frozen && ref.frozen) continue;
           const Param& p = mine.weight(ref);
           at = logical.count(p.name) ? std::copy(logical.at(p.name).begin(), logical.at(p.name).end(), at)
-                                     : std::copy_n(weight(ref), mine.value(p.value).shape.numel(), at);
+                                     : std::copy_n(value(ref), mine.value(p.value).shape.numel(), at);
         }
       }
       groups_->pipeline()->broadcast(values.data(), total * 4, s, "broadcast of a pipeline stage's weights").wait();
       const float* at = values.data();
       for (const Graph::WeightRef ref : stage.weights()) {
+        if (!with_frozen && ref.frozen) continue;
         const Param& p = stage.weight(ref);
         const int64_t n = stage.value(p.value).shape.numel();
         by_name.try_emplace(p.name, at, at + n);
@@ -615,6 +616,43 @@ class TrainingRun {
       }
     }
     return by_name;
+  }
+
+  // --dump-gradients-at and the first step's dump: the whole model's gradients, written by rank 0
+  // once the step's gradients are reduced. Split over tensor-parallel ranks or pipeline stages, every
+  // rank takes part: the slices are assembled and the stages' gradients broadcast to rank 0's group.
+  std::function<void()> gradient_dump_hook(int64_t step) {
+    std::vector<fs::path> files;
+    if (step == 0 && !options_.first_gradients.empty()) files.push_back(options_.first_gradients);
+    if (auto it = options_.gradients_at.find(step + 1); it != options_.gradients_at.end()) files.push_back(it->second);
+    const bool split = groups_->tensor_size() > 1 || groups_->stages() > 1;
+    if (files.empty() || (!lead_ && !split)) return {};
+    return [this, files, split] {
+      const ParameterStore& store = session_->store;
+      if (!split) {
+        for (const fs::path& file : files) save_gradients(file, store, r_.model.arch);
+        return;
+      }
+      const WeightValues grad = [&](Graph::WeightRef ref) { return ref.frozen ? nullptr : store.grad(ref.index); };
+      const std::map<std::string, std::vector<float>> logical = gather_slices(grad);
+      std::optional<ModelGraph> whole_model;
+      std::map<std::string, std::vector<float>> staged;
+      if (groups_->stages() > 1) {
+        whole_model = build_model(r_, 1, 1.0);
+        staged = gather_stages(*whole_model, grad, logical, false);
+      }
+      if (!lead_) return;
+      const Graph& graph = whole_model ? whole_model->graph : session_->model.graph;
+      const auto tensors = hugging_face_tensors(graph, r_.model.arch, [&](Graph::WeightRef ref) -> const float* {
+        if (ref.frozen) return nullptr;
+        const std::string& name = graph.weight(ref).name;
+        if (whole_model) return staged.at(name).data();
+        auto whole = logical.find(name);
+        return whole != logical.end() ? whole->second.data() : grad(ref);
+      });
+      for (const fs::path& file : files)
+        write_safetensors(file, tensors, {{"layout", "hugging face, as the weights files"}});
+    };
   }
 
   // summary.json: the run's outcome, its plan against what it measured (a collective: every

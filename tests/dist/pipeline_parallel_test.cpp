@@ -11,6 +11,7 @@
 // tensor_parallel_test.cpp derives it) rather than to the bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -79,8 +80,8 @@ TEST(PipelineParallel, TwoStagesByTwoDataRanksAtEveryZeroStageAreOneProcessBitFo
 
 // LoRA: each stage holds its blocks' frozen weights and adapters (a frozen tied embedding on the first
 // and last stage alike, with no gradient to share), so GPT-2 too trains the one-process adapters
-// bit for bit, with dropout in the model and in the adapters; and T = 2 x P = 2 within fp32's
-// tolerance (tensor_parallel_test.cpp).
+// bit for bit, with dropout in the model and in the adapters, from a base and an adapter too; and
+// T = 2 x P = 2 within fp32's tolerance (tensor_parallel_test.cpp), resumed at another layout.
 TEST(PipelineParallel, LoraStagesAreOneProcessBitForBit) {
   const engine::testing::TempDir dir("pp_lora");
   const std::string lora =
@@ -94,10 +95,25 @@ TEST(PipelineParallel, LoraStagesAreOneProcessBitForBit) {
   // embedding once), so the resume is accepted and trains the same bits.
   train(with(gpt, "distributed.pipeline_parallel=2"), 2, (dir / "cut").string(), "--stop-after 2");
   expect_same_bits(train(gpt, 1, (dir / "cut").string(), "--resume latest"), whole, "GPT LoRA, P=2 resumed at P=1");
-  const std::string llama = with(kLlama, lora);
-  expect_close_fp32(
-      train(with(llama, "distributed.pipeline_parallel=2 distributed.tensor_parallel=2"), 4, (dir / "l22").string()),
-      train(llama, 1, (dir / "l1").string()), 0.005, "Llama LoRA, T=2 x P=2");
+  // Started from files of the whole model: each stage loads its own weights of a base model
+  // (model.init_from, a plain run's weights) and of a PEFT adapter (lora.init_from, the run above's).
+  const std::string base = (dir / "base" / "run" / "model.safetensors").string(), adapter = (dir / "adapter").string();
+  train("recipes/golden/gpt_markov.yaml", 1, (dir / "base").string());
+  const engine::testing::Shell exported = engine::testing::shell(
+      "'" ENGINE_BINARY "' export " + (dir / "g1" / "run").string() + " " + adapter + " --adapter");
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  const std::string from = with(gpt, "model.init_from=" + base + " lora.init_from=" + adapter);
+  expect_same_bits(train(with(from, "distributed.pipeline_parallel=2"), 2, (dir / "from2").string()),
+                   train(from, 1, (dir / "from1").string()), "GPT LoRA from a base and an adapter, P=2");
+  // Three blocks over two stages, split in two: cut after step 2 and resumed in one process (the
+  // checkpoint's base digest is the whole model's whatever the layout).
+  const std::string llama = with(kLlama, lora + " model.n_layer=3 checkpoint.every_steps=2");
+  const std::string split = with(llama, "distributed.pipeline_parallel=2 distributed.tensor_parallel=2");
+  const Training llama_whole = train(llama, 1, (dir / "l1").string());
+  expect_close_fp32(train(split, 4, (dir / "l22").string()), llama_whole, 0.005, "Llama LoRA, T=2 x P=2");
+  train(split, 4, (dir / "l22cut").string(), "--stop-after 2");
+  expect_close_fp32(train(llama, 1, (dir / "l22cut").string(), "--resume latest"), llama_whole, 0.005,
+                    "Llama LoRA, T=2 x P=2 resumed in one process");
 }
 
 // GPT-2's tied embedding: the first and last stage hold it, sum their gradients and stay in step;
@@ -189,6 +205,36 @@ TEST(PipelineParallel, Fp16OverflowsAreAgreedByEveryRankAsOneProcessHasThem) {
   }
   EXPECT_EQ(skipped, 2) << "the one-process run's overflows";
   engine::testing::expect_close_16bit(split, whole, train(gpt, 1, (dir / "fp32").string()), "fp16, T=2 x P=2");
+}
+
+// --dump-first-gradients writes the whole model's gradients however the model is split: the stages'
+// gradients gathered and the tensor-parallel slices assembled, under the weights file's names. P = 2
+// gives one process's bits; T = 2 x P = 2 (GPT, tied: the embedding's gradient summed over both
+// ends) gives them within fp32's reordering, 1e-5 of the largest gradient.
+TEST(PipelineParallel, GradientDumpsAreTheWholeModelsGradientsAtAnyLayout) {
+  const engine::testing::TempDir dir("pp_gradients");
+  auto dump = [&](const std::string& recipe, int world, const std::string& name) {
+    const std::string file = (dir / (name + ".safetensors")).string();
+    train(recipe, world, (dir / name).string(), "--dump-first-gradients " + file);
+    return engine::testing::read_safetensors(file);
+  };
+  const std::string llama = with(kLlama, "train.gradient_accumulation_steps=4");
+  const engine::testing::Weights whole = dump(llama, 1, "llama");
+  ASSERT_FALSE(whole.empty());
+  EXPECT_TRUE(dump(with(llama, "distributed.pipeline_parallel=2"), 2, "llama_p2") == whole)
+      << "P=2: the gradients differ from one process's";
+
+  const std::string gpt = "recipes/golden/gpt_markov.yaml train.gradient_accumulation_steps=2";
+  const engine::testing::Weights gpt_whole = dump(gpt, 1, "gpt");
+  const engine::testing::Weights split =
+      dump(with(gpt, "distributed.tensor_parallel=2 distributed.pipeline_parallel=2"), 4, "gpt_t2p2");
+  ASSERT_EQ(split.size(), gpt_whole.size());
+  double largest = 0;
+  for (const auto& [name, values] : gpt_whole)
+    for (float v : values) largest = std::max(largest, double(std::abs(v)));
+  std::string where;
+  EXPECT_LE(engine::testing::max_abs_difference(gpt_whole, split, &where), 1e-5 * largest)
+      << "T=2 x P=2: the gradient of " << where;
 }
 
 // Checkpoints: each stage's ranks write their weights, the manifest describes every stage's, so a run

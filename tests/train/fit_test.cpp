@@ -217,6 +217,12 @@ TEST_F(Fit, OverSeveralRanksTheLayoutsAreSearchedAndASplitOneProposed) {
   const Result confirm = run("plan" + command.substr(std::string("engine train").size()) + budgets);
   ASSERT_EQ(confirm.status, 0) << confirm.output;
   EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
+
+  // A split recipe without a world size: one data-parallel rank of its layout, searched alone.
+  const Result alone = run("plan " + recipe + " distributed.tensor_parallel=2 --fit --host-memory 1TiB --nvme 1TiB");
+  ASSERT_EQ(alone.status, 0) << alone.output;
+  EXPECT_EQ(proposed_command(alone.output), "engine train " + recipe + " distributed.tensor_parallel=2")
+      << alone.output;
 }
 
 // A GPU run's rows (planned on any machine: planning needs no device) carry the device memory
