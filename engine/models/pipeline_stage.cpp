@@ -203,7 +203,24 @@ ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>&
 }
 
 std::vector<int> pipeline_boundaries(const recipe::Recipe& recipe, int stages, int tensor_parallel) {
-  return stage_boundaries(build_model(recipe, 1, 1.0, {tensor_parallel, 0}).graph, stages);
+  const ModelGraph model = build_model(recipe, 1, 1.0, {tensor_parallel, 0});
+  const std::vector<double>& blocks = recipe.distributed.pipeline_blocks;
+  if (blocks.empty()) return stage_boundaries(model.graph, stages);
+  // As the recipe lists them: stage s (after the first) starts at its first block's unit.
+  std::vector<int> block_units;
+  for (int u = 0; u < int(model.graph.units().size()); ++u)
+    if (model.graph.units()[size_t(u)].block) block_units.push_back(u);
+  ENGINE_CHECK(int(blocks.size()) == stages, "distributed.pipeline_blocks lists another number of stages");
+  std::vector<int> boundaries{0};
+  int64_t first = 0;
+  for (int s = 1; s < stages; ++s) {
+    first += int64_t(blocks[size_t(s - 1)]);
+    ENGINE_CHECK(first < int64_t(block_units.size()),
+                 "distributed.pipeline_blocks lists more blocks than the model has");
+    boundaries.push_back(block_units[size_t(first)]);
+  }
+  boundaries.push_back(int(model.graph.units().size()));
+  return boundaries;
 }
 
 std::vector<ModelGraph> cut_stages(const ModelGraph& whole, const std::vector<int>& boundaries) {

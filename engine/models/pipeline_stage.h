@@ -34,8 +34,8 @@ struct PipelineLayout {
 std::vector<int> stage_boundaries(const Graph& whole, int stages);
 
 ModelGraph cut_stage(const ModelGraph& whole, int stage, const std::vector<int>& boundaries);
-// The boundaries every rank of a run cuts at: balanced over the model as a rank of a
-// `tensor_parallel` group holds it (its FLOPs are what a stage's rank computes), at micro-batch 1, so
+// The boundaries every rank of a run cuts at: distributed.pipeline_blocks', or balanced over the
+// model as a rank of a `tensor_parallel` group holds it (its FLOPs are what a stage's rank computes), at micro-batch 1, so
 // that a rank that cuts another build of the model (unsplit, to name the weights whole) cuts the
 // units its stage's ranks train.
 std::vector<int> pipeline_boundaries(const recipe::Recipe& recipe, int stages, int tensor_parallel);

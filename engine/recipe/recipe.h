@@ -152,6 +152,9 @@ struct DistributedSection {
   // fed with the step's micro-batches on a pipeline schedule.
   int64_t pipeline_parallel;
   PipelineSchedule pipeline_schedule;
+  // Transformer blocks per stage, first to last (whole numbers summing to n_layer); empty: the cut
+  // that balances the stages' FLOPs.
+  std::vector<double> pipeline_blocks;
 };
 
 enum class ResumeMode { never, auto_resume };

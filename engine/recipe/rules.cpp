@@ -1,6 +1,7 @@
 #include "recipe/rules.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -463,7 +464,13 @@ void check_tensor_parallel(RuleContext& c) {
 // Pipeline parallelism: a transformer with a block per stage at least, and what runs with it so far.
 void check_pipeline_parallel(RuleContext& c) {
   const int64_t p = c.r.distributed.pipeline_parallel;
-  if (p == 1) return;
+  if (p == 1) {
+    if (!c.r.distributed.pipeline_blocks.empty())
+      c.error({"distributed.pipeline_blocks", "distributed.pipeline_parallel"},
+              "distributed.pipeline_blocks cuts pipeline stages, but distributed.pipeline_parallel is 1",
+              {"set pipeline_parallel to the number of stages it lists, or leave pipeline_blocks empty"});
+    return;
+  }
   if (!is_transformer(c.r)) {
     c.error({"distributed.pipeline_parallel", "model.arch"},
             "pipeline parallelism cuts a transformer's blocks into stages; model.arch mlp has none",
@@ -474,6 +481,21 @@ void check_pipeline_parallel(RuleContext& c) {
     c.error({"distributed.pipeline_parallel", "model.n_layer"},
             "distributed.pipeline_parallel " + str(p) + " needs a block per stage at least, and model.n_layer is " +
                 str(c.r.model.n_layer));
+  const std::vector<double>& blocks = c.r.distributed.pipeline_blocks;
+  if (!blocks.empty()) {
+    double sum = 0;
+    bool whole = true;
+    for (double b : blocks) {
+      sum += b;
+      whole = whole && b == std::floor(b);
+    }
+    if (int64_t(blocks.size()) != p || !whole || sum != double(c.r.model.n_layer))
+      c.error({"distributed.pipeline_blocks", "distributed.pipeline_parallel"},
+              "distributed.pipeline_blocks must list the whole blocks of each of the " + str(p) +
+                  " stages, summing to model.n_layer " + str(c.r.model.n_layer) + " (it lists " +
+                  str(int64_t(blocks.size())) + " numbers summing to " + nlohmann::json(sum).dump() + ")",
+              {"leave it empty to balance the stages by FLOPs"});
+  }
   refuse_unsupported(c, "distributed.pipeline_parallel", "pipeline parallelism");
   if (c.r.distributed.wrap_policy != WrapPolicy::block)
     refuse_with(c, "distributed.wrap_policy", "distributed.pipeline_parallel", "pipeline parallelism",

@@ -48,6 +48,19 @@ TEST(PipelineParallel, TwoStagesOnEitherScheduleAreOneProcessBitForBit) {
                    whole, "P=2, GPipe");
 }
 
+// Stages cut where distributed.pipeline_blocks says (1 block, then 3): the plan's stage table shows
+// the cut, and the run is one process's bits.
+TEST(PipelineParallel, StagesCutAsTheRecipeListsAreOneProcessBitForBit) {
+  const engine::testing::TempDir dir("pp_blocks");
+  const std::string recipe = with(kLlama, "model.n_layer=4 train.gradient_accumulation_steps=4");
+  const std::string listed = with(recipe, "distributed.pipeline_parallel=2 distributed.pipeline_blocks=[1,3]");
+  const engine::testing::Shell plan = engine::testing::shell("'" ENGINE_BINARY "' plan " SOURCE_DIR "/" + listed);
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("0  embeddings .. layers.0 "), std::string::npos) << plan.output;
+  EXPECT_NE(plan.output.find("1  layers.1 .. head "), std::string::npos) << plan.output;
+  expect_same_bits(train(listed, 2, (dir / "p2").string()), train(recipe, 1, (dir / "w1").string()), "P=2 cut 1 + 3");
+}
+
 // P = 4 (one block each, the embedding and the head with the first and last) in bf16, M = 6.
 TEST(PipelineParallel, FourStagesInBf16AreOneProcessBitForBit) {
   const engine::testing::TempDir dir("pp_four");

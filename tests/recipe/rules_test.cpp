@@ -320,6 +320,23 @@ TEST(PipelineParallel, StagesCountAgainstTheWorldAndTheBlocks) {
       << errors[0].message;
 }
 
+// distributed.pipeline_blocks: one whole number of blocks per stage, summing to n_layer; refused by
+// key otherwise, and without stages to cut.
+TEST(PipelineParallel, BlocksPerStageMustCutTheModel) {
+  EXPECT_NO_THROW(
+      recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2, pipeline_blocks: [1, 1]}\n").load());
+  for (const char* blocks : {"[2]", "[1, 2]", "[0.5, 1.5]", "[1, 1, 0]"}) {
+    auto errors =
+        recipe(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2, pipeline_blocks: " + blocks + "}\n")
+            .errors();
+    ASSERT_FALSE(errors.empty()) << blocks;
+    EXPECT_EQ(errors[0].key, "distributed.pipeline_blocks") << blocks << "\n" << render_diagnostics(errors);
+  }
+  auto errors = recipe(std::string(kPipelineBase) + "distributed: {pipeline_blocks: [2]}\n").errors();
+  ASSERT_EQ(errors.size(), 1u) << render_diagnostics(errors);
+  EXPECT_NE(errors[0].message.find("but distributed.pipeline_parallel is 1"), std::string::npos) << errors[0].message;
+}
+
 TEST(PipelineParallel, WhatDoesNotRunInStagesYetIsRefused) {
   expect_refused_with_layout(std::string(kPipelineBase) + "distributed: {pipeline_parallel: 2}\n",
                              "does not run with pipeline parallelism yet");

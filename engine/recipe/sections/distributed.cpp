@@ -75,7 +75,8 @@ void declare_distributed(Schema& schema) {
       .unit("stages")
       .help(
           "Pipeline parallelism: the model cut into this many stages at block boundaries (balanced by the "
-          "plan's FLOPs), each on its own ranks; activations and their gradients pass point to point between "
+          "plan's FLOPs, or as pipeline_blocks says), each on its own ranks; activations and their gradients pass "
+          "point to point between "
           "stages and the step's micro-batches (train.gradient_accumulation_steps) flow through them on "
           "pipeline_schedule. Each stage recomputes its forward pass in the backward (it keeps only its "
           "input per micro-batch in flight). World size = pipeline_parallel x the data-parallel ranks.");
@@ -86,6 +87,14 @@ void declare_distributed(Schema& schema) {
           "1f1b: after as many forward passes as the stages after this one, each stage alternates one "
           "forward and one backward (at most pipeline_parallel micro-batches in flight); gpipe: every "
           "forward pass, then every backward pass (all micro-batches in flight). The same bits either way.");
+  section.key("pipeline_blocks", &DistributedSection::pipeline_blocks)
+      .def(std::vector<double>{})
+      .min(1)
+      .unit("blocks")
+      .help(
+          "The transformer blocks of each pipeline stage, first to last: pipeline_parallel whole numbers "
+          "summing to model.n_layer (the embedding goes with the first stage, the head with the last). "
+          "Empty: the cut whose largest stage has the fewest forward FLOPs.");
 }
 
 }  // namespace engine::recipe
