@@ -181,6 +181,8 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
             };
             set(t != recipe_t, "distributed.tensor_parallel", std::to_string(t));
             set(p != recipe_p, "distributed.pipeline_parallel", std::to_string(p));
+            // The recipe's blocks per stage list its own number of stages.
+            set(p != recipe_p && !r.distributed.pipeline_blocks.empty(), "distributed.pipeline_blocks", "[]");
             // Stages cut at blocks: the wrap policy that makes each block its own unit.
             set(p > 1 && r.distributed.wrap_policy != recipe::WrapPolicy::block, "distributed.wrap_policy", "block");
             set(stage != r.distributed.zero_stage, "distributed.zero_stage", std::to_string(stage));

@@ -218,6 +218,18 @@ TEST_F(Fit, OverSeveralRanksTheLayoutsAreSearchedAndASplitOneProposed) {
   ASSERT_EQ(confirm.status, 0) << confirm.output;
   EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
 
+  // A recipe that lists its stages' blocks (recipes/examples/gpt-3d-parallel.yaml, 2 + 2): the
+  // layouts of other stage counts drop the list rather than being refused for it.
+  engine::recipe::LoadOptions listed;
+  listed.overrides = {"run.output_dir=unused"};
+  listed.world = {8, "test"};
+  const fs::path example = kSource / "recipes/examples/gpt-3d-parallel.yaml";
+  const engine::FitSearch cut = engine::fit_rows(example, listed, engine::recipe::load_recipe(example, listed), {});
+  for (const std::string& note : cut.notes) ADD_FAILURE() << note;
+  std::set<int> stage_counts;
+  for (const engine::FitRow& row : cut.rows) stage_counts.insert(row.pipeline);
+  EXPECT_EQ(stage_counts, (std::set<int>{1, 2, 4})) << "the layouts of 8 ranks over 4 blocks";
+
   // A split recipe without a world size: one data-parallel rank of its layout, searched alone.
   const Result alone = run("plan " + recipe + " distributed.tensor_parallel=2 --fit --host-memory 1TiB --nvme 1TiB");
   ASSERT_EQ(alone.status, 0) << alone.output;
