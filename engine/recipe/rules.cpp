@@ -527,8 +527,8 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"offload", "distributed"}, check_offload},
       {{"telemetry", "train"}, check_telemetry},
       {{"lora", "model", "run"}, check_lora},
-      {{"distributed", "model", "run", "lora"}, check_tensor_parallel},
-      {{"distributed", "model", "run", "lora"}, check_pipeline_parallel},
+      {{"distributed", "model", "run"}, check_tensor_parallel},
+      {{"distributed", "model", "run"}, check_pipeline_parallel},
   };
   RuleContext context{loaded, sink, loaded.recipe};
   for (const Rule& rule : rules) {

@@ -51,16 +51,6 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   write_file_atomically(path, [&](std::ostream& out) { out << text; });
 }
 
-// Under the names and in the layout of the weights files (GPT-2's Conv1D weights (in, out), Llama's
-// q/k/v split), so a gradient lines up with the weight it belongs to in an exported file.
-void save_gradients(const fs::path& path, const ParameterStore& store, recipe::Arch arch) {
-  write_safetensors(
-      path,
-      hugging_face_tensors(store.graph(), arch,
-                           [&](Graph::WeightRef ref) { return ref.frozen ? nullptr : store.grad(ref.index); }),
-      {{"layout", "hugging face, as the weights files"}});
-}
-
 // Ranks that run different recipes or engines would issue different collectives: refuse at once.
 void require_same_run_on_every_rank(Communicator& comm, const std::string& resolved_recipe) {
   const uint64_t mine = std::hash<std::string>{}(resolved_recipe + "\n" + kVersion + " " + kGitRevision);
@@ -523,18 +513,8 @@ class TrainingRun {
     }
     session.sync_host();
     const WholeParameters whole(session.store, comm());
-    auto whole_weight = whole_param(whole, session.store);
-    // A tensor-parallel run's split weights (trained and frozen), assembled whole (a collective).
-    const std::map<std::string, std::vector<float>> logical = gather_slices(whole_weight);
-    const Graph& graph = session.model.graph;
-    // A pipeline's weights, every stage's, to rank 0 (a collective of each pipeline group).
-    // (Named by the whole model's graph, built once here for the gather and the file.)
-    std::optional<ModelGraph> whole_model;
-    std::map<std::string, std::vector<float>> staged;
-    if (groups_->stages() > 1) {
-      whole_model = build_model(r_, 1, 1.0);
-      staged = gather_stages(*whole_model, whole_weight, logical, true);
-    }
+    // Every weight whole, trained and frozen (a collective of the tensor and pipeline groups).
+    const WholeValues weights_whole = gather_whole(whole_param(whole, session.store), true);
     if (!lead_) return summary_;
     write_text_atomically(summary_.run_dir / "summary.json", summary_json.dump(2) + "\n");
     fs::path weights = summary_.run_dir / "model.safetensors";
@@ -543,16 +523,8 @@ class TrainingRun {
                                                               : "mlp";
     std::map<std::string, std::string> metadata{{"arch", arch}, {"steps", std::to_string(summary_.steps)}};
     if (r_.lora.rank > 0) metadata.merge(lora_metadata(r_));
-    if (whole_model) {
-      const Graph& model = whole_model->graph;
-      save_weights(weights, model, r_.model.arch, metadata,
-                   [&](Graph::WeightRef ref) -> const float* { return staged.at(model.weight(ref).name).data(); });
-    } else {
-      save_weights(weights, graph, r_.model.arch, metadata, [&](Graph::WeightRef ref) -> const float* {
-        auto split = logical.find(graph.weight(ref).name);
-        return split != logical.end() ? split->second.data() : whole_weight(ref);
-      });
-    }
+    save_weights(weights, weights_whole.graph(), r_.model.arch, metadata,
+                 [&](Graph::WeightRef ref) { return weights_whole.value(ref); });
     if (summary_.interrupted)
       out_ << "interrupted after step " << summary_.steps << "; weights saved to " << weights.string() << "\n";
     else
@@ -618,38 +590,55 @@ class TrainingRun {
     return by_name;
   }
 
+  // `value` of every weight of the whole model, as rank 0 reads it: named by the whole model's graph
+  // (built for it when the ranks hold pipeline stages), a split weight assembled from its slices.
+  struct WholeValues {
+    const Graph* local;                                 // this rank's graph
+    WeightValues value_here;                            // its values
+    std::map<std::string, std::vector<float>> logical;  // its split weights, whole
+    std::optional<ModelGraph> model;                    // with stages: the whole model ...
+    std::map<std::string, std::vector<float>> staged;   // ... and every stage's values by name
+    bool with_frozen = true;
+
+    const Graph& graph() const { return model ? model->graph : *local; }
+    const float* value(Graph::WeightRef ref) const {
+      if (ref.frozen && !with_frozen) return nullptr;
+      const std::string& name = graph().weight(ref).name;
+      if (model) return staged.at(name).data();
+      auto whole = logical.find(name);
+      return whole != logical.end() ? whole->second.data() : value_here(ref);
+    }
+  };
+  // A collective of the tensor-parallel and pipeline groups (none without them); `with_frozen`:
+  // the frozen weights' values too (else null, as for gradients).
+  WholeValues gather_whole(const WeightValues& value, bool with_frozen) {
+    WholeValues whole{.local = &session_->model.graph, .value_here = value, .with_frozen = with_frozen};
+    whole.logical = gather_slices(value);
+    if (groups_->stages() > 1) {
+      whole.model = build_model(r_, 1, 1.0);
+      whole.staged = gather_stages(*whole.model, value, whole.logical, with_frozen);
+    }
+    return whole;
+  }
+
   // --dump-gradients-at and the first step's dump: the whole model's gradients, written by rank 0
   // once the step's gradients are reduced. Split over tensor-parallel ranks or pipeline stages, every
   // rank takes part: the slices are assembled and the stages' gradients broadcast to rank 0's group.
+  // Under the names and in the layout of the weights files (GPT-2's Conv1D weights (in, out), Llama's
+  // q/k/v split), so a gradient lines up with the weight it belongs to in an exported file.
   std::function<void()> gradient_dump_hook(int64_t step) {
     std::vector<fs::path> files;
     if (step == 0 && !options_.first_gradients.empty()) files.push_back(options_.first_gradients);
     if (auto it = options_.gradients_at.find(step + 1); it != options_.gradients_at.end()) files.push_back(it->second);
     const bool split = groups_->tensor_size() > 1 || groups_->stages() > 1;
     if (files.empty() || (!lead_ && !split)) return {};
-    return [this, files, split] {
+    return [this, files] {
       const ParameterStore& store = session_->store;
-      if (!split) {
-        for (const fs::path& file : files) save_gradients(file, store, r_.model.arch);
-        return;
-      }
-      const WeightValues grad = [&](Graph::WeightRef ref) { return ref.frozen ? nullptr : store.grad(ref.index); };
-      const std::map<std::string, std::vector<float>> logical = gather_slices(grad);
-      std::optional<ModelGraph> whole_model;
-      std::map<std::string, std::vector<float>> staged;
-      if (groups_->stages() > 1) {
-        whole_model = build_model(r_, 1, 1.0);
-        staged = gather_stages(*whole_model, grad, logical, false);
-      }
+      const WholeValues gradients =
+          gather_whole([&](Graph::WeightRef ref) { return ref.frozen ? nullptr : store.grad(ref.index); }, false);
       if (!lead_) return;
-      const Graph& graph = whole_model ? whole_model->graph : session_->model.graph;
-      const auto tensors = hugging_face_tensors(graph, r_.model.arch, [&](Graph::WeightRef ref) -> const float* {
-        if (ref.frozen) return nullptr;
-        const std::string& name = graph.weight(ref).name;
-        if (whole_model) return staged.at(name).data();
-        auto whole = logical.find(name);
-        return whole != logical.end() ? whole->second.data() : grad(ref);
-      });
+      const auto tensors = hugging_face_tensors(gradients.graph(), r_.model.arch,
+                                                [&](Graph::WeightRef ref) { return gradients.value(ref); });
       for (const fs::path& file : files)
         write_safetensors(file, tensors, {{"layout", "hugging face, as the weights files"}});
     };

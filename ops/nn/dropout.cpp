@@ -93,14 +93,26 @@ const OpDef kDropoutBackward{.name = "dropout_backward",
                              .native_16bit = kWidenedChunks,
                              .cuda_16bit = kCudaDropout16};
 
-ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
+namespace {
+
+// `op` on x with probability p, its attrs the salt then `ints`; x itself when p is 0.
+ValueId add_dropout(Graph& g, const OpDef& op, ValueId x, double p, const std::vector<int64_t>& ints,
+                    const std::string& name) {
   // NaN fails both comparisons, so it is refused by name rather than left to the kernel, whose
   // threshold p * 2^32 would then be a NaN converted to an integer (undefined behaviour).
   if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
   if (p <= 0) return x;
+  std::vector<int64_t> attrs{dropout_salt(g)};
+  attrs.insert(attrs.end(), ints.begin(), ints.end());
   ValueId y = g.add_activation(name + ".out", g.value(x).shape);
-  g.add_node(Node{&kDropout, {x}, {y}, Attrs{{dropout_salt(g)}, {p}}, false, false, name});
+  g.add_node(Node{&op, {x}, {y}, Attrs{std::move(attrs), {p}}, false, false, name});
   return y;
+}
+
+}  // namespace
+
+ValueId dropout(Graph& g, ValueId x, double p, const std::string& name) {
+  return add_dropout(g, kDropout, x, p, {}, name);
 }
 
 const OpDef kDropoutColumns{.name = "dropout_columns",
@@ -115,16 +127,11 @@ const OpDef kDropoutColumnsBackward{.name = "dropout_columns_backward",
                                     .native_16bit = kWidenedChunks};
 
 ValueId dropout_columns(Graph& g, ValueId x, double p, int64_t columns, int64_t column_begin, const std::string& name) {
-  if (std::isnan(p) || p >= 1) shape_error(name, "dropout probability must be below 1, got " + std::to_string(p));
-  if (p <= 0) return x;
   const int64_t width = g.value(x).shape.last();
-  if (column_begin < 0 || column_begin + width > columns)
+  if (p > 0 && (column_begin < 0 || column_begin + width > columns))
     shape_error(name, "columns [" + std::to_string(column_begin) + ", " + std::to_string(column_begin + width) +
                           ") are not within " + std::to_string(columns));
-  ValueId y = g.add_activation(name + ".out", g.value(x).shape);
-  g.add_node(
-      Node{&kDropoutColumns, {x}, {y}, Attrs{{dropout_salt(g), columns, column_begin}, {p}}, false, false, name});
-  return y;
+  return add_dropout(g, kDropoutColumns, x, p, {columns, column_begin}, name);
 }
 
 }  // namespace engine::ops
