@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "graph/autodiff.h"
 #include "nn/dropout.h"
+#include "nn/dropout_math.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
 
@@ -150,6 +151,69 @@ TEST(Dropout, ColumnsOfASplitInputDropWhatTheWholeInputDrops) {
       for (float v : out32) dropped += v == 0.0f;
     }
     EXPECT_GT(dropped, 0) << "no element dropped: the comparison proves nothing";
+  }
+}
+
+// dropout_columns as the op harness checks an op (tests/ops/op_harness.h; it is not one of the
+// harness's cases, whose references do not see the run's seed, which draws the mask): the forward
+// against a plain double-precision reference, y = x / (1 - p) where the word of element
+// row * columns + column_begin + k keeps it, and the backward through autodiff against central
+// finite differences of that reference, for L = sum(R * y) with random weights R.
+TEST(Dropout, ColumnsForwardIsItsReferenceAndItsGradientTheFiniteDifferences) {
+  const int64_t rows = 7, width = 5, columns = 15, column_begin = 5, step = 2, micro = 1;
+  const uint64_t seed = 9;
+  const double p = 0.3;
+  Graph g;
+  ValueId x = g.add_param("x", Shape{rows, width}, g.add_unit("u"), ParamInit::normal(1.0));
+  ValueId y = ops::dropout_columns(g, x, p, columns, column_begin, "drop");
+  ValueId weights = g.add_input("weights", Shape{rows, width}, DType::f32);
+  ValueId loss = g.add_activation("loss", Shape{1});
+  g.add_node(Node{&kSumWithOnes, {y, weights}, {loss}, {}, false, false, "sum"});  // its gradient: R
+  g.set_loss(loss);
+  g.mark_forward_end();
+  autodiff(g);
+  ParameterStore store(g);
+  store.initialize(seed);
+  Executor exec(g, store, seed);
+  exec.add_plan("step", plan_step(g, all_nodes(g), {y}));
+  std::vector<double> r(size_t(rows * width));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = std::sin(double(i) + 0.5);
+  for (size_t i = 0; i < r.size(); ++i) static_cast<float*>(exec.input(weights))[i] = float(r[i]);
+  store.zero_micro_grads();
+  exec.run("step", step, micro);
+
+  // The reference: the salt is the node's place in the graph (the first).
+  const ops::DropoutMask mask = ops::DropoutMask::make(p, 0, seed, step, micro);
+  auto reference = [&](const std::vector<double>& in) {
+    std::vector<double> out(in.size());
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t k = 0; k < width; ++k) {
+        const int64_t whole = row * columns + column_begin + k, i = row * width + k;
+        const bool kept = mask.block(whole / 4).word[whole % 4] >= uint32_t(p * 4294967296.0);
+        out[size_t(i)] = kept ? in[size_t(i)] / (1 - p) : 0.0;
+      }
+    return out;
+  };
+  std::vector<double> x0(r.size());
+  for (size_t i = 0; i < x0.size(); ++i) x0[i] = store.param(0)[i];
+  const std::vector<double> expected = reference(x0);
+  const float* out = exec.value_f32("step", y);
+  int64_t dropped = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(out[i], expected[i], 1e-6 * (1 + std::abs(expected[i]))) << "forward, element " << i;
+    dropped += expected[i] == 0.0;
+  }
+  EXPECT_GT(dropped, 0) << "no element dropped: the comparison proves nothing";
+  const double h = 1e-5;
+  for (size_t i = 0; i < x0.size(); ++i) {
+    std::vector<double> plus = x0, minus = x0;
+    plus[i] += h;
+    minus[i] -= h;
+    const std::vector<double> up = reference(plus), down = reference(minus);
+    double difference = 0;
+    for (size_t j = 0; j < up.size(); ++j) difference += r[j] * (up[j] - down[j]);
+    const double fd = difference / (2 * h);
+    EXPECT_NEAR(store.grad(0)[i], fd, 1e-6 * (1 + std::abs(fd))) << "gradient, element " << i;
   }
 }
 
