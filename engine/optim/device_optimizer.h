@@ -11,15 +11,21 @@
 // weights, a restored checkpoint); download() copies the device's state back (before a checkpoint,
 // an export, a golden digest or any host reader). One process, ZeRO stage 0-1, no offload.
 //
+// The update is one multi-tensor kernel over the whole model state (optim/update_chunks.h): each
+// gradient scaled by the step's factor, AdamW or SGD, the 16-bit copy written.
+//
 //   auto device = make_device_optimizer(recipe.optimizer, store, *optimizer, runner, accumulation);
 //   device->upload();
 //   for (micro ...) { executor.run("train", ...); device->add_micro_batch(micro); }
+//   const DeviceOptimizer::StepEnd end = device->finish_and_step(lr, policy);   // one wait, mid-update
+//
+// or, where the host must see the gradients or the norm before the update (a plugin's hook):
 //   double norm = sum_norm_partials(device->finish_gradients());
-//   device->step(lr, clip_factor);
+//   device->step(lr, factor);
 //
 // With use_graphs(true), each phase (a micro-batch's sum, the gradients' finish, the update) runs
-// as a CUDA graph from its second run on (runtime/stream_graphs.h); step() writes the learning
-// rate's and the clipping's scalars to device memory first, where the update's kernels read them.
+// as a CUDA graph from its second run on (runtime/stream_graphs.h); the learning rate's scalars,
+// the policy and the factor reach the kernels through device memory.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,7 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "optim/update_math.h"
 #include "runtime/device_runner.h"
 #include "runtime/parameters.h"
 
@@ -48,8 +55,19 @@ class DeviceOptimizer {
   // The masters' norm partial sums (optimizer.h master_norm_partials), computed where they live.
   virtual std::vector<double> master_norm_partials() = 0;
   // One update at learning rate `lr` of the gradients times `factor` (clipping and loss scaling,
-  // as optimizer.h scale_gradients; skipped at 1), then the 16-bit copies; the host optimizer counts it.
+  // as optimizer.h scale_gradients), then the 16-bit copies; the host optimizer counts it.
   virtual void step(double lr, double factor) = 0;
+
+  // The step's end decided on the device: the gradients' finish, their norm (sum_norm_partials's
+  // order), the decision under `policy` (update_math.h decide_update) and the update at `lr`, with
+  // nothing read back in between. Returns once the decision and the norm's partial sums are on the
+  // host (and what the runner kept of the step's runs: DeviceRunner::keep_value), while the update
+  // may still be running. The host optimizer counts the update unless the decision skipped it.
+  struct StepEnd {
+    std::vector<double> partials;  // the norm's partial sums, as finish_gradients returns them
+    UpdateDecision decision;
+  };
+  virtual StepEnd finish_and_step(double lr, const StepPolicy& policy) = 0;
 
   virtual void use_graphs(bool on) = 0;
   virtual void reset_graphs() = 0;            // what the phases enqueue changed (a value's type)

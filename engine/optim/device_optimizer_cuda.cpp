@@ -45,15 +45,23 @@ class CudaOptimizer final : public DeviceOptimizer {
     }
     partials_ =
         reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
-    scalars_ = reinterpret_cast<UpdateScalars*>(runner.allocate(sizeof(UpdateScalars), "the update's scalars"));
-    check_cuda(cudaMallocHost(&scalars_host_, sizeof(UpdateScalars)), "pinned scalars");
+    chunk_sums_ = reinterpret_cast<double*>(
+        runner.allocate(std::max<int64_t>(norm_chunks(blocks_), 1) * int64_t(sizeof(double)), "the norm's chunk sums"));
+    scalars_ =
+        reinterpret_cast<MultiTensorScalars*>(runner.allocate(sizeof(MultiTensorScalars), "the update's scalars"));
+    check_cuda(cudaMallocHost(&scalars_host_, sizeof(MultiTensorScalars)), "pinned scalars");
+    check_cuda(cudaMallocHost(&decision_host_, sizeof(UpdateDecision)), "pinned decision");
     check_cuda(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)),
                "pinned partials");
+    check_cuda(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming), "event");
+    upload_chunk_table();
   }
 
   ~CudaOptimizer() override {
     cudaStreamSynchronize(stream_);
+    cudaEventDestroy(decided_);
     cudaFreeHost(scalars_host_);
+    cudaFreeHost(decision_host_);
     cudaFreeHost(partials_host_);
   }
 
@@ -79,9 +87,7 @@ class CudaOptimizer final : public DeviceOptimizer {
 
   std::vector<double> finish_gradients() override {
     graphs_.run("gradient finish", stream_, [&] {
-      for (size_t u = 0; u < opt_grad_.size(); ++u)
-        if (store_.grad_dtype() != DType::f32)
-          cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
+      widen_gradients();
       enqueue_norm_partials(opt_grad_);
     });
     return read_partials();
@@ -93,12 +99,25 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
  private:
-  // The scalars of an update, where its kernels read them.
-  struct UpdateScalars {
-    AdamWScalars with_decay, without_decay;
-    SgdScalars sgd_with_decay, sgd_without_decay;
-    float factor;
-  };
+  // The multi-tensor update's table (optim/update_chunks.h), in device memory for the optimizer's
+  // life: its arrays never move.
+  void upload_chunk_table() {
+    std::vector<UpdateArrays> units(master_.size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      units[u].w = master_[u];
+      units[u].g = opt_grad_[u];
+      units[u].m = state_.empty() ? nullptr : state_[0][u];  // AdamW's first moment, SGD's momentum
+      units[u].v = state_.size() > 1 ? state_[1][u] : nullptr;
+      units[u].copy = store_.param_dtype() == DType::f32 ? nullptr : runner_.parameters(u);
+    }
+    const std::vector<UpdateChunk> table =
+        plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())));
+    chunk_count_ = int64_t(table.size());
+    const size_t bytes = std::max<size_t>(table.size(), 1) * sizeof(UpdateChunk);
+    chunks_ = reinterpret_cast<UpdateChunk*>(runner_.allocate(int64_t(bytes), "the update's chunk table"));
+    check_cuda(cudaMemcpy(chunks_, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice),
+               "the update's chunk table");
+  }
 
   // Accumulation > 1: each unit's sum is a buffer of its own.
   void sum_micro_batch(int64_t micro) {
@@ -136,48 +155,67 @@ class CudaOptimizer final : public DeviceOptimizer {
   void upload_gradients() override { copy_gradients(cudaMemcpyHostToDevice); }
 
   void step(double lr, double factor) override {
+    MultiTensorScalars& s = write_scalars(lr);
+    s.decision = UpdateDecision{.factor = factor};
+    send_scalars();
+    graphs_.run("update", stream_, [&] { enqueue_update(); });
+    host_.set_steps(host_.steps() + 1);
+  }
+
+  StepEnd finish_and_step(double lr, const StepPolicy& policy) override {
+    write_scalars(lr).policy = policy;
+    send_scalars();
+    graphs_.run("gradient finish and decision", stream_, [&] {
+      widen_gradients();
+      enqueue_norm_partials(opt_grad_);
+      cuda::decide_update(partials_, blocks_, chunk_sums_, scalars_, stream_);
+    });
+    check_cuda(
+        cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
+        "the step's decision");
+    check_cuda(cudaEventRecord(decided_, stream_), "event record");
+    graphs_.run("update", stream_, [&] { enqueue_update(); });
+    runner_.wait(decided_, "the step's decision");
+    StepEnd end{std::vector<double>(partials_host_, partials_host_ + blocks_), *decision_host_};
+    if (!end.decision.skip) host_.set_steps(host_.steps() + 1);
+    return end;
+  }
+
+ private:
+  // The update's scalars for the next step at `lr`, in the pinned slot (free: every step waits for
+  // the device once after its scalars were copied).
+  MultiTensorScalars& write_scalars(double lr) {
     const int64_t t = host_.steps() + 1;
-    // The step's scalars to device memory, ahead of the update on the stream (the pinned slot is
-    // next rewritten a step later, after finish_gradients has waited for the stream).
-    UpdateScalars& s = *scalars_host_;
-    s.factor = float(factor);
+    MultiTensorScalars& s = *scalars_host_;
+    s = MultiTensorScalars{};
     if (config_.type == recipe::OptimizerType::adamw) {
-      s.with_decay = adamw_scalars(config_, lr, t, true);
-      s.without_decay = adamw_scalars(config_, lr, t, false);
+      s.adamw[1] = adamw_scalars(config_, lr, t, true);
+      s.adamw[0] = adamw_scalars(config_, lr, t, false);
     } else {
       const SgdScalars sgd{.lr = float(lr),
                            .decay = 0.0f,
                            .momentum = float(config_.momentum),
                            .nesterov = config_.nesterov,
                            .first = t == 1};
-      s.sgd_with_decay = s.sgd_without_decay = sgd;
-      s.sgd_with_decay.decay = float(config_.weight_decay);
+      s.sgd[0] = s.sgd[1] = sgd;
+      s.sgd[1].decay = float(config_.weight_decay);
     }
-    check_cuda(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(UpdateScalars), cudaMemcpyHostToDevice, stream_),
+    return s;
+  }
+  void send_scalars() {
+    check_cuda(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(MultiTensorScalars), cudaMemcpyHostToDevice, stream_),
                "the update's scalars");
-    const bool scaled = factor != 1.0;
-    graphs_.run(scaled ? "update of scaled gradients" : "update", stream_, [&] { enqueue_update(scaled); });
-    host_.set_steps(t);
   }
 
- private:
-  void enqueue_update(bool scaled) {
-    if (scaled)
-      for (size_t u = 0; u < opt_grad_.size(); ++u)
-        cuda::scale(opt_grad_[u], store_.range_size(u), &scalars_->factor, stream_);
-    for (const Segment& s : segments_) {
-      float* w = master_[s.unit] + s.begin;
-      const float* g = opt_grad_[s.unit] + s.begin;
-      if (config_.type == recipe::OptimizerType::adamw)
-        cuda::adamw_update(w, g, state_[0][s.unit] + s.begin, state_[1][s.unit] + s.begin, s.end - s.begin,
-                           s.decay ? &scalars_->with_decay : &scalars_->without_decay, stream_);
-      else
-        cuda::sgd_update(w, g, state_.empty() ? nullptr : state_[0][s.unit] + s.begin, s.end - s.begin,
-                         s.decay ? &scalars_->sgd_with_decay : &scalars_->sgd_without_decay, stream_);
-    }
-    if (store_.param_dtype() != DType::f32)
-      for (size_t u = 0; u < master_.size(); ++u)
-        cuda::narrow(master_[u], runner_.parameters(u), store_.param_dtype(), store_.range_size(u), stream_);
+  void widen_gradients() {
+    for (size_t u = 0; u < opt_grad_.size(); ++u)
+      if (store_.grad_dtype() != DType::f32)
+        cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
+  }
+
+  void enqueue_update() {
+    cuda::update_chunks(chunks_, chunk_count_, config_.type == recipe::OptimizerType::adamw, scalars_,
+                        store_.param_dtype(), stream_);
   }
 
  private:
@@ -185,7 +223,7 @@ class CudaOptimizer final : public DeviceOptimizer {
     return reinterpret_cast<float*>(runner_.allocate(n * 4, what));
   }
 
-  void synchronize(const std::string& what) { check_cuda(cudaStreamSynchronize(stream_), what); }
+  void synchronize(const std::string& what) { runner_.synchronize(what); }
 
   // The masters (and in 16-bit the compute copies) and the optimizer state, one way or the other.
   void copy_state(cudaMemcpyKind kind) {
@@ -227,9 +265,14 @@ class CudaOptimizer final : public DeviceOptimizer {
   double* partials_ = nullptr;
   int64_t blocks_ = 0;
   int64_t accumulation_ = 1;
-  UpdateScalars* scalars_ = nullptr;       // device
-  UpdateScalars* scalars_host_ = nullptr;  // pinned
-  double* partials_host_ = nullptr;        // pinned
+  double* chunk_sums_ = nullptr;   // decide_update's
+  UpdateChunk* chunks_ = nullptr;  // the update's table, device
+  int64_t chunk_count_ = 0;
+  MultiTensorScalars* scalars_ = nullptr;       // device
+  MultiTensorScalars* scalars_host_ = nullptr;  // pinned
+  UpdateDecision* decision_host_ = nullptr;     // pinned
+  double* partials_host_ = nullptr;             // pinned
+  cudaEvent_t decided_ = nullptr;               // the decision and partials are on their way to the host
   StreamGraphs graphs_;
 };
 

@@ -211,7 +211,8 @@ std::vector<double> gradient_norm_partials(const ParameterStore& store, bool who
     const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + store.numel(index), begin + size);
     if (lo < hi) zeroed[u].emplace_back(lo - begin, hi - begin);
   }
-  return shard_norm_partials(store, [&](size_t u) { return store.opt_grad(u); }, &zeroed);
+  return shard_norm_partials(
+      store, [&](size_t u) { return store.opt_grad(u); }, &zeroed);
 }
 
 std::vector<double> master_norm_partials(const ParameterStore& store) {
@@ -219,9 +220,10 @@ std::vector<double> master_norm_partials(const ParameterStore& store) {
 }
 
 double sum_norm_partials(const std::vector<double>& partials) {
-  double sum = 0;
-  for (double p : partials) sum += p;
-  return std::sqrt(sum);
+  const auto n = int64_t(partials.size());
+  std::vector<double> chunks(size_t(norm_chunks(n)));
+  for (int64_t c = 0; c < int64_t(chunks.size()); ++c) chunks[size_t(c)] = norm_chunk_sum(partials.data(), n, c);
+  return std::sqrt(sum_in_order(chunks.data(), int64_t(chunks.size())));
 }
 
 void scale_gradients(ParameterStore& store, double factor) {
@@ -234,8 +236,6 @@ void scale_gradients(ParameterStore& store, double factor) {
   }
 }
 
-double clip_factor(double norm, double max_norm) {
-  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-}
+double clip_factor(double norm, double max_norm) { return clip_factor_of(norm, max_norm); }
 
 }  // namespace engine

@@ -4,7 +4,8 @@
 // IEEE-rounded and subnormals are kept: every element gets the CPU's bits.
 //
 // The flat kernels run a grid-stride loop over packs of 16 bytes where the arrays allow it (see
-// Split), and element by element over the few elements before and after.
+// Split), and element by element over the few elements before and after; the multi-tensor update
+// runs a block per chunk of its table (optim/update_chunks.h), packed the same way.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,88 +44,6 @@ Split split(int64_t n, int width, int64_t element, std::initializer_list<const v
 }
 
 constexpr int kFloatPack = 4;
-
-// A kernel's scalars: given by value at launch, or read from device memory when the kernel runs
-// (a CUDA graph's update, whose learning rate and clipping change every step).
-template <class T>
-struct ScalarSource {
-  T value;
-  const T* device = nullptr;
-  __device__ T get() const { return device ? *device : value; }
-};
-
-__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, Split sp, ScalarSource<AdamWScalars> source) {
-  const AdamWScalars s = source.get();
-  const int64_t start = thread_index(), stride = thread_stride();
-  float* w4 = w + sp.head;
-  const float* g4 = g + sp.head;
-  float* m4 = m + sp.head;
-  float* v4 = v + sp.head;
-  for (int64_t i = start; i < sp.packs; i += stride) {
-    float4 wk = reinterpret_cast<const float4*>(w4)[i];
-    const float4 gk = reinterpret_cast<const float4*>(g4)[i];
-    float4 mk = reinterpret_cast<const float4*>(m4)[i];
-    float4 vk = reinterpret_cast<const float4*>(v4)[i];
-    adamw_element(wk.x, gk.x, mk.x, vk.x, s);
-    adamw_element(wk.y, gk.y, mk.y, vk.y, s);
-    adamw_element(wk.z, gk.z, mk.z, vk.z, s);
-    adamw_element(wk.w, gk.w, mk.w, vk.w, s);
-    reinterpret_cast<float4*>(w4)[i] = wk;
-    reinterpret_cast<float4*>(m4)[i] = mk;
-    reinterpret_cast<float4*>(v4)[i] = vk;
-  }
-  for (int64_t i = start; i < sp.head; i += stride) adamw_element(w[i], g[i], m[i], v[i], s);
-  for (int64_t i = sp.head + sp.packs * kFloatPack + start; i < sp.n; i += stride)
-    adamw_element(w[i], g[i], m[i], v[i], s);
-}
-
-__global__ void sgd_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ buf, Split sp,
-                           ScalarSource<SgdScalars> source) {
-  const SgdScalars s = source.get();
-  const int64_t start = thread_index(), stride = thread_stride();
-  float* w4 = w + sp.head;
-  const float* g4 = g + sp.head;
-  float* b4 = buf ? buf + sp.head : nullptr;
-  for (int64_t i = start; i < sp.packs; i += stride) {
-    float4 wk = reinterpret_cast<const float4*>(w4)[i];
-    const float4 gk = reinterpret_cast<const float4*>(g4)[i];
-    if (b4) {
-      // The first step overwrites the buffer without reading it (it may hold anything).
-      float4 bk = s.first ? float4{} : reinterpret_cast<const float4*>(b4)[i];
-      sgd_element(wk.x, gk.x, &bk.x, s);
-      sgd_element(wk.y, gk.y, &bk.y, s);
-      sgd_element(wk.z, gk.z, &bk.z, s);
-      sgd_element(wk.w, gk.w, &bk.w, s);
-      reinterpret_cast<float4*>(b4)[i] = bk;
-    } else {
-      sgd_element(wk.x, gk.x, nullptr, s);
-      sgd_element(wk.y, gk.y, nullptr, s);
-      sgd_element(wk.z, gk.z, nullptr, s);
-      sgd_element(wk.w, gk.w, nullptr, s);
-    }
-    reinterpret_cast<float4*>(w4)[i] = wk;
-  }
-  for (int64_t i = start; i < sp.head; i += stride) sgd_element(w[i], g[i], buf ? buf + i : nullptr, s);
-  for (int64_t i = sp.head + sp.packs * kFloatPack + start; i < sp.n; i += stride)
-    sgd_element(w[i], g[i], buf ? buf + i : nullptr, s);
-}
-
-__global__ void scale_kernel(float* __restrict__ x, Split sp, ScalarSource<float> source) {
-  const float factor = source.get();
-  const int64_t start = thread_index(), stride = thread_stride();
-  float* x4 = x + sp.head;
-  for (int64_t i = start; i < sp.packs; i += stride) {
-    float4 v = reinterpret_cast<const float4*>(x4)[i];
-    v.x *= factor;
-    v.y *= factor;
-    v.z *= factor;
-    v.w *= factor;
-    reinterpret_cast<float4*>(x4)[i] = v;
-  }
-  for (int64_t i = start; i < sp.head; i += stride) x[i] *= factor;
-  for (int64_t i = sp.head + sp.packs * kFloatPack + start; i < sp.n; i += stride) x[i] *= factor;
-}
 
 // One half-warp per block: thread j of the 16 runs lane j (elements j, j + 16, ... in order), then
 // the tree as shuffles within the half-warp: at width w, thread j < w adds thread j + w's lane, as
@@ -179,48 +98,104 @@ void accumulate(void* sum, const void* micro, int64_t n, cudaStream_t stream) {
   check_launch("accumulate_gradients");
 }
 
+// decide_update, phase one: chunk c's sum, one thread per chunk.
+__global__ void norm_chunk_sums_kernel(const double* __restrict__ partials, int64_t count, double* __restrict__ sums) {
+  const int64_t chunks = norm_chunks(count);
+  for (int64_t c = thread_index(); c < chunks; c += thread_stride()) sums[c] = norm_chunk_sum(partials, count, c);
+}
+
+// Phase two, on one thread: the chunks' sums in order, the norm and the decision.
+__global__ void decide_update_kernel(const double* __restrict__ sums, int64_t chunks, MultiTensorScalars* scalars) {
+  if (thread_index() != 0) return;
+  scalars->decision = engine::decide_update(sqrt(sum_in_order(sums, chunks)), scalars->policy);
+}
+
+// The compute-type copy of one weight; kCopy: 0 none, 1 bf16, 2 f16.
+template <int kCopy>
+struct CopyType {
+  using type = float;
+};
+template <>
+struct CopyType<1> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct CopyType<2> {
+  using type = __half;
+};
+
+template <bool kAdamW, int kCopy>
+__device__ inline void update_one(const UpdateChunk& c, int64_t i, float factor, const MultiTensorScalars& s) {
+  update_element<kAdamW>(c.w[i], c.g[i], c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s, c.decay);
+  if constexpr (kCopy != 0) {
+    using T = typename CopyType<kCopy>::type;
+    static_cast<T*>(c.copy)[i] = from_float<T>(c.w[i]);
+  }
+}
+
+// One block per chunk: its packs of 4 (16-byte loads of w, g, m, v), then the elements before and
+// after them one at a time.
+template <bool kAdamW, int kCopy>
+__global__ void __launch_bounds__(kThreads)
+    update_chunks_kernel(const UpdateChunk* __restrict__ chunks, const MultiTensorScalars* __restrict__ scalars) {
+  const MultiTensorScalars& s = *scalars;
+  if (s.decision.skip) return;
+  const UpdateChunk c = chunks[blockIdx.x];
+  const auto factor = float(s.decision.factor);
+  for (int64_t p = threadIdx.x; p < c.packs; p += blockDim.x) {
+    const int64_t at = c.head + p * kFloatPack;
+    float4 w = *reinterpret_cast<const float4*>(c.w + at);
+    const float4 g = *reinterpret_cast<const float4*>(c.g + at);
+    float4 m = c.m ? *reinterpret_cast<const float4*>(c.m + at) : float4{};
+    float4 v = c.v ? *reinterpret_cast<const float4*>(c.v + at) : float4{};
+    float* ws[4] = {&w.x, &w.y, &w.z, &w.w};
+    float* ms[4] = {&m.x, &m.y, &m.z, &m.w};
+    float* vs[4] = {&v.x, &v.y, &v.z, &v.w};
+    const float gs[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) update_element<kAdamW>(*ws[j], gs[j], c.m ? ms[j] : nullptr, vs[j], factor, s, c.decay);
+    *reinterpret_cast<float4*>(c.w + at) = w;
+    if (c.m) *reinterpret_cast<float4*>(c.m + at) = m;
+    if (c.v) *reinterpret_cast<float4*>(c.v + at) = v;
+    if constexpr (kCopy != 0) {
+      using T = typename CopyType<kCopy>::type;
+      T* out = static_cast<T*>(c.copy) + at;
+      if (c.copy_packs) {
+        union {
+          T e[4];
+          uint2 bits;
+        } pack;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pack.e[j] = from_float<T>(*ws[j]);
+        *reinterpret_cast<uint2*>(out) = pack.bits;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) out[j] = from_float<T>(*ws[j]);
+      }
+    }
+  }
+  for (int64_t i = threadIdx.x; i < c.head; i += blockDim.x) update_one<kAdamW, kCopy>(c, i, factor, s);
+  for (int64_t i = c.head + c.packs * kFloatPack + threadIdx.x; i < c.n; i += blockDim.x)
+    update_one<kAdamW, kCopy>(c, i, factor, s);
+}
+
+template <bool kAdamW>
+void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType copy_type,
+                          cudaStream_t stream) {
+  const auto grid = unsigned(count);
+  switch (copy_type) {
+    case DType::f32:
+      return update_chunks_kernel<kAdamW, 0><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    case DType::bf16:
+      return update_chunks_kernel<kAdamW, 1><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    case DType::f16:
+      return update_chunks_kernel<kAdamW, 2><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    default:
+      throw InternalError("update_chunks: copies in f32, bf16 or f16, not " + std::string(dtype_name(copy_type)));
+  }
+}
+
 }  // namespace
-
-namespace {
-
-void adamw(float* w, const float* g, float* m, float* v, int64_t n, ScalarSource<AdamWScalars> s, void* stream) {
-  if (n <= 0) return;
-  const Split sp = split(n, kFloatPack, 4, {w, g, m, v});
-  adamw_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(w, g, m, v, sp, s);
-  check_launch("adamw_update");
-}
-
-void sgd(float* w, const float* g, float* momentum_buffer, int64_t n, ScalarSource<SgdScalars> s, void* stream) {
-  if (n <= 0) return;
-  const Split sp = split(n, kFloatPack, 4, {w, g, momentum_buffer});
-  sgd_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(w, g, momentum_buffer, sp,
-                                                                                           s);
-  check_launch("sgd_update");
-}
-
-void scale_by(float* x, int64_t n, ScalarSource<float> factor, void* stream) {
-  if (n <= 0) return;
-  const Split sp = split(n, kFloatPack, 4, {x});
-  scale_kernel<<<blocks_for(sp.threads()), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, sp, factor);
-  check_launch("scale");
-}
-
-}  // namespace
-
-void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s, void* stream) {
-  adamw(w, g, m, v, n, {s}, stream);
-}
-void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWScalars* s, void* stream) {
-  adamw(w, g, m, v, n, {AdamWScalars{}, s}, stream);
-}
-void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars& s, void* stream) {
-  sgd(w, g, momentum_buffer, n, {s}, stream);
-}
-void sgd_update(float* w, const float* g, float* momentum_buffer, int64_t n, const SgdScalars* s, void* stream) {
-  sgd(w, g, momentum_buffer, n, {SgdScalars{}, s}, stream);
-}
-void scale(float* x, int64_t n, float factor, void* stream) { scale_by(x, n, {factor}, stream); }
-void scale(float* x, int64_t n, const float* factor, void* stream) { scale_by(x, n, {0.0f, factor}, stream); }
 
 void norm_partials(const float* x, int64_t blocks, double* partials, void* stream) {
   if (blocks <= 0) return;
@@ -246,6 +221,26 @@ void accumulate_gradients(void* sum, const void* micro, DType type, int64_t n, v
       break;
   }
   throw InternalError(std::string("accumulate_gradients takes f32, bf16 or f16, not ") + std::string(dtype_name(type)));
+}
+
+void decide_update(const double* partials, int64_t count, double* chunk_sums, MultiTensorScalars* scalars,
+                   void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t chunks = norm_chunks(count);
+  if (chunks > 0) norm_chunk_sums_kernel<<<blocks_for(chunks), kThreads, 0, s>>>(partials, count, chunk_sums);
+  decide_update_kernel<<<1, 32, 0, s>>>(chunk_sums, chunks, scalars);
+  check_launch("decide_update");
+}
+
+void update_chunks(const UpdateChunk* chunks, int64_t count, bool adamw, const MultiTensorScalars* scalars,
+                   DType copy_type, void* stream) {
+  if (count <= 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (adamw)
+    launch_update_chunks<true>(chunks, count, scalars, copy_type, s);
+  else
+    launch_update_chunks<false>(chunks, count, scalars, copy_type, s);
+  check_launch("update_chunks");
 }
 
 }  // namespace engine::cuda

@@ -69,4 +69,61 @@ ENGINE_HOST_DEVICE inline double block_squares(const float* x) {
   return lanes[0];
 }
 
+// ---- The norm from its partial sums, and what the step does with it ---------------------------------
+//
+// sum_norm_partials (optimizer.h) adds the partials in chunks of kNormChunk, each chunk in order,
+// then the chunks' sums in order: a GPU adds the chunks in parallel and their sums on one thread,
+// the same additions in the same order (update_kernels.cu decide_update).
+inline constexpr int64_t kNormChunk = 256;
+
+ENGINE_HOST_DEVICE inline int64_t norm_chunks(int64_t partials) { return (partials + kNormChunk - 1) / kNormChunk; }
+
+// Chunk `c` of `n` partials, added in order.
+ENGINE_HOST_DEVICE inline double norm_chunk_sum(const double* partials, int64_t n, int64_t c) {
+  double sum = 0;
+  const int64_t end = (c + 1) * kNormChunk < n ? (c + 1) * kNormChunk : n;
+  for (int64_t k = c * kNormChunk; k < end; ++k) sum += partials[k];
+  return sum;
+}
+
+// The chunks' sums added in order.
+ENGINE_HOST_DEVICE inline double sum_in_order(const double* x, int64_t n) {
+  double sum = 0;
+  for (int64_t k = 0; k < n; ++k) sum += x[k];
+  return sum;
+}
+
+// Clipping's factor for the global norm `norm`: 1 when no clipping applies.
+ENGINE_HOST_DEVICE inline double clip_factor_of(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+// What a step does once its gradients' norm is known. The gradients were computed at `loss_scale`
+// (1 without fp16's dynamic scaling), so their norm `scaled_norm` is the loss scale times the true
+// one. With `skip_non_finite` (fp16's scaler), an overflow (a norm that is not finite) skips the
+// update; otherwise the update takes the gradients times `factor`: clipping's factor for the true
+// norm, over the loss scale.
+struct StepPolicy {
+  double loss_scale = 1.0, max_norm = 0.0;
+  int32_t skip_non_finite = 0;
+};
+struct UpdateDecision {
+  double scaled_norm = 0, grad_norm = 0, factor = 1.0;
+  int32_t skip = 0;
+};
+
+ENGINE_HOST_DEVICE inline UpdateDecision decide_update(double scaled_norm, const StepPolicy& policy) {
+  UpdateDecision d;
+  d.scaled_norm = scaled_norm;
+  const bool finite = scaled_norm - scaled_norm == 0.0;  // false for an infinity or a NaN
+  if (policy.skip_non_finite && !finite) {
+    d.grad_norm = scaled_norm;
+    d.skip = 1;
+    return d;
+  }
+  d.grad_norm = scaled_norm / policy.loss_scale;
+  d.factor = clip_factor_of(d.grad_norm, policy.max_norm) / policy.loss_scale;
+  return d;
+}
+
 }  // namespace engine

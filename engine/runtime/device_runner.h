@@ -64,6 +64,7 @@ struct DeviceTimes {
   int64_t runs = 0;
   int64_t staged_ahead = 0;  // runs whose inputs were already on their way (stage_inputs) when run() began
   double enqueue_seconds = 0, wait_seconds = 0;
+  int64_t waits = 0;  // the times the host blocked until the device caught up (resident runs: once a step)
 };
 
 class DeviceRunner {
@@ -73,7 +74,9 @@ class DeviceRunner {
   virtual void add_plan(const std::string& name, const Plan& plan) = 0;
   // One replay of `plan`. `ctx` carries the step's identity (seed, step, micro_step, training,
   // loss scale); `inputs` the host values the trainer filled (by ValueId). With `op_totals`, every
-  // kernel is timed with events and summed per op. Returns once the device is done.
+  // kernel is timed with events and summed per op. Returns once the device is done, except a
+  // resident run without op_totals or a trace, which returns once its kernels are enqueued: what
+  // the host reads of it (value_f32, kept_f32, the device optimizer) waits for it there.
   // `communication` carries out the plan's actions (staged runs; a resident run's device optimizer
   // sums its micro-batches itself).
   virtual void run(const std::string& name, const Plan& plan, KernelContext ctx,
@@ -85,8 +88,18 @@ class DeviceRunner {
   // it, so the copy overlaps the previous step's tail (the update, which runs without the host
   // waiting). run() stages the inputs itself where nothing was staged since the last run.
   virtual void stage_inputs(const std::map<ValueId, Buffer>& inputs) = 0;
-  // An activation of the last run of `name`, copied to the host and widened to f32.
+  // An activation of the last run of `name`, copied to the host and widened to f32 (waits for the
+  // device).
   virtual const float* value_f32(const std::string& name, const Plan& plan, ValueId id) = 0;
+  // The same without waiting: the copy of `id` from the last run of `name` is enqueued behind it
+  // into page-locked slot `slot`, and kept_f32(slot) reads it once it is there (a micro-batch's
+  // losses, read once at the step's end).
+  virtual void keep_value(const std::string& name, const Plan& plan, ValueId id, int slot) = 0;
+  virtual const float* kept_f32(int slot) = 0;
+  // Waits for `event` (a cudaEvent_t recorded on stream()), or for everything on stream(); counted
+  // in times() as the host's waits for the device.
+  virtual void wait(void* event, const std::string& what) = 0;
+  virtual void synchronize(const std::string& what) = 0;
   virtual DeviceMemory memory() const = 0;
   virtual DeviceTimes times() const = 0;
 

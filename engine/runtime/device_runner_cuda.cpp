@@ -168,7 +168,9 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
-    step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)), tally_);
+    step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)) * kScalarSlots, tally_);
+    for (cudaEvent_t& sent : step_scalars_sent_)
+      check_cuda(cudaEventCreateWithFlags(&sent, cudaEventDisableTiming), "event");
     if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
     workspace_ = DeviceBlock(kDeviceWorkspaceBytes, tally_, "the library workspace");
     const size_t units = graph.units().size();
@@ -194,6 +196,10 @@ class CudaRunner final : public DeviceRunner {
   ~CudaRunner() override {
     cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
+    for (auto& [slot, kept] : kept_)
+      if (kept.copied) cudaEventDestroy(kept.copied);
+    for (cudaEvent_t sent : step_scalars_sent_)
+      if (sent) cudaEventDestroy(sent);
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     cudaEventDestroy(inputs_ready_);
@@ -205,7 +211,7 @@ class CudaRunner final : public DeviceRunner {
   void stage_inputs(const std::map<ValueId, Buffer>& inputs) override {
     check_cuda(cudaSetDevice(index_), "set device");
     // The staging is free once the last staged copy is done (long since, as a rule).
-    check_cuda(cudaEventSynchronize(inputs_ready_), "the last input copy");
+    wait_if_pending(inputs_ready_, "the last input copy");
     for (auto& [id, block] : inputs_) std::memcpy(staging_.at(id)->data(), inputs.at(id).data(), size_t(block.bytes()));
     // The device's input blocks are free once the last run's kernels are done with them.
     check_cuda(cudaStreamWaitEvent(copy_stream_, inputs_consumed_, 0), "wait for the last run's inputs");
@@ -264,11 +270,12 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaEventRecord(inputs_consumed_, stream_), "event record");
     if (plan.training && !resident_) download_gradients();
     const auto enqueued = std::chrono::steady_clock::now();
-    check_cuda(cudaStreamSynchronize(stream_), "step of plan " + name);
     times_.runs += 1;
     times_.enqueue_seconds += std::chrono::duration<double>(enqueued - began).count();
-    times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - enqueued).count();
     last_run_[name] = ctx.pointers;
+    // A resident run's results stay on the device until a reader waits for them.
+    if (resident_ && !op_totals && !traced) return;
+    synchronize("step of plan " + name);
     if (traced) trace_events(plan, origin, origin_ns, events);
     if (op_totals) total_events(plan, events, *op_totals);
     destroy_events(events);
@@ -285,11 +292,65 @@ class CudaRunner final : public DeviceRunner {
     ENGINE_CHECK(v.placement == Placement::activation && plan.offsets[size_t(id)] >= 0,
                  "value " + v.name + " is not an activation of plan " + name);
     std::vector<std::byte> bytes(size_t(value_bytes(v)));
-    check_cuda(cudaMemcpy(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost), "download");
+    check_cuda(cudaMemcpyAsync(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost, stream_),
+               "download");
+    synchronize("download of " + v.name);
     std::vector<float>& out = downloads_[id];
     out.resize(size_t(v.shape.numel()));
     widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
     return out.data();
+  }
+
+  void keep_value(const std::string& name, const Plan& plan, ValueId id, int slot) override {
+    const auto found = last_run_.find(name);
+    ENGINE_CHECK(found != last_run_.end(), "plan " + name + " has not run on the device");
+    const Value& v = graph_.value(id);
+    ENGINE_CHECK(v.placement == Placement::activation && plan.offsets[size_t(id)] >= 0,
+                 "value " + v.name + " is not an activation of plan " + name);
+    KeptValue& kept = kept_[slot];
+    if (!kept.block || kept.block->bytes() != value_bytes(v)) {
+      kept.block = std::make_unique<PinnedBlock>(value_bytes(v), tally_);
+      if (!kept.copied) check_cuda(cudaEventCreateWithFlags(&kept.copied, cudaEventDisableTiming), "event");
+    }
+    kept.type = v.dtype;
+    kept.count = v.shape.numel();
+    check_cuda(cudaMemcpyAsync(kept.block->data(), found->second[size_t(id)], size_t(kept.block->bytes()),
+                               cudaMemcpyDeviceToHost, stream_),
+               "copy of " + v.name);
+    check_cuda(cudaEventRecord(kept.copied, stream_), "event record");
+  }
+
+  const float* kept_f32(int slot) override {
+    const auto found = kept_.find(slot);
+    ENGINE_CHECK(found != kept_.end() && found->second.block, "nothing was kept in slot " + std::to_string(slot));
+    KeptValue& kept = found->second;
+    wait_if_pending(kept.copied, "a kept value");
+    kept.values.resize(size_t(kept.count));
+    widen(kept.block->data(), kept.type, kept.values.data(), kept.count);
+    return kept.values.data();
+  }
+
+  void wait(void* event, const std::string& what) override {
+    const auto began = std::chrono::steady_clock::now();
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), what);
+    times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    times_.waits += 1;
+  }
+
+  void synchronize(const std::string& what) override {
+    const auto began = std::chrono::steady_clock::now();
+    check_cuda(cudaStreamSynchronize(stream_), what);
+    times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    times_.waits += 1;
+  }
+
+  // A wait only where `event` has not happened yet (an earlier copy out of a slot about to be reused).
+  void wait_if_pending(cudaEvent_t event, const std::string& what) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady)
+      wait(event, what);
+    else
+      check_cuda(status, what);
   }
 
   void use_graphs(bool on) override { graphs_.set_enabled(on); }
@@ -449,11 +510,18 @@ class CudaRunner final : public DeviceRunner {
 
   // The step's identity into device memory, ahead of the plan's kernels on the stream (the pinned
   // slot is not rewritten before run() returns, after the stream is done with it).
+  // A resident run returns before its kernels ran, so the next run's scalars go through another
+  // page-locked slot than the copy still waiting on the stream; a slot is rewritten once its last
+  // copy is done (kScalarSlots runs ago, as a rule long since).
   void write_step_scalars(KernelContext& ctx) {
-    auto* slot = reinterpret_cast<StepScalars*>(step_scalars_host_->data());
+    const int index = next_scalar_slot_;
+    next_scalar_slot_ = (next_scalar_slot_ + 1) % kScalarSlots;
+    wait_if_pending(step_scalars_sent_[index], "an earlier run's step scalars");
+    auto* slot = reinterpret_cast<StepScalars*>(step_scalars_host_->data()) + index;
     *slot = StepScalars{.seed = ctx.seed, .step = ctx.step, .micro_step = ctx.micro_step, .loss_scale = ctx.loss_scale};
     check_cuda(cudaMemcpyAsync(step_scalars_.data(), slot, sizeof(StepScalars), cudaMemcpyHostToDevice, stream_),
                "step scalars");
+    check_cuda(cudaEventRecord(step_scalars_sent_[index], stream_), "event record");
     ctx.step_scalars = reinterpret_cast<const StepScalars*>(step_scalars_.data());
   }
 
@@ -554,7 +622,10 @@ class CudaRunner final : public DeviceRunner {
   cublasLtHandle_t blas_ = nullptr;
   Tally tally_;
   DeviceBlock workspace_, arena_, scratch_, step_scalars_;
-  std::unique_ptr<PinnedBlock> step_scalars_host_;
+  static constexpr int kScalarSlots = 8;
+  std::unique_ptr<PinnedBlock> step_scalars_host_;  // kScalarSlots StepScalars
+  cudaEvent_t step_scalars_sent_[kScalarSlots] = {};
+  int next_scalar_slot_ = 0;
   StreamGraphs graphs_;
   std::vector<DeviceBlock> compute_, grads_;
   std::map<ValueId, DeviceBlock> inputs_;
@@ -562,6 +633,15 @@ class CudaRunner final : public DeviceRunner {
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;
   std::map<std::string, std::vector<void*>> last_run_;
   std::map<ValueId, std::vector<float>> downloads_;
+  // keep_value's slots: page-locked copies on their way, and their f32 form once read.
+  struct KeptValue {
+    std::unique_ptr<PinnedBlock> block;
+    cudaEvent_t copied = nullptr;
+    DType type = DType::f32;
+    int64_t count = 0;
+    std::vector<float> values;
+  };
+  std::map<int, KeptValue> kept_;
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 #include "checkpoint/sharded_state.h"
@@ -471,7 +472,67 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
   if (device_optimizer) device_optimizer->add_micro_batch(micro);
+  if (reads_deferred_) {  // read at the step's end (finish_step_on_device)
+    executor.runner()->keep_value("train", executor.plan("train"), model.losses, int(micro));
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   return batch_loss("train");
+}
+
+Session::StepResult Session::finish_step_on_device(std::vector<double>& losses, double loss_factor, double scale) {
+  const auto start = std::chrono::steady_clock::now();
+  StepResult result;
+  result.loss_scale = scale;
+  result.lr = learning_rate(recipe, updates);
+  DeviceOptimizer::StepEnd end;
+  {
+    trace::Scope event("optimizer", "gradient norm and update on the device");
+    end = device_optimizer->finish_and_step(result.lr, step_policy(scale));
+  }
+  const int64_t rows = model.graph.value(model.losses).shape.numel();
+  for (size_t micro = 0; micro < losses.size(); ++micro) {
+    const float* kept = executor.runner()->kept_f32(int(micro));
+    double sum = 0;
+    for (int64_t i = 0; i < rows; ++i) sum += kept[i];
+    losses[micro] = sum / double(rows) * loss_factor;
+  }
+  result.loss = zero.mean_loss(losses);
+  // The host adds the same partial sums in the same order (and keeps the units' norms for the
+  // telemetry): a device that decided from another norm is a bug, not a rounding.
+  const double host_norm = zero.gradient_norm(end.partials);
+  const double device_norm = end.decision.scaled_norm;
+  if (!(host_norm == device_norm || (std::isnan(host_norm) && std::isnan(device_norm))))
+    throw InternalError("the device decided the update from the gradient norm " + std::to_string(device_norm) +
+                        ", the host sums its partial sums to " + std::to_string(host_norm));
+  result.grad_norm = end.decision.grad_norm;
+  if (end.decision.skip) {
+    result = skip_overflowed_step(result);
+  } else {
+    host_current_ = false;
+    scaler.update(false);
+    ++updates;
+  }
+  device_update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+StepPolicy Session::step_policy(double scale) const {
+  return StepPolicy{
+      .loss_scale = scale, .max_norm = recipe.train.gradient_clipping, .skip_non_finite = scaler.enabled() ? 1 : 0};
+}
+
+Session::StepResult Session::skip_overflowed_step(StepResult result) {
+  result.overflow = result.skipped = true;
+  if (scaler.update(true) == LossScaler::Outcome::min_scale) {
+    if (recipe.precision.on_min_scale == recipe::MinScaleAction::abort)
+      throw UserError("fp16 gradients still overflow at the minimum loss scale " + std::to_string(result.loss_scale) +
+                      " (" + std::to_string(scaler.skipped()) +
+                      " steps skipped so far); train in bf16 (precision.mode: bf16 has fp32's range), lower "
+                      "precision.min_scale, or set precision.on_min_scale: fallback");
+    fall_back_to_bf16();
+    result.fell_back = true;
+  }
+  return result;
 }
 
 Session::StepResult Session::finish_step(double loss, double scale, const StepHooks& hooks) {
@@ -507,22 +568,10 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
   const double scaled_norm = device_optimizer ? zero.gradient_norm(device_partials) : zero.gradient_norm();
   event.reset();
   event.emplace("optimizer", "optimizer update");
-  if (!std::isfinite(scaled_norm) && scaler.enabled()) {
-    result.grad_norm = scaled_norm;
-    result.overflow = result.skipped = true;
-    if (scaler.update(true) == LossScaler::Outcome::min_scale) {
-      if (recipe.precision.on_min_scale == recipe::MinScaleAction::abort)
-        throw UserError("fp16 gradients still overflow at the minimum loss scale " + std::to_string(scale) + " (" +
-                        std::to_string(scaler.skipped()) +
-                        " steps skipped so far); train in bf16 (precision.mode: bf16 has fp32's range), lower "
-                        "precision.min_scale, or set precision.on_min_scale: fallback");
-      fall_back_to_bf16();
-      result.fell_back = true;
-    }
-    return result;
-  }
-  result.grad_norm = scaled_norm / scale;
-  const double factor = clip_factor(result.grad_norm, recipe.train.gradient_clipping) / scale;
+  const UpdateDecision decision = decide_update(scaled_norm, step_policy(scale));
+  result.grad_norm = decision.grad_norm;
+  if (decision.skip) return skip_overflowed_step(result);
+  const double factor = decision.factor;
   if (hooks.before_update) {
     bool update = hooks.before_update(result);
     if (world > 1) {  // a plugin may decide from what only its rank sees: rank 0's decision holds

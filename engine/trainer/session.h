@@ -170,9 +170,15 @@ class Session {
   // the loss is the mean over the step's trained tokens, every rank's: each micro-batch runs with its
   // loss scale times positions / trained tokens (the graph's loss divides by the positions), and the
   // loss reported is the trained tokens' mean.
+  //
+  // A GPU run whose hooks need nothing before the update reads nothing back until the step's end:
+  // the micro-batches' losses stay on the device, the update is decided there, and the host waits
+  // once, for the losses and the decision, while the update runs (finish_step_on_device).
   template <class NextBatch>
   StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
     const double scale = scaler.scale();
+    reads_deferred_ = device_optimizer && !hooks.after_backward && !hooks.before_update;
+    double loss_factor = 1.0;  // what each micro-batch's loss is multiplied by
     std::vector<double> losses;
     if (pipeline.stages > 1) {  // every micro-batch read first, then through the stages
       std::vector<Batch> batches;
@@ -191,13 +197,14 @@ class Session {
         batches.push_back(next_batch());
         trained += trained_targets(batches.back());
       }
-      const double normalization = trained_normalization(trained);
+      loss_factor = trained_normalization(trained);
       for (int64_t micro = 0; micro < accumulation; ++micro)
-        losses.push_back(train_micro_batch(batches[size_t(micro)], step, micro, scale * normalization) * normalization);
+        losses.push_back(train_micro_batch(batches[size_t(micro)], step, micro, scale * loss_factor) * loss_factor);
     } else {
       for (int64_t micro = 0; micro < accumulation; ++micro)
         losses.push_back(train_micro_batch(next_batch(), step, micro, scale));
     }
+    if (reads_deferred_) return finish_step_on_device(losses, loss_factor, scale);
     double loss;
     {
       trace::Scope event("communication", "mean loss");
@@ -267,6 +274,15 @@ class Session {
  private:
   StepResult finish_step(double loss, double scale, const StepHooks& hooks);
   StepResult finish_step_on_host(double loss, double scale, const StepHooks& hooks);  // the update's logic
+  // The step's end of a resident GPU run with deferred reads: `losses` (placeholders, one per
+  // micro-batch) become the kept losses times `loss_factor` once the device has decided.
+  StepResult finish_step_on_device(std::vector<double>& losses, double loss_factor, double scale);
+  // An fp16 step whose gradients overflowed: the scaler backs off, and at its minimum the run
+  // aborts or falls back to bf16 as the recipe says.
+  StepResult skip_overflowed_step(StepResult result);
+  // What the update decides from the gradients' norm (update_math.h decide_update).
+  StepPolicy step_policy(double scale) const;
+  bool reads_deferred_ = false;  // this step's micro-batches keep their losses on the device
   void ensure_device_current();
   bool device_current_ = false;  // the device holds the host's latest model state
   bool host_current_ = true;     // the host holds the device's latest model state

@@ -593,11 +593,11 @@ class TrainingRun {
   // `value` of every weight of the whole model, as rank 0 reads it: named by the whole model's graph
   // (built for it when the ranks hold pipeline stages), a split weight assembled from its slices.
   struct WholeValues {
-    const Graph* local;                                 // this rank's graph
-    WeightValues value_here;                            // its values
-    std::map<std::string, std::vector<float>> logical;  // its split weights, whole
-    std::optional<ModelGraph> model;                    // with stages: the whole model ...
-    std::map<std::string, std::vector<float>> staged;   // ... and every stage's values by name
+    const Graph* local;                                      // this rank's graph
+    WeightValues value_here;                                 // its values
+    std::map<std::string, std::vector<float>> logical = {};  // its split weights, whole
+    std::optional<ModelGraph> model = {};                    // with stages: the whole model ...
+    std::map<std::string, std::vector<float>> staged = {};   // ... and every stage's values by name
     bool with_frozen = true;
 
     const Graph& graph() const { return model ? model->graph : *local; }

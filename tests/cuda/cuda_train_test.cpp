@@ -83,8 +83,8 @@ TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
     const testing::Run graphs = run(quickstart(overrides).recipe, steps);
     EXPECT_EQ(eager.graph_replays, 0) << precision;
     EXPECT_EQ(graphs.graph_replays, 2 * steps - 1) << precision << ": every micro-batch but the first (eager)";
-    // The optimizer's phases: each micro-batch's sum, the gradients' finish and the update, each
-    // eager once (the update once per variant: scaled gradients or not; skipped steps have none).
+    // The optimizer's phases: each micro-batch's sum, the gradients' finish with the decision and
+    // the update (skipped steps run it too, and their kernels read the decision and do nothing).
     EXPECT_EQ(eager.update_graph_replays, 0);
     EXPECT_GE(graphs.update_graph_replays, 3 * (steps - 1) - 1) << precision;
     for (int64_t s = 0; s < steps; ++s) {
@@ -116,6 +116,33 @@ TEST(CudaTraining, EveryBatchIsStagedAheadOfItsRun) {
   const DeviceTimes times = session.executor.device_times();
   EXPECT_EQ(times.runs, 2 * steps);
   EXPECT_EQ(times.staged_ahead, times.runs);
+}
+
+// A resident step reads nothing back before its end: the micro-batches' losses stay on the
+// device, the update is decided there (update_math.h decide_update), and the host waits once a
+// step, for the losses and the decision, while the update runs (Session::finish_step_on_device).
+// fp16 too: its overflow skips are decided on the device. The runs' results are the CPU's (the
+// tests above), so nothing was read before the device wrote it.
+TEST(CudaTraining, TheHostWaitsForTheDeviceOnceAStep) {
+  REQUIRE_CUDA_DEVICE();
+  for (const char* precision : {"bf16", "fp16"}) {
+    const recipe::Recipe r = quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda",
+                                              std::string("precision.mode=") + precision}))
+                                 .recipe;
+    Session session(r);
+    session.store.initialize(1);
+    int64_t waits_after_first = 0;
+    const int64_t steps = 5;
+    for (int64_t step = 0; step < steps; ++step) {
+      session.train_step(step, [&, micro = int64_t(0)]() mutable {
+        Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+        session.data->fill(Split::train, 2 * step + micro++, batch);
+        return batch;
+      });
+      if (step == 0) waits_after_first = session.executor.device_times().waits;  // the first includes the upload
+    }
+    EXPECT_EQ(session.executor.device_times().waits - waits_after_first, steps - 1) << precision;
+  }
 }
 
 // engine plan's device memory against what a GPU run allocates (the allocator's high-water mark),

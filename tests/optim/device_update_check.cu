@@ -1,18 +1,22 @@
 // GPU check of engine/optim/update_kernels.cu against the CPU math, bit for bit (update_math.h,
 // which tests/optim/update_math_test.cpp proves equal to every CPU path, and core/dtype.cpp's
-// rounding): AdamW, SGD, scaling, the norm's partial sums and the micro-batch sum, on lengths and
-// alignments that take every path. Built as build/tests/optim/device_update_check (ctest label
-// cuda); exits 77 (skipped) where there is no CUDA device.
+// rounding): the multi-tensor update (AdamW and SGD, the factor, the 16-bit copies, a skipped
+// decision), the step's decision from the norm's partial sums, the norm's partial sums and the
+// micro-batch sum, on lengths and alignments that take every path. Built as build/tests/optim/device_update_check
+// (ctest label cuda); exits 77 (skipped) where there is no CUDA device.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "optim/device_update.h"
+#include "optim/optimizer.h"
 #include "optim/update_math.h"
 
 using namespace engine;
@@ -94,51 +98,56 @@ int main() {
   const long lengths[] = {1, 3, 4, 5, 17, 1001, 65536 + 7, 300001};
   for (long n : lengths)
     for (int off : {0, 1, 2, 3}) {
-      for (int mis : {0, 1}) {  // mis: g at a different offset from w (no packs)
-        const AdamWScalars s = adamw_scalars_for((n + off) % 2 == 0);
-        auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f),
-             v = randoms(n, rng, 1e-4f, true);
-        Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
-        // The same step again with its scalars read from device memory (a CUDA graph's update).
-        Dev<float> dw_d(w, off), dg_d(g, off + mis), dm_d(m, off), dv_d(v, off);
-        Dev<AdamWScalars> ds(std::vector<AdamWScalars>{s}, 0);
-        for (long k = 0; k < n; ++k) adamw_element(w[k], g[k], m[k], v[k], s);
-        cuda::adamw_update(dw.p, dg.p, dm.p, dv.p, n, s, stream);
-        cuda::adamw_update(dw_d.p, dg_d.p, dm_d.p, dv_d.p, n, ds.p, stream);
-        CK(cudaStreamSynchronize(stream));
-        compare(w, dw.get(), "adamw w", n, off);
-        compare(m, dm.get(), "adamw m", n, off);
-        compare(v, dv.get(), "adamw v", n, off);
-        compare(w, dw_d.get(), "adamw w (device scalars)", n, off);
-        compare(v, dv_d.get(), "adamw v (device scalars)", n, off);
-        for (int variant = 0; variant < 5; ++variant) {
-          const bool momentum = variant > 0;
-          const SgdScalars ss{
-              .lr = 0.05f, .decay = 0.01f, .momentum = 0.9f, .nesterov = variant >= 3, .first = variant % 2 == 0};
-          auto w2 = randoms(n, rng, 1), g2 = randoms(n, rng, 1e-2f), b2 = randoms(n, rng, 1e-2f);
-          Dev<float> dw2(w2, off), dg2(g2, off + mis), db2(b2, off);
-          Dev<float> dw2_d(w2, off), dg2_d(g2, off + mis), db2_d(b2, off);
-          Dev<SgdScalars> dss(std::vector<SgdScalars>{ss}, 0);
-          for (long k = 0; k < n; ++k) sgd_element(w2[k], g2[k], momentum ? &b2[k] : nullptr, ss);
-          cuda::sgd_update(dw2.p, dg2.p, momentum ? db2.p : nullptr, n, ss, stream);
-          cuda::sgd_update(dw2_d.p, dg2_d.p, momentum ? db2_d.p : nullptr, n, dss.p, stream);
+      for (int mis : {0, 1})  // mis: g at a different offset from w (no packs)
+        for (int variant = 0; variant < 6; ++variant) {
+          // The multi-tensor update (update_chunks.h) against the CPU's step: scale_gradients'
+          // product, the update per segment, the 16-bit copies rounded from the new weights.
+          const bool adamw = variant < 3, momentum = variant != 5;
+          const DType copy_type = variant == 0 || variant == 3 ? DType::bf16 : variant == 1 ? DType::f16 : DType::f32;
+          const double factor = variant % 2 ? 0.37 : 1.0;
+          const bool skip = n == 17 && variant == 0;
+          MultiTensorScalars sc{};
+          sc.adamw[1] = adamw_scalars_for(true);
+          sc.adamw[0] = adamw_scalars_for(false);
+          sc.sgd[0] =
+              SgdScalars{.lr = 0.05f, .decay = 0.0f, .momentum = 0.9f, .nesterov = variant == 4, .first = variant == 3};
+          sc.sgd[1] = sc.sgd[0];
+          sc.sgd[1].decay = 0.01f;
+          sc.decision.factor = factor;
+          sc.decision.skip = skip ? 1 : 0;
+          auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f),
+               v = randoms(n, rng, 1e-4f, true);
+          std::vector<uint16_t> copy(n);
+          Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
+          Dev<uint16_t> dc(copy, off);
+          const std::vector<Segment> segments = {{0, 0, n / 3, true}, {0, n / 3, n, false}};
+          const UpdateArrays arrays{dw.p, dg.p, adamw || momentum ? dm.p : nullptr, adamw ? dv.p : nullptr,
+                                    copy_type == DType::f32 ? nullptr : reinterpret_cast<std::byte*>(dc.p)};
+          const std::vector<UpdateChunk> table =
+              plan_update_chunks(segments, {arrays}, copy_type == DType::f32 ? 4 : 2);
+          Dev<UpdateChunk> dt(table, 0);
+          Dev<MultiTensorScalars> ds(std::vector<MultiTensorScalars>{sc}, 0);
+          cuda::update_chunks(dt.p, int64_t(table.size()), adamw, ds.p, copy_type, stream);
+          if (!skip) {
+            if (factor != 1.0)
+              for (float& x : g) x *= float(factor);
+            for (const Segment& seg : segments)
+              for (long k = seg.begin; k < seg.end; ++k)
+                if (adamw)
+                  adamw_element(w[k], g[k], m[k], v[k], sc.adamw[seg.decay ? 1 : 0]);
+                else
+                  sgd_element(w[k], g[k], momentum ? &m[k] : nullptr, sc.sgd[seg.decay ? 1 : 0]);
+            if (copy_type != DType::f32)
+              for (long k = 0; k < n; ++k)
+                copy[k] = copy_type == DType::bf16 ? float_to_bf16(w[k]) : float_to_f16(w[k]);
+          }
           CK(cudaStreamSynchronize(stream));
-          compare(w2, dw2.get(), "sgd w", n, off);
-          compare(b2, db2.get(), "sgd buf", n, off);
-          compare(w2, dw2_d.get(), "sgd w (device scalars)", n, off);
-          compare(b2, db2_d.get(), "sgd buf (device scalars)", n, off);
+          const std::string what = "update_chunks variant " + std::to_string(variant) + " mis " + std::to_string(mis);
+          compare(w, dw.get(), (what + " w").c_str(), n, off);
+          if (adamw || momentum) compare(m, dm.get(), (what + " m").c_str(), n, off);
+          if (adamw) compare(v, dv.get(), (what + " v").c_str(), n, off);
+          compare(copy, dc.get(), (what + " copy").c_str(), n, off);
         }
-      }
-      auto x = randoms(n, rng, 1);
-      Dev<float> dx(x, off), dx_d(x, off);
-      const float f = float(0.7 / 3.1);
-      Dev<float> df(std::vector<float>{f}, 0);
-      for (float& e : x) e *= f;
-      cuda::scale(dx.p, n, f, stream);
-      cuda::scale(dx_d.p, n, df.p, stream);
-      CK(cudaStreamSynchronize(stream));
-      compare(x, dx.get(), "scale", n, off);
-      compare(x, dx_d.get(), "scale (device factor)", n, off);
       // Micro-batch sums in each type (NaN-free inputs: NaN payloads follow each device's adder).
       for (int mis : {0, 1}) {
         auto a = randoms(n, rng, 1), b = randoms(n, rng, 1);
@@ -174,6 +183,32 @@ int main() {
     CK(cudaStreamSynchronize(stream));
     compare(p, dp.get(), "norm_partials", blocks, 0);
   }
+  // The step's decision from the partial sums against the host's (sum_norm_partials, decide_update).
+  const double inf = std::numeric_limits<double>::infinity();
+  for (long count : {1L, 255L, 256L, 257L, 121000L})
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<double> p(count);
+      for (double& x : p) x = std::exp2(double(rng() % 40) - 20.0) * (1.0 + double(rng() % 1000) / 1000.0);
+      if (variant >= 2) p[count / 2] = inf;
+      const StepPolicy policy{
+          .loss_scale = variant % 2 ? 1024.0 : 1.0, .max_norm = 1.0, .skip_non_finite = variant == 3 ? 1 : 0};
+      const UpdateDecision host = decide_update(sum_norm_partials(p), policy);
+      MultiTensorScalars sc{};
+      sc.policy = policy;
+      Dev<double> dp(p, 0), dsums(std::vector<double>(size_t(norm_chunks(count)) + 1), 0);
+      Dev<MultiTensorScalars> ds(std::vector<MultiTensorScalars>{sc}, 0);
+      cuda::decide_update(dp.p, count, dsums.p, ds.p, stream);
+      CK(cudaStreamSynchronize(stream));
+      const UpdateDecision device = ds.get()[0].decision;
+      if (std::memcmp(&host.scaled_norm, &device.scaled_norm, 8) != 0 ||
+          std::memcmp(&host.grad_norm, &device.grad_norm, 8) != 0 ||
+          std::memcmp(&host.factor, &device.factor, 8) != 0 || host.skip != device.skip) {
+        std::printf("FAIL decide_update count=%ld variant=%d: host %.17g %.17g %.17g %d, device %.17g %.17g %.17g %d\n",
+                    count, variant, host.scaled_norm, host.grad_norm, host.factor, host.skip, device.scaled_norm,
+                    device.grad_norm, device.factor, device.skip);
+        ++failures;
+      }
+    }
   CK(cudaGetLastError());
   std::printf(failures ? "FAILED (%d)\n" : "PASSED\n", failures);
   return failures ? 1 : 0;
