@@ -31,6 +31,7 @@
   X(add_columns)                \
   X(take_columns)               \
   X(norm)                       \
+  X(add_norm)                   \
   X(norm_backward)              \
   X(softmax)                    \
   X(softmax_backward)           \

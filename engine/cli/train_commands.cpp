@@ -258,8 +258,10 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   if (session.fusions.total() > 0)
     std::printf(
         "  fused            %d products with the GELU after them, %d input gradients with GELU's backward, "
-        "%d gradient copies into the norm backward that adds to them (run.fusions)\n",
-        session.fusions.gelu.forward, session.fusions.gelu.backward, session.fusions.gradient_copies);
+        "%d gradient copies into the norm backward that adds to them, %d residual adds into the norm after "
+        "them (run.fusions)\n",
+        session.fusions.gelu.forward, session.fusions.gelu.backward, session.fusions.gradient_copies,
+        session.fusions.residual_norms);
 
   std::cout << "\nprecision (" << dtype_name(compute_dtype(r)) << "; master weights and optimizer state fp32):\n"
             << "  op                         nodes  stores    computes\n"

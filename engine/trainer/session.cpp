@@ -76,6 +76,7 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout
   if (r.run.fusions && planned_for_cuda(r)) {
     fusions.gelu = ops::fuse_linear_gelu(model.graph);
     fusions.gradient_copies = ops::fuse_gradient_copies(model.graph);
+    fusions.residual_norms = ops::fuse_residual_norms(model.graph);
   }
   return model;
 }

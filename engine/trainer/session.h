@@ -28,6 +28,7 @@
 #include "linalg/linear_gelu.h"
 #include "models/model.h"
 #include "models/pipeline_stage.h"
+#include "nn/add_norm.h"
 #include "nn/layernorm.h"
 #include "offload/offloaded_state.h"
 #include "optim/device_optimizer.h"
@@ -79,11 +80,13 @@ struct TrafficPlan {
 // What a recipe compiles into before anything is allocated: the differentiated model graph and the
 // plans of a training and an evaluation step. `engine plan` stops here.
 // What the GPU plan's fusion passes changed (run.fusions): products that carry their GELU
-// (ops/linalg/linear_gelu.h), gradient copies a norm's backward reads instead (nn/layernorm.h).
+// (ops/linalg/linear_gelu.h), gradient copies a norm's backward reads instead (nn/layernorm.h),
+// residual adds that the norm after them carries (nn/add_norm.h).
 struct FusionReport {
   ops::GeluFusions gelu;
   int gradient_copies = 0;
-  int total() const { return gelu.forward + gelu.backward + gradient_copies; }
+  int residual_norms = 0;
+  int total() const { return gelu.forward + gelu.backward + gradient_copies + residual_norms; }
 };
 
 struct CompiledStep {

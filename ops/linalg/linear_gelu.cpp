@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "cuda_kernels.h"
+#include "fusion_util.h"
 #include "linalg/gemm16.h"
 #include "linalg/linear.h"
 #include "nn/activation.h"
@@ -38,27 +39,6 @@ double linear_backward_input_gelu_flops(const Graph& g, const Node& n) {
 
 constexpr const char* kMatmul16 = "16-bit matmul (oneDNN), fp32 accumulation, then GELU";
 constexpr const char* kCublasGelu16 = "16-bit cuBLASLt matmul, fp32 accumulation, GELU in its epilogue";
-
-// Each value's producing and reading nodes, by index.
-struct Uses {
-  std::vector<int> writers, readers;
-  explicit Uses(const Graph& g) : writers(g.values().size()), readers(g.values().size()) {
-    for (const Node& n : g.nodes()) {
-      for (ValueId v : n.inputs) ++readers[size_t(v)];
-      for (ValueId v : n.outputs) ++writers[size_t(v)];
-    }
-  }
-};
-
-bool is_activation(const Graph& g, ValueId v) { return g.value(v).placement == Placement::activation; }
-
-// Whether a node strictly between `from` and `to` writes one of `values`.
-bool writes_between(const std::vector<Node>& nodes, size_t from, size_t to, const std::vector<ValueId>& values) {
-  for (size_t n = from + 1; n < to; ++n)
-    for (ValueId v : values)
-      if (writes(nodes[n], v)) return true;
-  return false;
-}
 
 }  // namespace
 

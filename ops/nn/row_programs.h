@@ -35,6 +35,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "elementwise/add_math.h"
 #include "nn/fast_math.h"
 
 namespace engine::ops {
@@ -198,6 +199,27 @@ ENGINE_HOST_DEVICE void norm_forward_row(L& lanes, X x, int64_t c, bool rms, dou
       row_store(rstd_out, 0, rstd);
     }
   });
+}
+
+// add_norm (nn/add_norm.h): s = a + b, each sum rounded once as add's (elementwise/add_math.h) and
+// stored, then norm_forward_row over s as stored. Lane l writes the packs l, l + N, ... of s and
+// the norm's lane l reads exactly those back, so no barrier is needed between the two: the norm
+// reads the rounded sums, the unfused add's and norm's bits.
+template <int P = 1, class L, class A, class X, class W, class B, class Y, class S>
+ENGINE_HOST_DEVICE void add_norm_forward_row(L& lanes, A a, A b, X s, int64_t c, bool rms, double eps, W w, B shift,
+                                             Y y, S mean_out, S rstd_out) {
+  constexpr int n = L::kCount;
+  const int64_t packs = c / P;
+  lanes.each([&](int l) {
+    for (int64_t p = l; p < packs; p += n) {
+      float va[P], vb[P];
+      row_load_pack<P>(a, p, va);
+      row_load_pack<P>(b, p, vb);
+      for (int j = 0; j < P; ++j) va[j] = add_values(va[j], vb[j]);
+      row_store_pack<P>(s, p, va);
+    }
+  });
+  norm_forward_row<P>(lanes, s, c, rms, eps, w, shift, y, mean_out, rstd_out);
 }
 
 // One element of the backward's input gradient, rstd (dy w - mean(g) - xhat mean(g xhat)) with

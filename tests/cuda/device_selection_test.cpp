@@ -4,9 +4,11 @@
 
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
+#include "elementwise/add.h"
 #include "graph/autodiff.h"
 #include "linalg/linear_gelu.h"
 #include "nn/activation.h"
+#include "nn/add_norm.h"
 #include "nn/layernorm.h"
 #include "recipe/diagnostic.h"
 #include "trainer/device.h"
@@ -105,9 +107,10 @@ TEST(DeviceSelection, StagedDeviceMemoryPlanHoldsOnlyWhatTheStepReads) {
 }
 
 // The GPU plan runs each of GPT's MLPs as two fused nodes (ops/linalg/linear_gelu.h): every gelu and
-// gelu_backward node gone into a product; and each residual gradient copy into the norm backward
-// that adds to it (nn/layernorm.h). The same FLOPs but the copies', and an arena no larger (the
-// gradient between the input-gradient product and GELU's backward, and the copies, never exist).
+// gelu_backward node gone into a product; each residual gradient copy into the norm backward that
+// adds to it (nn/layernorm.h); and each residual add into the norm that reads its sum
+// (nn/add_norm.h). The same FLOPs but the copies', and an arena no larger (the gradient between the
+// input-gradient product and GELU's backward, and the copies, never exist).
 // run.fusions=false and a CPU plan keep the unfused graph.
 TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
   auto count = [](const CompiledStep& step, const OpDef& op) {
@@ -131,6 +134,10 @@ TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
     EXPECT_EQ(gpu.fusions.gradient_copies, 2 * layers) << mode;
     EXPECT_EQ(count(gpu, ops::kNormBackwardOnto), 2 * layers) << mode;
     EXPECT_EQ(count(unfused, kAccumulate) - count(gpu, kAccumulate), 2 * layers) << mode;
+    // Each residual add and the norm that reads its sum (the next block's ln_1, or ln_f): one node.
+    EXPECT_EQ(gpu.fusions.residual_norms, 2 * layers) << mode;
+    EXPECT_EQ(count(gpu, ops::kAddNorm), 2 * layers) << mode;
+    EXPECT_EQ(count(unfused, ops::kAdd) - count(gpu, ops::kAdd), 2 * layers) << mode;
     const double copies_flops = 2.0 * double(layers) * double(gpu_recipe.model.n_embd) *
                                 double(*gpu_recipe.train.micro_batch_size * *gpu_recipe.data.sequence_length);
     EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch - copies_flops) << mode;

@@ -17,6 +17,7 @@
 #include "graph/precision.h"
 #include "linalg/linear.h"
 #include "linalg/linear_gelu.h"
+#include "nn/add_norm.h"
 #include "nn/layernorm.h"
 #include "plan/plan.h"
 #include "runtime/executor.h"
@@ -316,7 +317,8 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
   std::unique_ptr<CaseGraph> fused = build_case_graph(c, storage);
   if (options.fuse_on_device) {
     const ops::GeluFusions counts = ops::fuse_linear_gelu(fused->graph);
-    comparison.fused = counts.forward + counts.backward + ops::fuse_gradient_copies(fused->graph);
+    comparison.fused = counts.forward + counts.backward + ops::fuse_gradient_copies(fused->graph) +
+                       ops::fuse_residual_norms(fused->graph);
   }
   const DeviceRun other = run_on(*fused, store, in, seed, device);
 

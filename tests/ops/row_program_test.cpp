@@ -2,15 +2,19 @@
 // SerialLanes (the same phases and the same reduction tree as the device's BlockLanes): each
 // against a double-precision reference and against the CPU kernel of its op (norm_cpu,
 // norm_backward_cpu, softmax_cpu, softmax_backward_cpu, cross_entropy_cpu), on the lane counts the
-// CUDA kernels launch, with ragged widths, wide rows, overflowing and -inf rows.
+// CUDA kernels launch, with ragged widths, wide rows, overflowing and -inf rows; add_norm's program
+// against the add and the norm run in turn, on bf16 rows.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "loss/cross_entropy.h"
 #include "nn/layernorm.h"
 #include "nn/row_launch.h"
@@ -270,6 +274,64 @@ TEST(RowProgram, NormsMatchTheReferenceAndTheCpuKernel) {
 TEST(RowProgram, NormsFallBackToDoubleWhereFloatSumsOverflow) {
   check_norm({4, 768, false, true, 1e20f});
   check_norm({4, 300, true, false, 1e20f});
+}
+
+// ---- add_norm (nn/add_norm.h) ------------------------------------------------------------------------
+
+// A bf16 row as the CUDA kernels' FloatArray reads and writes it: widened exactly, each store
+// rounded once to nearest even (found by the row programs' unqualified row_load / row_store).
+struct Bf16Row {
+  uint16_t* p;
+  explicit operator bool() const { return p != nullptr; }
+};
+float row_load(const Bf16Row& r, int64_t i) { return bf16_to_float(r.p[i]); }
+void row_store(const Bf16Row& r, int64_t i, float v) { r.p[i] = float_to_bf16(v); }
+
+template <int P>
+void check_add_norm(int64_t rows, int64_t c, bool rms) {
+  std::mt19937 rng(uint32_t(rows * 7 + c));
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> a(size_t(rows * c)), b(a.size()), s(a.size()), y(a.size()), s_ref(a.size()), y_ref(a.size()),
+      y_unrounded(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = float_to_bf16(normal(rng) * 4.0f + 1.0f);  // a residual stream, and a sublayer's smaller output
+    b[i] = float_to_bf16(normal(rng) * 0.3f);
+  }
+  std::vector<float> w(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) w[size_t(k)] = 1.0f + 0.1f * normal(rng), shift[size_t(k)] = 0.1f * normal(rng);
+  const float* sh = rms ? nullptr : shift.data();
+  SerialLanes<ops::kNormLanes> lanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = r * c;
+    float mean = 0, rstd = 0, mean_ref = 0, rstd_ref = 0, m = 0, v = 0;
+    ops::add_norm_forward_row<P>(lanes, Bf16Row{a.data() + at}, Bf16Row{b.data() + at}, Bf16Row{s.data() + at}, c, rms,
+                                 1e-5, w.data(), sh, Bf16Row{y.data() + at}, &mean, &rstd);
+    // Unfused: the add's kernel stores its rounded sums, the norm's reads them.
+    std::vector<float> sums(static_cast<size_t>(c));
+    for (int64_t k = 0; k < c; ++k) {
+      sums[size_t(k)] = bf16_to_float(a[size_t(at + k)]) + bf16_to_float(b[size_t(at + k)]);
+      s_ref[size_t(at + k)] = float_to_bf16(sums[size_t(k)]);
+    }
+    ops::norm_forward_row<P>(lanes, Bf16Row{s_ref.data() + at}, c, rms, 1e-5, w.data(), sh, Bf16Row{y_ref.data() + at},
+                             &mean_ref, &rstd_ref);
+    EXPECT_EQ(mean, mean_ref);
+    EXPECT_EQ(rstd, rstd_ref);
+    // A norm of the sums before their rounding: what a fusion that kept them in registers would give.
+    ops::norm_forward_row<P>(lanes, sums.data(), c, rms, 1e-5, w.data(), sh, Bf16Row{y_unrounded.data() + at}, &m, &v);
+  }
+  const std::string what = std::to_string(rows) + "x" + std::to_string(c) + (rms ? " rmsnorm" : " layernorm") +
+                           " packs of " + std::to_string(P);
+  EXPECT_EQ(s, s_ref) << what << ": the sums, each rounded once";
+  EXPECT_EQ(y, y_ref) << what << ": the norm of the rounded sums";
+  EXPECT_NE(y, y_unrounded) << what << ": (the rounding shows in the output, so the comparison above can see it)";
+}
+
+TEST(RowProgram, AddNormNormalisesTheStoredSumsAsTheAddAndTheNormDo) {
+  check_add_norm<1>(6, 768, false);
+  check_add_norm<8>(6, 768, false);
+  check_add_norm<1>(5, 100, true);
+  check_add_norm<4>(5, 100, true);
+  check_add_norm<1>(4, 33, false);
 }
 
 // ---- softmax ---------------------------------------------------------------------------------------
