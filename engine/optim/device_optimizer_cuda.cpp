@@ -39,8 +39,9 @@ class CudaOptimizer final : public DeviceOptimizer {
                            ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
                            : runner.gradients(u);
       grad_sum_.push_back(sum);
-      opt_grad_.push_back(store_.grad_dtype() == DType::f32 ? reinterpret_cast<float*>(sum)
-                                                            : f32_block(n, "the fp32 gradients"));
+      // fp32 gradients are the sum itself; a 16-bit run's, which only a hook that reads the
+      // gradients before the update needs, are made at its first such step (f32_gradients()).
+      if (store_.grad_dtype() == DType::f32) opt_grad_.push_back(reinterpret_cast<float*>(sum));
       blocks_ += n / kShardBlock;
     }
     partials_ =
@@ -54,12 +55,16 @@ class CudaOptimizer final : public DeviceOptimizer {
     check_cuda(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)),
                "pinned partials");
     check_cuda(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming), "event");
-    upload_chunk_table();
+    check_cuda(cudaEventCreateWithFlags(&scalars_sent_, cudaEventDisableTiming), "event");
+    std::vector<const void*> sums(grad_sum_.begin(), grad_sum_.end());
+    sum_table_ = upload_chunk_table(sums, store_.grad_dtype());
+    if (store_.grad_dtype() == DType::f32) f32_table_ = sum_table_;
   }
 
   ~CudaOptimizer() override {
     cudaStreamSynchronize(stream_);
     cudaEventDestroy(decided_);
+    cudaEventDestroy(scalars_sent_);
     cudaFreeHost(scalars_host_);
     cudaFreeHost(decision_host_);
     cudaFreeHost(partials_host_);
@@ -86,37 +91,60 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   std::vector<double> finish_gradients() override {
+    f32_gradients();
     graphs_.run("gradient finish", stream_, [&] {
       widen_gradients();
-      enqueue_norm_partials(opt_grad_);
+      enqueue_norm_partials(as_const(opt_grad_), DType::f32);
     });
     return read_partials();
   }
 
   std::vector<double> master_norm_partials() override {
-    enqueue_norm_partials(master_);
+    enqueue_norm_partials(as_const(master_), DType::f32);
     return read_partials();
   }
 
  private:
-  // The multi-tensor update's table (optim/update_chunks.h), in device memory for the optimizer's
-  // life: its arrays never move.
-  void upload_chunk_table() {
+  // A multi-tensor update's table (optim/update_chunks.h) over the gradients `g` of `grad_type`, in
+  // device memory for the optimizer's life: its arrays never move.
+  struct ChunkTable {
+    UpdateChunk* chunks = nullptr;
+    int64_t count = 0;
+    DType grad_type = DType::f32;
+  };
+  ChunkTable upload_chunk_table(const std::vector<const void*>& g, DType grad_type) {
     std::vector<UpdateArrays> units(master_.size());
     for (size_t u = 0; u < units.size(); ++u) {
       units[u].w = master_[u];
-      units[u].g = opt_grad_[u];
+      units[u].g = g[u];
       units[u].m = state_.empty() ? nullptr : state_[0][u];  // AdamW's first moment, SGD's momentum
       units[u].v = state_.size() > 1 ? state_[1][u] : nullptr;
       units[u].copy = store_.param_dtype() == DType::f32 ? nullptr : runner_.parameters(u);
     }
     const std::vector<UpdateChunk> table =
-        plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())));
-    chunk_count_ = int64_t(table.size());
+        plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())), int64_t(dtype_size(grad_type)));
+    ChunkTable out{.count = int64_t(table.size()), .grad_type = grad_type};
     const size_t bytes = std::max<size_t>(table.size(), 1) * sizeof(UpdateChunk);
-    chunks_ = reinterpret_cast<UpdateChunk*>(runner_.allocate(int64_t(bytes), "the update's chunk table"));
-    check_cuda(cudaMemcpy(chunks_, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice),
-               "the update's chunk table");
+    out.chunks = reinterpret_cast<UpdateChunk*>(runner_.allocate(int64_t(bytes), "the update's chunk table"));
+    check_cuda(
+        cudaMemcpyAsync(out.chunks, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice, stream_),
+        "the update's chunk table");
+    synchronize("the update's chunk table");  // `table` is pageable and goes out of scope
+    return out;
+  }
+
+  // The fp32 gradients of a 16-bit run, and the update's table over them, made at the first step
+  // whose hooks read the gradients before the update (4 bytes a parameter beyond engine plan's
+  // device memory, which counts a step without such hooks).
+  void f32_gradients() {
+    if (!opt_grad_.empty()) return;
+    for (size_t u = 0; u < grad_sum_.size(); ++u)
+      opt_grad_.push_back(f32_block(store_.range_size(u), "the fp32 gradients"));
+    f32_table_ = upload_chunk_table(as_const(opt_grad_), DType::f32);
+  }
+  template <class T>
+  static std::vector<const void*> as_const(const std::vector<T*>& buffers) {
+    return std::vector<const void*>(buffers.begin(), buffers.end());
   }
 
   // Accumulation > 1: each unit's sum is a buffer of its own.
@@ -133,12 +161,12 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order, into
-  // the pinned host copy (read_partials() waits for them).
-  void enqueue_norm_partials(const std::vector<float*>& buffers) {
+  // the pinned host copy (read_partials(), or finish_and_step's wait for the decision, waits for them).
+  void enqueue_norm_partials(const std::vector<const void*>& buffers, DType type) {
     int64_t at = 0;
     for (size_t u = 0; u < buffers.size(); ++u) {
       const int64_t blocks = store_.range_size(u) / kShardBlock;
-      cuda::norm_partials(buffers[u], blocks, partials_ + at, stream_);
+      cuda::norm_partials(buffers[u], type, blocks, partials_ + at, stream_);
       at += blocks;
     }
     check_cuda(
@@ -151,30 +179,37 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
  public:
-  void download_gradients() override { copy_gradients(cudaMemcpyDeviceToHost); }
-  void upload_gradients() override { copy_gradients(cudaMemcpyHostToDevice); }
+  void download_gradients() override {
+    f32_gradients();
+    copy_gradients(cudaMemcpyDeviceToHost);
+  }
+  void upload_gradients() override {
+    f32_gradients();
+    copy_gradients(cudaMemcpyHostToDevice);
+  }
 
   void step(double lr, double factor) override {
     MultiTensorScalars& s = write_scalars(lr);
     s.decision = UpdateDecision{.factor = factor};
     send_scalars();
-    graphs_.run("update", stream_, [&] { enqueue_update(); });
+    f32_gradients();
+    graphs_.run("update", stream_, [&] { enqueue_update(f32_table_); });
     host_.set_steps(host_.steps() + 1);
   }
 
   StepEnd finish_and_step(double lr, const StepPolicy& policy) override {
     write_scalars(lr).policy = policy;
     send_scalars();
+    // The norm and the update read the step's sum where it is, in the gradient type.
     graphs_.run("gradient finish and decision", stream_, [&] {
-      widen_gradients();
-      enqueue_norm_partials(opt_grad_);
+      enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype());
       cuda::decide_update(partials_, blocks_, chunk_sums_, scalars_, stream_);
     });
     check_cuda(
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
-    graphs_.run("update", stream_, [&] { enqueue_update(); });
+    graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_); });
     runner_.wait(decided_, "the step's decision");
     StepEnd end{std::vector<double>(partials_host_, partials_host_ + blocks_), *decision_host_};
     if (!end.decision.skip) host_.set_steps(host_.steps() + 1);
@@ -182,9 +217,11 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
  private:
-  // The update's scalars for the next step at `lr`, in the pinned slot (free: every step waits for
-  // the device once after its scalars were copied).
+  // The update's scalars for the next step at `lr`, in the pinned slot, once the last copy out of it
+  // is done (a step that decided on the device waited past it; one whose update the host decided
+  // did not wait after it).
   MultiTensorScalars& write_scalars(double lr) {
+    if (cudaEventQuery(scalars_sent_) == cudaErrorNotReady) runner_.wait(scalars_sent_, "the last update's scalars");
     const int64_t t = host_.steps() + 1;
     MultiTensorScalars& s = *scalars_host_;
     s = MultiTensorScalars{};
@@ -205,6 +242,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   void send_scalars() {
     check_cuda(cudaMemcpyAsync(scalars_, scalars_host_, sizeof(MultiTensorScalars), cudaMemcpyHostToDevice, stream_),
                "the update's scalars");
+    check_cuda(cudaEventRecord(scalars_sent_, stream_), "event record");
   }
 
   void widen_gradients() {
@@ -213,9 +251,9 @@ class CudaOptimizer final : public DeviceOptimizer {
         cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
   }
 
-  void enqueue_update() {
-    cuda::update_chunks(chunks_, chunk_count_, config_.type == recipe::OptimizerType::adamw, scalars_,
-                        store_.param_dtype(), stream_);
+  void enqueue_update(const ChunkTable& table) {
+    cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
+                        store_.param_dtype(), table.grad_type, stream_);
   }
 
  private:
@@ -265,14 +303,15 @@ class CudaOptimizer final : public DeviceOptimizer {
   double* partials_ = nullptr;
   int64_t blocks_ = 0;
   int64_t accumulation_ = 1;
-  double* chunk_sums_ = nullptr;   // decide_update's
-  UpdateChunk* chunks_ = nullptr;  // the update's table, device
-  int64_t chunk_count_ = 0;
+  double* chunk_sums_ = nullptr;                // decide_update's
+  ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
+  ChunkTable f32_table_;                        // ... over the fp32 gradients (the hooks' step; the same table in fp32)
   MultiTensorScalars* scalars_ = nullptr;       // device
   MultiTensorScalars* scalars_host_ = nullptr;  // pinned
   UpdateDecision* decision_host_ = nullptr;     // pinned
   double* partials_host_ = nullptr;             // pinned
   cudaEvent_t decided_ = nullptr;               // the decision and partials are on their way to the host
+  cudaEvent_t scalars_sent_ = nullptr;          // the copy out of scalars_host_ is done
   StreamGraphs graphs_;
 };
 

@@ -5,9 +5,9 @@
 // device memory; any alignment works, 16-byte aligned arrays (or arrays that share one offset from
 // a 16-byte boundary) take vector loads.
 //
-//   cuda::norm_partials(opt_grad, n / kShardBlock, partials, stream);
+//   cuda::norm_partials(grad_sum, DType::bf16, n / kShardBlock, partials, stream);
 //   cuda::decide_update(partials, n / kShardBlock, chunk_sums, scalars, stream);
-//   cuda::update_chunks(table, chunks, /*adamw*/ true, scalars, DType::bf16, stream);
+//   cuda::update_chunks(table, chunks, /*adamw*/ true, scalars, DType::bf16, DType::bf16, stream);
 #pragma once
 
 #include <cstdint>
@@ -18,9 +18,10 @@
 
 namespace engine::cuda {
 
-// partials[b] = block_squares(x + b * kShardBlock) for b < blocks (x: `blocks` whole blocks,
-// contiguous): the CPU's 16 lanes and fixed tree, one half-warp per block.
-void norm_partials(const float* x, int64_t blocks, double* partials, void* stream);
+// partials[b] = block_squares(x + b * kShardBlock) for b < blocks (x: `blocks` whole blocks of
+// `type`, contiguous, 16-bit values widened exactly): the CPU's 16 lanes and fixed tree, one
+// half-warp per block.
+void norm_partials(const void* x, DType type, int64_t blocks, double* partials, void* stream);
 
 // sum[i] = sum[i] + micro[i], both of `type` (f32, bf16 or f16), added in fp32 and rounded to `type`
 // to nearest even: the CPU's micro-batch accumulation (add_into).
@@ -34,10 +35,10 @@ void decide_update(const double* partials, int64_t count, double* chunk_sums, Mu
                    void* stream);
 
 // The multi-tensor update (update_chunks.h): one CUDA block per chunk of the device table `chunks`,
-// AdamW (`adamw`) or SGD with scalars->adamw / sgd, each gradient times float(decision.factor), the
-// weights' compute-type copies written in `copy_type` (f32: none); nothing at all where
-// scalars->decision.skip is set.
+// AdamW (`adamw`) or SGD with scalars->adamw / sgd, each gradient (of `grad_type`, widened) times
+// float(decision.factor), the weights' compute-type copies written in `copy_type` (f32: none);
+// nothing at all where scalars->decision.skip is set.
 void update_chunks(const UpdateChunk* chunks, int64_t count, bool adamw, const MultiTensorScalars* scalars,
-                   DType copy_type, void* stream);
+                   DType copy_type, DType grad_type, void* stream);
 
 }  // namespace engine::cuda

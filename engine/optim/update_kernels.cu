@@ -48,8 +48,10 @@ constexpr int kFloatPack = 4;
 // One half-warp per block: thread j of the 16 runs lane j (elements j, j + 16, ... in order), then
 // the tree as shuffles within the half-warp: at width w, thread j < w adds thread j + w's lane, as
 // block_squares does (the other threads' sums are never read). Every thread of a warp runs the same
-// iterations (the loop steps per warp), so the full-mask shuffles are safe.
-__global__ void norm_partials_kernel(const float* __restrict__ x, int64_t blocks, double* __restrict__ partials) {
+// iterations (the loop steps per warp), so the full-mask shuffles are safe. 16-bit values are
+// widened exactly: the partial sums of their fp32 widening.
+template <class T>
+__global__ void norm_partials_kernel(const T* __restrict__ x, int64_t blocks, double* __restrict__ partials) {
   constexpr int kPerLane = int(kShardBlock / kSquareLanes);
   const int lane = int(threadIdx.x % kSquareLanes);
   const int64_t half_warp = thread_index() / kSquareLanes;
@@ -58,9 +60,9 @@ __global__ void norm_partials_kernel(const float* __restrict__ x, int64_t blocks
     const int64_t block = pair * 2 + half_warp % 2;
     double sum = 0;
     if (block < blocks) {
-      const float* b = x + block * kShardBlock + lane;
+      const T* b = x + block * kShardBlock + lane;
 #pragma unroll 16
-      for (int k = 0; k < kPerLane; ++k) sum = add_square(sum, b[k * kSquareLanes]);
+      for (int k = 0; k < kPerLane; ++k) sum = add_square(sum, to_float(b[k * kSquareLanes]));
     }
     for (int width = kSquareLanes / 2; width > 0; width /= 2) {
       const double other = __shfl_down_sync(0xffffffffu, sum, width, kSquareLanes);
@@ -124,18 +126,36 @@ struct CopyType<2> {
   using type = __half;
 };
 
-template <bool kAdamW, int kCopy>
+// Four gradients at element `at` of a pack (aligned to their size: update_chunks.cpp place_packs).
+template <class G>
+__device__ inline void load_gradients(const void* g, int64_t at, float (&out)[4]) {
+  if constexpr (std::is_same_v<G, float>) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(g) + at);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  } else {
+    union {
+      uint2 bits;
+      G e[4];
+    } pack;
+    pack.bits = *reinterpret_cast<const uint2*>(static_cast<const G*>(g) + at);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = to_float(pack.e[j]);
+  }
+}
+
+template <bool kAdamW, int kCopy, class G>
 __device__ inline void update_one(const UpdateChunk& c, int64_t i, float factor, const MultiTensorScalars& s) {
-  update_element<kAdamW>(c.w[i], c.g[i], c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s, c.decay);
+  update_element<kAdamW>(c.w[i], to_float(static_cast<const G*>(c.g)[i]), c.m ? c.m + i : nullptr,
+                         c.v ? c.v + i : nullptr, factor, s, c.decay);
   if constexpr (kCopy != 0) {
     using T = typename CopyType<kCopy>::type;
     static_cast<T*>(c.copy)[i] = from_float<T>(c.w[i]);
   }
 }
 
-// One block per chunk: its packs of 4 (16-byte loads of w, g, m, v), then the elements before and
-// after them one at a time.
-template <bool kAdamW, int kCopy>
+// One block per chunk: its packs of 4 (16-byte loads of w, m, v, and the 4 gradients in their
+// type), then the elements before and after them one at a time.
+template <bool kAdamW, int kCopy, class G>
 __global__ void __launch_bounds__(kThreads)
     update_chunks_kernel(const UpdateChunk* __restrict__ chunks, const MultiTensorScalars* __restrict__ scalars) {
   const MultiTensorScalars& s = *scalars;
@@ -145,13 +165,13 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t p = threadIdx.x; p < c.packs; p += blockDim.x) {
     const int64_t at = c.head + p * kFloatPack;
     float4 w = *reinterpret_cast<const float4*>(c.w + at);
-    const float4 g = *reinterpret_cast<const float4*>(c.g + at);
+    float gs[4];
+    load_gradients<G>(c.g, at, gs);
     float4 m = c.m ? *reinterpret_cast<const float4*>(c.m + at) : float4{};
     float4 v = c.v ? *reinterpret_cast<const float4*>(c.v + at) : float4{};
     float* ws[4] = {&w.x, &w.y, &w.z, &w.w};
     float* ms[4] = {&m.x, &m.y, &m.z, &m.w};
     float* vs[4] = {&v.x, &v.y, &v.z, &v.w};
-    const float gs[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) update_element<kAdamW>(*ws[j], gs[j], c.m ? ms[j] : nullptr, vs[j], factor, s, c.decay);
     *reinterpret_cast<float4*>(c.w + at) = w;
@@ -174,22 +194,37 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  for (int64_t i = threadIdx.x; i < c.head; i += blockDim.x) update_one<kAdamW, kCopy>(c, i, factor, s);
+  for (int64_t i = threadIdx.x; i < c.head; i += blockDim.x) update_one<kAdamW, kCopy, G>(c, i, factor, s);
   for (int64_t i = c.head + c.packs * kFloatPack + threadIdx.x; i < c.n; i += blockDim.x)
-    update_one<kAdamW, kCopy>(c, i, factor, s);
+    update_one<kAdamW, kCopy, G>(c, i, factor, s);
+}
+
+template <bool kAdamW, int kCopy>
+void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType grad_type,
+                          cudaStream_t stream) {
+  const auto grid = unsigned(count);
+  switch (grad_type) {
+    case DType::f32:
+      return update_chunks_kernel<kAdamW, kCopy, float><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    case DType::bf16:
+      return update_chunks_kernel<kAdamW, kCopy, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    case DType::f16:
+      return update_chunks_kernel<kAdamW, kCopy, __half><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+    default:
+      throw InternalError("update_chunks: gradients in f32, bf16 or f16, not " + std::string(dtype_name(grad_type)));
+  }
 }
 
 template <bool kAdamW>
 void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType copy_type,
-                          cudaStream_t stream) {
-  const auto grid = unsigned(count);
+                          DType grad_type, cudaStream_t stream) {
   switch (copy_type) {
     case DType::f32:
-      return update_chunks_kernel<kAdamW, 0><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return launch_update_chunks<kAdamW, 0>(chunks, count, scalars, grad_type, stream);
     case DType::bf16:
-      return update_chunks_kernel<kAdamW, 1><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return launch_update_chunks<kAdamW, 1>(chunks, count, scalars, grad_type, stream);
     case DType::f16:
-      return update_chunks_kernel<kAdamW, 2><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return launch_update_chunks<kAdamW, 2>(chunks, count, scalars, grad_type, stream);
     default:
       throw InternalError("update_chunks: copies in f32, bf16 or f16, not " + std::string(dtype_name(copy_type)));
   }
@@ -197,13 +232,28 @@ void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiT
 
 }  // namespace
 
-void norm_partials(const float* x, int64_t blocks, double* partials, void* stream) {
+void norm_partials(const void* x, DType type, int64_t blocks, double* partials, void* stream) {
   if (blocks <= 0) return;
   // Two blocks per warp, 16 warps (32 blocks) per 512-thread CUDA block.
   constexpr int threads = 512;
   const int64_t grid = (blocks + threads / kSquareLanes - 1) / (threads / kSquareLanes);
-  norm_partials_kernel<<<unsigned(grid < 65535 * 8 ? grid : 65535 * 8), threads, 0,
-                         static_cast<cudaStream_t>(stream)>>>(x, blocks, partials);
+  const auto launch = [&](auto* typed) {
+    norm_partials_kernel<<<unsigned(grid < 65535 * 8 ? grid : 65535 * 8), threads, 0,
+                           static_cast<cudaStream_t>(stream)>>>(typed, blocks, partials);
+  };
+  switch (type) {
+    case DType::f32:
+      launch(static_cast<const float*>(x));
+      break;
+    case DType::bf16:
+      launch(static_cast<const __nv_bfloat16*>(x));
+      break;
+    case DType::f16:
+      launch(static_cast<const __half*>(x));
+      break;
+    default:
+      throw InternalError("norm_partials: f32, bf16 or f16, not " + std::string(dtype_name(type)));
+  }
   check_launch("norm_partials");
 }
 
@@ -233,13 +283,13 @@ void decide_update(const double* partials, int64_t count, double* chunk_sums, Mu
 }
 
 void update_chunks(const UpdateChunk* chunks, int64_t count, bool adamw, const MultiTensorScalars* scalars,
-                   DType copy_type, void* stream) {
+                   DType copy_type, DType grad_type, void* stream) {
   if (count <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   if (adamw)
-    launch_update_chunks<true>(chunks, count, scalars, copy_type, s);
+    launch_update_chunks<true>(chunks, count, scalars, copy_type, grad_type, s);
   else
-    launch_update_chunks<false>(chunks, count, scalars, copy_type, s);
+    launch_update_chunks<false>(chunks, count, scalars, copy_type, grad_type, s);
   check_launch("update_chunks");
 }
 

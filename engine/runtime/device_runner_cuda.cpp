@@ -167,6 +167,8 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
     check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "event");
+    for (cudaEvent_t& copied : staging_copied_)
+      check_cuda(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
     step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)) * kScalarSlots, tally_);
     for (cudaEvent_t& sent : step_scalars_sent_)
@@ -187,7 +189,7 @@ class CudaRunner final : public DeviceRunner {
       const Value& v = graph.values()[i];
       if (v.placement == Placement::input) {
         inputs_.emplace(ValueId(i), DeviceBlock(value_bytes(v), tally_, "the inputs"));
-        staging_.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
+        for (auto& slot : staging_) slot.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
       } else if (v.placement == Placement::host)
         host_values_.emplace(ValueId(i), std::make_unique<PinnedBlock>(value_bytes(v), tally_));
     }
@@ -203,6 +205,7 @@ class CudaRunner final : public DeviceRunner {
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     cudaEventDestroy(inputs_ready_);
+    for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
@@ -210,15 +213,21 @@ class CudaRunner final : public DeviceRunner {
 
   void stage_inputs(const std::map<ValueId, Buffer>& inputs) override {
     check_cuda(cudaSetDevice(index_), "set device");
-    // The staging is free once the last staged copy is done (long since, as a rule).
-    wait_if_pending(inputs_ready_, "the last input copy");
-    for (auto& [id, block] : inputs_) std::memcpy(staging_.at(id)->data(), inputs.at(id).data(), size_t(block.bytes()));
+    // Two staging slots in turn: the host runs ahead of the device, so the last batch's copy out of
+    // its slot may still wait for the run before it; a slot is free once the copy out of it two
+    // batches ago is done (long since, as a rule).
+    const int slot = staging_slot_;
+    staging_slot_ = 1 - staging_slot_;
+    wait_if_pending(staging_copied_[slot], "the input copy two batches ago");
+    for (auto& [id, block] : inputs_)
+      std::memcpy(staging_[slot].at(id)->data(), inputs.at(id).data(), size_t(block.bytes()));
     // The device's input blocks are free once the last run's kernels are done with them.
     check_cuda(cudaStreamWaitEvent(copy_stream_, inputs_consumed_, 0), "wait for the last run's inputs");
     for (auto& [id, block] : inputs_)
-      check_cuda(cudaMemcpyAsync(block.data(), staging_.at(id)->data(), size_t(block.bytes()), cudaMemcpyHostToDevice,
-                                 copy_stream_),
+      check_cuda(cudaMemcpyAsync(block.data(), staging_[slot].at(id)->data(), size_t(block.bytes()),
+                                 cudaMemcpyHostToDevice, copy_stream_),
                  "input upload");
+    check_cuda(cudaEventRecord(staging_copied_[slot], copy_stream_), "event record");
     check_cuda(cudaEventRecord(inputs_ready_, copy_stream_), "event record");
     staged_ = true;
   }
@@ -508,11 +517,10 @@ class CudaRunner final : public DeviceRunner {
     }
   }
 
-  // The step's identity into device memory, ahead of the plan's kernels on the stream (the pinned
-  // slot is not rewritten before run() returns, after the stream is done with it).
-  // A resident run returns before its kernels ran, so the next run's scalars go through another
-  // page-locked slot than the copy still waiting on the stream; a slot is rewritten once its last
-  // copy is done (kScalarSlots runs ago, as a rule long since).
+  // The step's identity into device memory, ahead of the plan's kernels on the stream. A resident
+  // run returns before its kernels ran, so the next run's scalars go through another page-locked
+  // slot than the copy still waiting on the stream; a slot is rewritten once its last copy is done
+  // (kScalarSlots runs ago, as a rule long since).
   void write_step_scalars(KernelContext& ctx) {
     const int index = next_scalar_slot_;
     next_scalar_slot_ = (next_scalar_slot_ + 1) % kScalarSlots;
@@ -629,7 +637,9 @@ class CudaRunner final : public DeviceRunner {
   StreamGraphs graphs_;
   std::vector<DeviceBlock> compute_, grads_;
   std::map<ValueId, DeviceBlock> inputs_;
-  std::map<ValueId, std::unique_ptr<PinnedBlock>> staging_;  // page-locked copies of the inputs
+  std::map<ValueId, std::unique_ptr<PinnedBlock>> staging_[2];  // page-locked copies of the inputs, two slots
+  cudaEvent_t staging_copied_[2] = {};                          // each slot's last copy to the device
+  int staging_slot_ = 0;
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;
   std::map<std::string, std::vector<void*>> last_run_;
   std::map<ValueId, std::vector<float>> downloads_;

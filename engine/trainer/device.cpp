@@ -3,6 +3,7 @@
 #include "core/build_flags.h"
 #include "core/device_info.h"
 #include "core/error.h"
+#include "optim/update_math.h"
 #include "runtime/device_runner.h"
 #include "trainer/session.h"
 
@@ -78,8 +79,11 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   m.gradients = elements * grad;
   m.masters = param == 4 ? 0 : elements * 4;
   m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * elements * 4;
-  m.gradient_sum = (step.sharding.accumulation > 1 ? elements * grad : 0) + (grad == 4 ? 0 : elements * 4) +
-                   elements / kShardBlock * 8;  // and the norm's partial sums
+  // The update reads the step's sum in the gradient type (a 16-bit run's fp32 gradients exist only
+  // for a hook that reads them before the update: optim/device_optimizer.h).
+  const int64_t blocks = elements / kShardBlock;
+  m.gradient_sum = (step.sharding.accumulation > 1 ? elements * grad : 0) +
+                   (blocks + norm_chunks(blocks)) * 8;  // and the norm's partial sums, and their chunks' sums
   return m;
 }
 

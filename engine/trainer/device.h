@@ -42,7 +42,7 @@ struct DeviceMemoryPlan {
   int64_t activations = 0, casts = 0, inputs = 0;  // the arena, the f32 copies of planned casts
   int64_t parameters = 0, gradients = 0;           // compute type, micro-batch gradient type
   int64_t masters = 0, optimizer_state = 0;        // fp32 (masters: 16-bit runs only)
-  int64_t gradient_sum = 0;                        // accumulation > 1, and the fp32 gradients of 16-bit ones
+  int64_t gradient_sum = 0;                        // accumulation > 1, and the norm's partial sums
   int64_t workspace = 0;
   int64_t total() const {
     return activations + casts + inputs + parameters + gradients + masters + optimizer_state + gradient_sum + workspace;

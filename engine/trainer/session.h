@@ -181,6 +181,10 @@ class Session {
   StepResult train_step(int64_t step, NextBatch&& next_batch, const StepHooks& hooks = {}) {
     const double scale = scaler.scale();
     reads_deferred_ = device_optimizer && !hooks.after_backward && !hooks.before_update;
+    struct Reset {  // train_micro_batch outside a step (or after one that threw) reads its loss at once
+      bool& flag;
+      ~Reset() { flag = false; }
+    } reset{reads_deferred_};
     double loss_factor = 1.0;  // what each micro-batch's loss is multiplied by
     std::vector<double> losses;
     if (pipeline.stages > 1) {  // every micro-batch read first, then through the stages

@@ -105,6 +105,8 @@ int main() {
           const bool adamw = variant < 3, momentum = variant != 5;
           const DType copy_type = variant == 0 || variant == 3 ? DType::bf16 : variant == 1 ? DType::f16 : DType::f32;
           const double factor = variant % 2 ? 0.37 : 1.0;
+          // The gradients in their own type: a 16-bit run's update reads its gradient sum there.
+          const DType grad_type = variant == 0 || variant == 4 ? DType::bf16 : variant == 1 ? DType::f16 : DType::f32;
           const bool skip = n == 17 && variant == 0;
           MultiTensorScalars sc{};
           sc.adamw[1] = adamw_scalars_for(true);
@@ -117,17 +119,24 @@ int main() {
           sc.decision.skip = skip ? 1 : 0;
           auto w = randoms(n, rng, 1), g = randoms(n, rng, 1e-2f), m = randoms(n, rng, 1e-2f),
                v = randoms(n, rng, 1e-4f, true);
-          std::vector<uint16_t> copy(n);
+          std::vector<uint16_t> copy(n), g16(n);
+          for (long k = 0; k < n; ++k)
+            if (grad_type != DType::f32) {
+              g16[k] = grad_type == DType::bf16 ? float_to_bf16(g[k]) : float_to_f16(g[k]);
+              g[k] = grad_type == DType::bf16 ? bf16_to_float(g16[k]) : f16_to_float(g16[k]);
+            }
           Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
-          Dev<uint16_t> dc(copy, off);
+          Dev<uint16_t> dg16(g16, off + mis);
+          Dev<uint16_t> dc(copy, (off + variant) % 4);  // the copies' packs aligned or not, apart from w's
           const std::vector<Segment> segments = {{0, 0, n / 3, true}, {0, n / 3, n, false}};
-          const UpdateArrays arrays{dw.p, dg.p, adamw || momentum ? dm.p : nullptr, adamw ? dv.p : nullptr,
+          const void* gradients = grad_type == DType::f32 ? static_cast<const void*>(dg.p) : dg16.p;
+          const UpdateArrays arrays{dw.p, gradients, adamw || momentum ? dm.p : nullptr, adamw ? dv.p : nullptr,
                                     copy_type == DType::f32 ? nullptr : reinterpret_cast<std::byte*>(dc.p)};
           const std::vector<UpdateChunk> table =
-              plan_update_chunks(segments, {arrays}, copy_type == DType::f32 ? 4 : 2);
+              plan_update_chunks(segments, {arrays}, copy_type == DType::f32 ? 4 : 2, int64_t(dtype_size(grad_type)));
           Dev<UpdateChunk> dt(table, 0);
           Dev<MultiTensorScalars> ds(std::vector<MultiTensorScalars>{sc}, 0);
-          cuda::update_chunks(dt.p, int64_t(table.size()), adamw, ds.p, copy_type, stream);
+          cuda::update_chunks(dt.p, int64_t(table.size()), adamw, ds.p, copy_type, grad_type, stream);
           if (!skip) {
             if (factor != 1.0)
               for (float& x : g) x *= float(factor);
@@ -179,9 +188,19 @@ int main() {
     std::vector<double> p(blocks), pd(blocks, -1.0);
     for (long b = 0; b < blocks; ++b) p[b] = block_squares(x.data() + b * kShardBlock);
     Dev<double> dp(pd, 0);
-    cuda::norm_partials(dx.p, blocks, dp.p, stream);
+    cuda::norm_partials(dx.p, DType::f32, blocks, dp.p, stream);
+    // The same partial sums from bf16 values read in their type as from their fp32 widening.
+    std::vector<uint16_t> x16(x.size());
+    std::vector<float> widened(x.size());
+    for (size_t k = 0; k < x.size(); ++k) widened[k] = bf16_to_float(x16[k] = float_to_bf16(x[k]));
+    std::vector<double> p16(blocks);
+    for (long b = 0; b < blocks; ++b) p16[b] = block_squares(widened.data() + b * kShardBlock);
+    Dev<uint16_t> dx16(x16, 0);
+    Dev<double> dp16(pd, 0);
+    cuda::norm_partials(dx16.p, DType::bf16, blocks, dp16.p, stream);
     CK(cudaStreamSynchronize(stream));
     compare(p, dp.get(), "norm_partials", blocks, 0);
+    compare(p16, dp16.get(), "norm_partials bf16", blocks, 0);
   }
   // The step's decision from the partial sums against the host's (sum_norm_partials, decide_update).
   const double inf = std::numeric_limits<double>::infinity();

@@ -19,10 +19,10 @@
 namespace engine {
 namespace {
 
-// Two units' optimizer state, each array 64-byte aligned plus `shift` elements for g.
+// Two units' optimizer state; the gradients in fp32 and in bf16 (each the other's exact widening).
 struct State {
   std::vector<std::vector<float>> w, g, m, v;
-  std::vector<std::vector<uint16_t>> copy;
+  std::vector<std::vector<uint16_t>> copy, g16;
   State(const std::vector<int64_t>& sizes, std::mt19937& rng) {
     std::normal_distribution<float> normal;
     for (int64_t n : sizes) {
@@ -33,16 +33,24 @@ struct State {
       };
       w.push_back(fill(1));
       g.push_back(fill(1e-2f));
+      g16.emplace_back(g.back().size());
+      for (size_t i = 0; i < g.back().size(); ++i) {
+        g16.back()[i] = float_to_bf16(g.back()[i]);
+        g.back()[i] = bf16_to_float(g16.back()[i]);
+      }
       m.push_back(fill(1e-2f));
       v.push_back(fill(1e-4f, true));
       copy.emplace_back(size_t(n) + 16);
     }
   }
-  std::vector<UpdateArrays> arrays(int g_shift) {
+  // g `g_shift` elements from its start, in fp32 or bf16.
+  std::vector<UpdateArrays> arrays(int g_shift, DType grad = DType::f32) {
     std::vector<UpdateArrays> out;
-    for (size_t u = 0; u < w.size(); ++u)
-      out.push_back(
-          {w[u].data(), g[u].data() + g_shift, m[u].data(), v[u].data(), reinterpret_cast<std::byte*>(copy[u].data())});
+    for (size_t u = 0; u < w.size(); ++u) {
+      const void* gradients =
+          grad == DType::f32 ? static_cast<const void*>(g[u].data() + g_shift) : g16[u].data() + g_shift;
+      out.push_back({w[u].data(), gradients, m[u].data(), v[u].data(), reinterpret_cast<std::byte*>(copy[u].data())});
+    }
     return out;
   }
 };
@@ -53,9 +61,11 @@ const std::vector<Segment> kSegments = {
 TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
   std::mt19937 rng(3);
   State state({70004, 100008}, rng);
-  for (int g_shift : {0, 1}) {
-    const std::vector<UpdateArrays> arrays = state.arrays(g_shift);
-    const std::vector<UpdateChunk> table = plan_update_chunks(kSegments, arrays, 2);
+  for (const auto& [g_shift, grad] :
+       {std::pair{0, DType::f32}, std::pair{1, DType::f32}, std::pair{0, DType::bf16}, std::pair{1, DType::bf16}}) {
+    const std::vector<UpdateArrays> arrays = state.arrays(g_shift, grad);
+    const int64_t grad_size = int64_t(dtype_size(grad));
+    const std::vector<UpdateChunk> table = plan_update_chunks(kSegments, arrays, 2, grad_size);
     std::vector<std::vector<int>> seen{std::vector<int>(70004), std::vector<int>(100008)};
     int64_t packs = 0;
     for (const UpdateChunk& c : table) {
@@ -64,7 +74,7 @@ TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
       ASSERT_LE(c.head + 4 * c.packs, c.n);
       const size_t unit = c.w >= state.w[1].data() && c.w < state.w[1].data() + state.w[1].size() ? 1 : 0;
       const int64_t begin = c.w - arrays[unit].w;
-      EXPECT_EQ(c.g, arrays[unit].g + begin);
+      EXPECT_EQ(c.g, static_cast<const std::byte*>(arrays[unit].g) + begin * grad_size);
       EXPECT_EQ(c.m, arrays[unit].m + begin);
       EXPECT_EQ(c.v, arrays[unit].v + begin);
       EXPECT_EQ(c.copy, arrays[unit].copy + begin * 2);
@@ -77,7 +87,8 @@ TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
       if (c.packs > 0) {
         const float* at = c.w + c.head;
         EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % 16, 0u);
-        EXPECT_EQ(reinterpret_cast<uintptr_t>(c.g + c.head) % 16, 0u);
+        EXPECT_EQ(
+            reinterpret_cast<uintptr_t>(static_cast<const std::byte*>(c.g) + c.head * grad_size) % (4 * grad_size), 0u);
         EXPECT_EQ(c.copy_packs, reinterpret_cast<uintptr_t>(static_cast<std::byte*>(c.copy) + c.head * 2) % 8 == 0);
       }
       packs += c.packs;
@@ -87,19 +98,21 @@ TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
     if (g_shift == 0)
       EXPECT_GT(packs, 40000) << "aligned arrays take packs";
     else
-      EXPECT_EQ(packs, 0) << "a gradient at another offset from a 16-byte boundary cannot";
+      EXPECT_EQ(packs, 0) << "gradients whose packs are not aligned to their size cannot";
   }
 }
 
 // The table run element by element, as the kernel's block loops do (every element's update depends
 // on that element alone, so the order within a chunk does not matter).
 template <bool kAdamW>
-void run_table(const std::vector<UpdateChunk>& table, const MultiTensorScalars& s) {
+void run_table(const std::vector<UpdateChunk>& table, const MultiTensorScalars& s, DType grad = DType::f32) {
   if (s.decision.skip) return;
   const auto factor = float(s.decision.factor);
   for (const UpdateChunk& c : table)
     for (int64_t i = 0; i < c.n; ++i) {
-      update_element<kAdamW>(c.w[i], c.g[i], c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s, c.decay);
+      const float g =
+          grad == DType::f32 ? static_cast<const float*>(c.g)[i] : bf16_to_float(static_cast<const uint16_t*>(c.g)[i]);
+      update_element<kAdamW>(c.w[i], g, c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s, c.decay);
       static_cast<uint16_t*>(c.copy)[i] = float_to_bf16(c.w[i]);
     }
 }
@@ -109,8 +122,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-// The CPU step as Session and Optimizer::step take it: scale_gradients' product (where the factor
-// is not 1), the update per segment, the bf16 copies rounded from the masters.
+// The CPU step as Session and Optimizer::step take it: the gradients widened to fp32 (bf16 ones
+// exactly), scale_gradients' product (where the factor is not 1), the update per segment, the bf16
+// copies rounded from the masters. The table reads bf16 gradients where they are.
 TEST(UpdateChunks, TheTableGivesTheCpuOptimizersBits) {
   recipe::OptimizerSection adamw_config;
   adamw_config.type = recipe::OptimizerType::adamw;
@@ -118,7 +132,8 @@ TEST(UpdateChunks, TheTableGivesTheCpuOptimizersBits) {
   adamw_config.eps = 1e-8;
   adamw_config.weight_decay = 0.1;
   for (const double factor : {1.0, 0.37, 1.0 / 1024}) {
-    for (const bool adamw : {true, false}) {
+    for (const auto& [adamw, grad] : {std::pair{true, DType::f32}, std::pair{true, DType::bf16},
+                                      std::pair{false, DType::f32}, std::pair{false, DType::bf16}}) {
       for (const bool momentum : {false, true}) {
         if (adamw && !momentum) continue;
         std::mt19937 rng(7);
@@ -132,16 +147,16 @@ TEST(UpdateChunks, TheTableGivesTheCpuOptimizersBits) {
         s.sgd[1] = s.sgd[0];
         s.sgd[1].decay = 0.01f;
         s.decision.factor = factor;
-        std::vector<UpdateArrays> arrays = mine.arrays(0);
+        std::vector<UpdateArrays> arrays = mine.arrays(0, grad);
         for (UpdateArrays& a : arrays) {
           if (!adamw) a.v = nullptr;
           if (!adamw && !momentum) a.m = nullptr;
         }
-        const std::vector<UpdateChunk> table = plan_update_chunks(kSegments, arrays, 2);
+        const std::vector<UpdateChunk> table = plan_update_chunks(kSegments, arrays, 2, int64_t(dtype_size(grad)));
         if (adamw)
-          run_table<true>(table, s);
+          run_table<true>(table, s, grad);
         else
-          run_table<false>(table, s);
+          run_table<false>(table, s, grad);
         for (size_t u = 0; u < cpu.w.size(); ++u) {
           if (factor != 1.0)
             for (float& x : cpu.g[u]) x *= float(factor);
