@@ -84,7 +84,8 @@ TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
     EXPECT_EQ(d.activations, std::max(step.train.arena_bytes, step.eval.arena_bytes)) << mode;
     // Accumulation 2: the step's sum, in the gradient type (the update reads it there), and the
     // norm's partial sums per 1024 elements with their sums per 256.
-    EXPECT_EQ(d.gradient_sum, padded * (sixteen ? 2 : 4) + (padded / 1024 + (padded / 1024 + 255) / 256) * 8) << mode;
+    const auto grad = int64_t(dtype_size(step.model.graph.grad_dtype()));  // bf16 runs sum in fp32 by default
+    EXPECT_EQ(d.gradient_sum, padded * grad + (padded / 1024 + (padded / 1024 + 255) / 256) * 8) << mode;
     EXPECT_EQ(d.total(), d.activations + d.casts + d.inputs + d.parameters + d.gradients + d.masters +
                              d.optimizer_state + d.gradient_sum + d.workspace);
   }
