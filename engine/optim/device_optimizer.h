@@ -1,6 +1,7 @@
 // DeviceOptimizer: the optimizer step of a GPU run, on the GPU, over model state that stays there
-// between steps: the fp32 masters, the optimizer's moments, the step's gradient sum and its fp32
-// form, beside the DeviceRunner's compute-type parameters and micro-batch gradients. It applies
+// between steps: the fp32 masters, the optimizer's moments and the step's gradient sum (read in
+// its own type; an fp32 copy of 16-bit gradients only for a hook that reads or changes them),
+// beside the DeviceRunner's compute-type parameters and micro-batch gradients. It applies
 // the CPU's arithmetic in the CPU's order (optim/device_update.h: the micro-batch sum rounded in the
 // gradient type, the norm's partial sums per kShardBlock block, clipping's scale, AdamW and SGD's
 // FMA sequences, the rounding of the 16-bit copies), so a GPU run's update is the CPU's update of

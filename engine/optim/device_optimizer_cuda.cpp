@@ -39,8 +39,8 @@ class CudaOptimizer final : public DeviceOptimizer {
                            ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
                            : runner.gradients(u);
       grad_sum_.push_back(sum);
-      // fp32 gradients are the sum itself; a 16-bit run's, which only a hook that reads the
-      // gradients before the update needs, are made at its first such step (f32_gradients()).
+      // fp32 gradients are the sum itself; a 16-bit run's, which only a hook that reads or changes
+      // the gradients before the update needs, are made at its first such step (f32_gradients()).
       if (store_.grad_dtype() == DType::f32) opt_grad_.push_back(reinterpret_cast<float*>(sum));
       blocks_ += n / kShardBlock;
     }
@@ -56,9 +56,11 @@ class CudaOptimizer final : public DeviceOptimizer {
                "pinned partials");
     check_cuda(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&scalars_sent_, cudaEventDisableTiming), "event");
-    std::vector<const void*> sums(grad_sum_.begin(), grad_sum_.end());
-    sum_table_ = upload_chunk_table(sums, store_.grad_dtype());
-    if (store_.grad_dtype() == DType::f32) f32_table_ = sum_table_;
+    sum_table_ = upload_chunk_table(as_const(grad_sum_), int64_t(dtype_size(store_.grad_dtype())));
+    if (store_.grad_dtype() == DType::f32) {
+      f32_table_ = sum_table_;
+      f32_made_ = true;
+    }
   }
 
   ~CudaOptimizer() override {
@@ -91,11 +93,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   std::vector<double> finish_gradients() override {
-    f32_gradients();
-    graphs_.run("gradient finish", stream_, [&] {
-      widen_gradients();
-      enqueue_norm_partials(as_const(opt_grad_), DType::f32);
-    });
+    graphs_.run("gradient finish", stream_, [&] { enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype()); });
     return read_partials();
   }
 
@@ -105,14 +103,14 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
  private:
-  // A multi-tensor update's table (optim/update_chunks.h) over the gradients `g` of `grad_type`, in
-  // device memory for the optimizer's life: its arrays never move.
+  // A multi-tensor update's table (optim/update_chunks.h) over the gradients `g` of `grad_size`
+  // bytes each, in device memory for the optimizer's life: its arrays never move. The kernel takes
+  // the gradients' type when it is enqueued (fp16's fallback retypes a run's 2-byte sums to bf16).
   struct ChunkTable {
     UpdateChunk* chunks = nullptr;
     int64_t count = 0;
-    DType grad_type = DType::f32;
   };
-  ChunkTable upload_chunk_table(const std::vector<const void*>& g, DType grad_type) {
+  ChunkTable upload_chunk_table(const std::vector<const void*>& g, int64_t grad_size) {
     std::vector<UpdateArrays> units(master_.size());
     for (size_t u = 0; u < units.size(); ++u) {
       units[u].w = master_[u];
@@ -122,25 +120,25 @@ class CudaOptimizer final : public DeviceOptimizer {
       units[u].copy = store_.param_dtype() == DType::f32 ? nullptr : runner_.parameters(u);
     }
     const std::vector<UpdateChunk> table =
-        plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())), int64_t(dtype_size(grad_type)));
-    ChunkTable out{.count = int64_t(table.size()), .grad_type = grad_type};
+        plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())), grad_size);
+    ChunkTable out{.count = int64_t(table.size())};
     const size_t bytes = std::max<size_t>(table.size(), 1) * sizeof(UpdateChunk);
     out.chunks = reinterpret_cast<UpdateChunk*>(runner_.allocate(int64_t(bytes), "the update's chunk table"));
-    check_cuda(
-        cudaMemcpyAsync(out.chunks, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice, stream_),
-        "the update's chunk table");
-    synchronize("the update's chunk table");  // `table` is pageable and goes out of scope
+    // Synchronous, on the legacy stream, after the block's zeroing there (and `table` is pageable).
+    check_cuda(cudaMemcpy(out.chunks, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice),
+               "the update's chunk table");
     return out;
   }
 
   // The fp32 gradients of a 16-bit run, and the update's table over them, made at the first step
-  // whose hooks read the gradients before the update (4 bytes a parameter beyond engine plan's
-  // device memory, which counts a step without such hooks).
+  // whose hooks read or change the gradients before the update (a gradient dump, a plugin's
+  // after_backward): 4 bytes a parameter beyond engine plan's device memory.
   void f32_gradients() {
-    if (!opt_grad_.empty()) return;
+    if (f32_made_) return;
     for (size_t u = 0; u < grad_sum_.size(); ++u)
       opt_grad_.push_back(f32_block(store_.range_size(u), "the fp32 gradients"));
-    f32_table_ = upload_chunk_table(as_const(opt_grad_), DType::f32);
+    f32_table_ = upload_chunk_table(as_const(opt_grad_), 4);
+    f32_made_ = true;
   }
   template <class T>
   static std::vector<const void*> as_const(const std::vector<T*>& buffers) {
@@ -181,19 +179,25 @@ class CudaOptimizer final : public DeviceOptimizer {
  public:
   void download_gradients() override {
     f32_gradients();
+    widen_gradients();
     copy_gradients(cudaMemcpyDeviceToHost);
   }
+  // The hook's gradients, which this step's update then reads (in fp32).
   void upload_gradients() override {
     f32_gradients();
     copy_gradients(cudaMemcpyHostToDevice);
+    update_from_f32_ = true;
   }
 
   void step(double lr, double factor) override {
     MultiTensorScalars& s = write_scalars(lr);
     s.decision = UpdateDecision{.factor = factor};
     send_scalars();
-    f32_gradients();
-    graphs_.run("update", stream_, [&] { enqueue_update(f32_table_); });
+    if (update_from_f32_)
+      graphs_.run("update of the fp32 gradients", stream_, [&] { enqueue_update(f32_table_, DType::f32); });
+    else
+      graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_, store_.grad_dtype()); });
+    update_from_f32_ = false;
     host_.set_steps(host_.steps() + 1);
   }
 
@@ -209,7 +213,7 @@ class CudaOptimizer final : public DeviceOptimizer {
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
-    graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_); });
+    graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_, store_.grad_dtype()); });
     runner_.wait(decided_, "the step's decision");
     StepEnd end{std::vector<double>(partials_host_, partials_host_ + blocks_), *decision_host_};
     if (!end.decision.skip) host_.set_steps(host_.steps() + 1);
@@ -221,7 +225,11 @@ class CudaOptimizer final : public DeviceOptimizer {
   // is done (a step that decided on the device waited past it; one whose update the host decided
   // did not wait after it).
   MultiTensorScalars& write_scalars(double lr) {
-    if (cudaEventQuery(scalars_sent_) == cudaErrorNotReady) runner_.wait(scalars_sent_, "the last update's scalars");
+    const cudaError_t sent = cudaEventQuery(scalars_sent_);
+    if (sent == cudaErrorNotReady)
+      runner_.wait(scalars_sent_, "the last update's scalars");
+    else
+      check_cuda(sent, "the last update's scalars");
     const int64_t t = host_.steps() + 1;
     MultiTensorScalars& s = *scalars_host_;
     s = MultiTensorScalars{};
@@ -251,9 +259,11 @@ class CudaOptimizer final : public DeviceOptimizer {
         cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
   }
 
-  void enqueue_update(const ChunkTable& table) {
+  // The gradients' type is read here, when the phase is enqueued or captured: fp16's fallback
+  // retypes the sums to bf16 and resets the graphs.
+  void enqueue_update(const ChunkTable& table, DType grad_type) {
     cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
-                        store_.param_dtype(), table.grad_type, stream_);
+                        store_.param_dtype(), grad_type, stream_);
   }
 
  private:
@@ -305,7 +315,9 @@ class CudaOptimizer final : public DeviceOptimizer {
   int64_t accumulation_ = 1;
   double* chunk_sums_ = nullptr;                // decide_update's
   ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
-  ChunkTable f32_table_;                        // ... over the fp32 gradients (the hooks' step; the same table in fp32)
+  ChunkTable f32_table_;                        // ... over the fp32 gradients a hook changed (the same table in fp32)
+  bool f32_made_ = false;                       // opt_grad_ and f32_table_ exist
+  bool update_from_f32_ = false;                // this step's hook uploaded gradients: the update reads them
   MultiTensorScalars* scalars_ = nullptr;       // device
   MultiTensorScalars* scalars_host_ = nullptr;  // pinned
   UpdateDecision* decision_host_ = nullptr;     // pinned

@@ -46,6 +46,8 @@ class DeviceBlock {
                       " MiB free): shrink train.micro_batch_size or turn on activation_checkpointing");
     }
     check_cuda(cudaMemset(data_, 0, rounded), "memset " + what);
+    // The runner's streams do not wait for the legacy stream: the zeroes land before anything runs.
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "memset " + what);
     tally.device += int64_t(rounded);
     tally.device_peak = std::max(tally.device_peak, tally.device);
     counted_ = int64_t(rounded);

@@ -210,6 +210,56 @@ TEST(CudaTraining, EvaluationMatchesTheCpu) {
   EXPECT_LT(std::abs(loss[1] - loss[0]) / loss[0], 1e-5) << loss[0] << " vs " << loss[1];
 }
 
+// The step's sum kept in bf16 (precision.accumulation_dtype): the norm and the update read it in
+// bf16, widened in registers.
+TEST(CudaTraining, Bf16SummedInBf16StaysWithinItsBand) {
+  REQUIRE_CUDA_DEVICE();
+  const Compared c = compare(
+      with({"precision.mode=bf16", "precision.accumulation_dtype=bf16", "train.gradient_accumulation_steps=2"}), 20);
+  EXPECT_LT(c.worst_loss, 2e-2);
+}
+
+// A step whose hook reads and writes back the gradients (a gradient dump, a plugin) decides on the
+// host and updates from an fp32 copy of them; one without decides on the device and updates from
+// the sums where they are. The same bits either way: the copy is exact, and the norm, the decision
+// and the element math are the same functions. Hooks on every other step, so the paths alternate.
+TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
+  REQUIRE_CUDA_DEVICE();
+  for (const char* sum : {"fp32", "bf16"}) {
+    const recipe::Recipe r = quickstart(with({"precision.mode=bf16", std::string("precision.accumulation_dtype=") + sum,
+                                              "train.gradient_accumulation_steps=2", "run.device=cuda"}))
+                                 .recipe;
+    std::vector<double> losses[2], norms[2];
+    std::vector<std::vector<float>> weights[2];
+    for (int hooked = 0; hooked < 2; ++hooked) {
+      Session session(r);
+      session.store.initialize(1);
+      for (int64_t step = 0; step < 6; ++step) {
+        Session::StepHooks hooks;
+        if (hooked && step % 2 == 1) hooks.after_backward = [] {};
+        const Session::StepResult result = session.train_step(
+            step,
+            [&, micro = int64_t(0)]() mutable {
+              Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+              session.data->fill(Split::train, 2 * step + micro++, batch);
+              return batch;
+            },
+            hooks);
+        losses[hooked].push_back(result.loss);
+        norms[hooked].push_back(result.grad_norm);
+      }
+      session.sync_host();
+      for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
+        const float* w = session.store.param(int(i));
+        weights[hooked].emplace_back(w, w + session.store.numel(int(i)));
+      }
+    }
+    EXPECT_EQ(losses[0], losses[1]) << sum;
+    EXPECT_EQ(norms[0], norms[1]) << sum;
+    EXPECT_EQ(weights[0], weights[1]) << sum;
+  }
+}
+
 TEST(CudaTraining, Bf16WithAccumulationStaysWithinItsBand) {
   REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"precision.mode=bf16", "train.gradient_accumulation_steps=2"}), 20);

@@ -70,14 +70,16 @@ TEST(DeviceSelection, NamesTheDevice) {
 // engine plan's device memory: what the runner and the device optimizer allocate, by the store's
 // padded layout (1024-element blocks per unit), in each precision.
 TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
-  for (const char* mode : {"fp32", "bf16"}) {
-    const recipe::Recipe r =
-        quickstart({std::string("precision.mode=") + mode, "train.gradient_accumulation_steps=2"}).recipe;
+  for (const char* mode : {"fp32", "bf16", "bf16 summed in bf16"}) {
+    std::vector<std::string> overrides{std::string("precision.mode=") + (mode[0] == 'f' ? "fp32" : "bf16"),
+                                       "train.gradient_accumulation_steps=2"};
+    if (std::string(mode).find("summed") != std::string::npos) overrides.push_back("precision.accumulation_dtype=bf16");
+    const recipe::Recipe r = quickstart(overrides).recipe;
     const CompiledStep step = compile_step(r);
     const DeviceMemoryPlan d = plan_device_memory(step, r);
     int64_t padded = 0;
     for (const Unit& unit : step.model.graph.units()) padded += (unit.numel + 1023) / 1024 * 1024;
-    const bool sixteen = std::string(mode) == "bf16";
+    const bool sixteen = mode[0] == 'b';
     EXPECT_EQ(d.parameters, padded * (sixteen ? 2 : 4)) << mode;
     EXPECT_EQ(d.masters, sixteen ? padded * 4 : 0) << mode;
     EXPECT_EQ(d.optimizer_state, 2 * padded * 4) << mode;  // AdamW's two moments
@@ -85,6 +87,7 @@ TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
     // Accumulation 2: the step's sum, in the gradient type (the update reads it there), and the
     // norm's partial sums per 1024 elements with their sums per 256.
     const auto grad = int64_t(dtype_size(step.model.graph.grad_dtype()));  // bf16 runs sum in fp32 by default
+    EXPECT_EQ(grad, std::string(mode).find("summed") != std::string::npos ? 2 : 4) << mode;
     EXPECT_EQ(d.gradient_sum, padded * grad + (padded / 1024 + (padded / 1024 + 255) / 256) * 8) << mode;
     EXPECT_EQ(d.total(), d.activations + d.casts + d.inputs + d.parameters + d.gradients + d.masters +
                              d.optimizer_state + d.gradient_sum + d.workspace);

@@ -45,14 +45,18 @@ inline Run run(const recipe::Recipe& r, int64_t steps, const std::set<int64_t>& 
   Session::StepHooks step_hooks;
   for (int64_t step = 0; step < steps; ++step) {
     while (skip_batches_of.count(index / session.accumulation)) index += session.accumulation;
-    step_hooks.after_backward = [&, step] {
-      if (step == 0)
-        for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
-          const float* g = session.store.grad(int(i));
-          out.first_gradients.emplace_back(g, g + session.store.numel(int(i)));
-        }
-      if (poison_steps.count(step)) session.store.grad(0)[0] = step % 2 ? NAN : INFINITY;
-    };
+    // A hook only where it reads or poisons the gradients: a GPU step without one decides its
+    // update on the device (Session::finish_step_on_device), the other path.
+    step_hooks.after_backward = nullptr;
+    if (step == 0 || poison_steps.count(step))
+      step_hooks.after_backward = [&, step] {
+        if (step == 0)
+          for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
+            const float* g = session.store.grad(int(i));
+            out.first_gradients.emplace_back(g, g + session.store.numel(int(i)));
+          }
+        if (poison_steps.count(step)) session.store.grad(0)[0] = step % 2 ? NAN : INFINITY;
+      };
     auto result = session.train_step(
         step,
         [&] {

@@ -127,7 +127,7 @@ int main() {
             }
           Dev<float> dw(w, off), dg(g, off + mis), dm(m, off), dv(v, off);
           Dev<uint16_t> dg16(g16, off + mis);
-          Dev<uint16_t> dc(copy, (off + variant) % 4);  // the copies' packs aligned or not, apart from w's
+          Dev<uint16_t> dc(copy, variant == 3 ? (off + 1) % 4 : off);  // the copies' packs aligned, and not
           const std::vector<Segment> segments = {{0, 0, n / 3, true}, {0, n / 3, n, false}};
           const void* gradients = grad_type == DType::f32 ? static_cast<const void*>(dg.p) : dg16.p;
           const UpdateArrays arrays{dw.p, gradients, adamw || momentum ? dm.p : nullptr, adamw ? dv.p : nullptr,
@@ -190,17 +190,23 @@ int main() {
     Dev<double> dp(pd, 0);
     cuda::norm_partials(dx.p, DType::f32, blocks, dp.p, stream);
     // The same partial sums from bf16 values read in their type as from their fp32 widening.
-    std::vector<uint16_t> x16(x.size());
-    std::vector<float> widened(x.size());
-    for (size_t k = 0; k < x.size(); ++k) widened[k] = bf16_to_float(x16[k] = float_to_bf16(x[k]));
-    std::vector<double> p16(blocks);
-    for (long b = 0; b < blocks; ++b) p16[b] = block_squares(widened.data() + b * kShardBlock);
-    Dev<uint16_t> dx16(x16, 0);
-    Dev<double> dp16(pd, 0);
-    cuda::norm_partials(dx16.p, DType::bf16, blocks, dp16.p, stream);
     CK(cudaStreamSynchronize(stream));
     compare(p, dp.get(), "norm_partials", blocks, 0);
-    compare(p16, dp16.get(), "norm_partials bf16", blocks, 0);
+    for (DType type : {DType::bf16, DType::f16}) {
+      std::vector<uint16_t> x16(x.size());
+      std::vector<float> widened(x.size());
+      for (size_t k = 0; k < x.size(); ++k) {
+        x16[k] = type == DType::bf16 ? float_to_bf16(x[k]) : float_to_f16(x[k]);
+        widened[k] = type == DType::bf16 ? bf16_to_float(x16[k]) : f16_to_float(x16[k]);
+      }
+      std::vector<double> p16(blocks);
+      for (long b = 0; b < blocks; ++b) p16[b] = block_squares(widened.data() + b * kShardBlock);
+      Dev<uint16_t> dx16(x16, 0);
+      Dev<double> dp16(pd, 0);
+      cuda::norm_partials(dx16.p, type, blocks, dp16.p, stream);
+      CK(cudaStreamSynchronize(stream));
+      compare(p16, dp16.get(), type == DType::bf16 ? "norm_partials bf16" : "norm_partials f16", blocks, 0);
+    }
   }
   // The step's decision from the partial sums against the host's (sum_norm_partials, decide_update).
   const double inf = std::numeric_limits<double>::infinity();
