@@ -13,8 +13,8 @@
 // widens it into its fp32 gradients first.
 //
 //   std::vector<UpdateChunk> table = plan_update_chunks(segments, units, /*copy_size*/ 2);
-//   for (const UpdateChunk& c : table) for (int64_t i = 0; i < c.n; ++i)
-//     update_element<true>(c.w[i], static_cast<const float*>(c.g)[i], c.m + i, c.v + i, factor, scalars, c.decay);
+//   for (const UpdateChunk& c : table)          // a CUDA block each
+//     for (int t = 0; t < 256; ++t) update_chunk<true>(c, t, 256, scalars, memory);   // its threads
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,42 @@ ENGINE_HOST_DEVICE inline void update_element(float& w, float g, float* m, float
     adamw_element(w, scaled, *m, *v, s.adamw[decay]);
   else
     sgd_element(w, scaled, m, s.sgd[decay]);
+}
+
+// ---- The update's block program ---------------------------------------------------------------------
+//
+// What thread `thread` of a block of `threads` does for chunk c (update_kernels.cu runs it as one
+// CUDA block per chunk; tests/optim/update_chunks_test.cpp runs every thread of it on the CPU): the
+// packs thread, thread + threads, ... of 4 elements each, then the elements before and after the
+// packs one at a time; nothing where the decision skips the update. `M`, the memory policy, moves
+// 4 elements at a time at a pack: the kernel's with 16-byte loads of w, m and v, the 4 gradients in
+// one access of their type and, where c.copy_packs says so, the 4 copies in one store; the CPU
+// test's element by element.
+template <bool kAdamW, class M>
+ENGINE_HOST_DEVICE void update_chunk(const UpdateChunk& c, int64_t thread, int64_t threads, const MultiTensorScalars& s,
+                                     const M& memory) {
+  if (s.decision.skip) return;
+  const auto factor = float(s.decision.factor);
+  for (int64_t p = thread; p < c.packs; p += threads) {
+    const int64_t at = c.head + p * 4;
+    float w[4], g[4], m[4] = {}, v[4] = {};
+    memory.load4(c.w + at, w);
+    memory.gradients4(c.g, at, g);
+    if (c.m) memory.load4(c.m + at, m);
+    if (c.v) memory.load4(c.v + at, v);
+    for (int j = 0; j < 4; ++j) update_element<kAdamW>(w[j], g[j], c.m ? &m[j] : nullptr, &v[j], factor, s, c.decay);
+    memory.store4(c.w + at, w);
+    if (c.m) memory.store4(c.m + at, m);
+    if (c.v) memory.store4(c.v + at, v);
+    if (c.copy) memory.copies4(c.copy, at, w, c.copy_packs != 0);
+  }
+  const auto one = [&](int64_t i) {
+    update_element<kAdamW>(c.w[i], memory.gradient(c.g, i), c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s,
+                           c.decay);
+    if (c.copy) memory.copy(c.copy, i, c.w[i]);
+  };
+  for (int64_t i = thread; i < c.head; i += threads) one(i);
+  for (int64_t i = c.head + c.packs * 4 + thread; i < c.n; i += threads) one(i);
 }
 
 }  // namespace engine

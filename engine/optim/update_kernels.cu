@@ -43,7 +43,6 @@ Split split(int64_t n, int width, int64_t element, std::initializer_list<const v
   return {head, (n - head) / width, n};
 }
 
-constexpr int kFloatPack = 4;
 
 // One half-warp per block: thread j of the 16 runs lane j (elements j, j + 16, ... in order), then
 // the tree as shuffles within the half-warp: at width w, thread j < w adds thread j + w's lane, as
@@ -112,104 +111,72 @@ __global__ void decide_update_kernel(const double* __restrict__ sums, int64_t ch
   scalars->decision = engine::decide_update(sqrt(sum_in_order(sums, chunks)), scalars->policy);
 }
 
-// The compute-type copy of one weight; kCopy: 0 none, 1 bf16, 2 f16.
-template <int kCopy>
-struct CopyType {
-  using type = float;
-};
-template <>
-struct CopyType<1> {
-  using type = __nv_bfloat16;
-};
-template <>
-struct CopyType<2> {
-  using type = __half;
-};
-
-// Four gradients at element `at` of a pack (aligned to their size: update_chunks.cpp place_packs).
-template <class G>
-__device__ inline void load_gradients(const void* g, int64_t at, float (&out)[4]) {
-  if constexpr (std::is_same_v<G, float>) {
-    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(g) + at);
+// The update program's memory policy (update_chunks.h update_chunk) on the device: gradients of
+// type G, copies of type T (float: none). At a pack: 16-byte loads and stores of w, m and v, the 4
+// gradients in one access of their size, the 4 copies in one store where aligned (place_packs).
+template <class G, class T>
+struct DeviceUpdateMemory {
+  __device__ void load4(const float* p, float (&out)[4]) const {
+    const float4 v = *reinterpret_cast<const float4*>(p);
     out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-  } else {
-    union {
-      uint2 bits;
-      G e[4];
-    } pack;
-    pack.bits = *reinterpret_cast<const uint2*>(static_cast<const G*>(g) + at);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = to_float(pack.e[j]);
   }
-}
-
-template <bool kAdamW, int kCopy, class G>
-__device__ inline void update_one(const UpdateChunk& c, int64_t i, float factor, const MultiTensorScalars& s) {
-  update_element<kAdamW>(c.w[i], to_float(static_cast<const G*>(c.g)[i]), c.m ? c.m + i : nullptr,
-                         c.v ? c.v + i : nullptr, factor, s, c.decay);
-  if constexpr (kCopy != 0) {
-    using T = typename CopyType<kCopy>::type;
-    static_cast<T*>(c.copy)[i] = from_float<T>(c.w[i]);
+  __device__ void store4(float* p, const float (&in)[4]) const {
+    *reinterpret_cast<float4*>(p) = float4{in[0], in[1], in[2], in[3]};
   }
-}
-
-// One block per chunk: its packs of 4 (16-byte loads of w, m, v, and the 4 gradients in their
-// type), then the elements before and after them one at a time.
-template <bool kAdamW, int kCopy, class G>
-__global__ void __launch_bounds__(kThreads)
-    update_chunks_kernel(const UpdateChunk* __restrict__ chunks, const MultiTensorScalars* __restrict__ scalars) {
-  const MultiTensorScalars& s = *scalars;
-  if (s.decision.skip) return;
-  const UpdateChunk c = chunks[blockIdx.x];
-  const auto factor = float(s.decision.factor);
-  for (int64_t p = threadIdx.x; p < c.packs; p += blockDim.x) {
-    const int64_t at = c.head + p * kFloatPack;
-    float4 w = *reinterpret_cast<const float4*>(c.w + at);
-    float gs[4];
-    load_gradients<G>(c.g, at, gs);
-    float4 m = c.m ? *reinterpret_cast<const float4*>(c.m + at) : float4{};
-    float4 v = c.v ? *reinterpret_cast<const float4*>(c.v + at) : float4{};
-    float* ws[4] = {&w.x, &w.y, &w.z, &w.w};
-    float* ms[4] = {&m.x, &m.y, &m.z, &m.w};
-    float* vs[4] = {&v.x, &v.y, &v.z, &v.w};
+  __device__ void gradients4(const void* g, int64_t at, float (&out)[4]) const {
+    if constexpr (std::is_same_v<G, float>) {
+      load4(static_cast<const float*>(g) + at, out);
+    } else {
+      union {
+        uint2 bits;
+        G e[4];
+      } pack;
+      pack.bits = *reinterpret_cast<const uint2*>(static_cast<const G*>(g) + at);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) update_element<kAdamW>(*ws[j], gs[j], c.m ? ms[j] : nullptr, vs[j], factor, s, c.decay);
-    *reinterpret_cast<float4*>(c.w + at) = w;
-    if (c.m) *reinterpret_cast<float4*>(c.m + at) = m;
-    if (c.v) *reinterpret_cast<float4*>(c.v + at) = v;
-    if constexpr (kCopy != 0) {
-      using T = typename CopyType<kCopy>::type;
-      T* out = static_cast<T*>(c.copy) + at;
-      if (c.copy_packs) {
+      for (int j = 0; j < 4; ++j) out[j] = to_float(pack.e[j]);
+    }
+  }
+  __device__ float gradient(const void* g, int64_t i) const { return to_float(static_cast<const G*>(g)[i]); }
+  __device__ void copies4(void* copy, int64_t at, const float (&w)[4], bool packed) const {
+    T* out = static_cast<T*>(copy) + at;
+    if constexpr (sizeof(T) == 2) {
+      if (packed) {
         union {
           T e[4];
           uint2 bits;
         } pack;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) pack.e[j] = from_float<T>(*ws[j]);
+        for (int j = 0; j < 4; ++j) pack.e[j] = from_float<T>(w[j]);
         *reinterpret_cast<uint2*>(out) = pack.bits;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) out[j] = from_float<T>(*ws[j]);
+        return;
       }
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = from_float<T>(w[j]);
   }
-  for (int64_t i = threadIdx.x; i < c.head; i += blockDim.x) update_one<kAdamW, kCopy, G>(c, i, factor, s);
-  for (int64_t i = c.head + c.packs * kFloatPack + threadIdx.x; i < c.n; i += blockDim.x)
-    update_one<kAdamW, kCopy, G>(c, i, factor, s);
+  __device__ void copy(void* copy, int64_t i, float w) const { static_cast<T*>(copy)[i] = from_float<T>(w); }
+};
+
+// One block per chunk, running the program's threads. The scalars are copied once (the weights'
+// stores could otherwise alias them for the compiler, which would then reload them per element).
+template <bool kAdamW, class G, class T>
+__global__ void __launch_bounds__(kThreads)
+    update_chunks_kernel(const UpdateChunk* __restrict__ chunks, const MultiTensorScalars* __restrict__ scalars) {
+  const MultiTensorScalars s = *scalars;
+  update_chunk<kAdamW>(chunks[blockIdx.x], threadIdx.x, blockDim.x, s, DeviceUpdateMemory<G, T>{});
 }
 
-template <bool kAdamW, int kCopy>
+template <bool kAdamW, class T>
 void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType grad_type,
                           cudaStream_t stream) {
   const auto grid = unsigned(count);
   switch (grad_type) {
     case DType::f32:
-      return update_chunks_kernel<kAdamW, kCopy, float><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return update_chunks_kernel<kAdamW, float, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
     case DType::bf16:
-      return update_chunks_kernel<kAdamW, kCopy, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return update_chunks_kernel<kAdamW, __nv_bfloat16, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
     case DType::f16:
-      return update_chunks_kernel<kAdamW, kCopy, __half><<<grid, kThreads, 0, stream>>>(chunks, scalars);
+      return update_chunks_kernel<kAdamW, __half, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
     default:
       throw InternalError("update_chunks: gradients in f32, bf16 or f16, not " + std::string(dtype_name(grad_type)));
   }
@@ -219,12 +186,12 @@ template <bool kAdamW>
 void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType copy_type,
                           DType grad_type, cudaStream_t stream) {
   switch (copy_type) {
-    case DType::f32:
-      return launch_update_chunks<kAdamW, 0>(chunks, count, scalars, grad_type, stream);
+    case DType::f32:  // no copies: the masters are the model's weights
+      return launch_update_chunks<kAdamW, float>(chunks, count, scalars, grad_type, stream);
     case DType::bf16:
-      return launch_update_chunks<kAdamW, 1>(chunks, count, scalars, grad_type, stream);
+      return launch_update_chunks<kAdamW, __nv_bfloat16>(chunks, count, scalars, grad_type, stream);
     case DType::f16:
-      return launch_update_chunks<kAdamW, 2>(chunks, count, scalars, grad_type, stream);
+      return launch_update_chunks<kAdamW, __half>(chunks, count, scalars, grad_type, stream);
     default:
       throw InternalError("update_chunks: copies in f32, bf16 or f16, not " + std::string(dtype_name(copy_type)));
   }

@@ -1,7 +1,8 @@
-// The multi-tensor update's table (engine/optim/update_chunks.h) and the step's decision
-// (update_math.h decide_update), on the CPU: the CUDA kernels run the same table through the same
-// element function, so what holds here for the arithmetic holds there (tests/optim/
-// device_update_check.cu checks the kernels themselves on a GPU).
+// The multi-tensor update's table and block program (engine/optim/update_chunks.h) and the step's
+// decision (update_math.h decide_update), on the CPU: the CUDA kernel runs the same program over
+// the same table with 16-byte accesses in place of this test's element-by-element ones, so what
+// holds here for the indexing and the arithmetic holds there (tests/optim/device_update_check.cu
+// checks the kernels themselves on a GPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,19 +100,34 @@ TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
   }
 }
 
-// The table run element by element, as the kernel's block loops do (every element's update depends
-// on that element alone, so the order within a chunk does not matter).
+// The block program's memory policy on the CPU: element by element, the gradients in fp32 or bf16,
+// the copies in bf16 (rounded as the device's from_float).
+struct HostUpdateMemory {
+  DType grad = DType::f32;
+  void load4(const float* p, float (&out)[4]) const {
+    for (int j = 0; j < 4; ++j) out[j] = p[j];
+  }
+  void store4(float* p, const float (&in)[4]) const {
+    for (int j = 0; j < 4; ++j) p[j] = in[j];
+  }
+  float gradient(const void* g, int64_t i) const {
+    return grad == DType::f32 ? static_cast<const float*>(g)[i] : bf16_to_float(static_cast<const uint16_t*>(g)[i]);
+  }
+  void gradients4(const void* g, int64_t at, float (&out)[4]) const {
+    for (int j = 0; j < 4; ++j) out[j] = gradient(g, at + j);
+  }
+  void copy(void* copy, int64_t i, float w) const { static_cast<uint16_t*>(copy)[i] = float_to_bf16(w); }
+  void copies4(void* copy, int64_t at, const float (&w)[4], bool /*packed*/) const {
+    for (int j = 0; j < 4; ++j) this->copy(copy, at + j, w[j]);
+  }
+};
+
+// The table as the kernel runs it: every thread of a 256-thread block per chunk, through the
+// program's packs, heads and tails (an element updated twice, or not at all, shows in the bits).
 template <bool kAdamW>
 void run_table(const std::vector<UpdateChunk>& table, const MultiTensorScalars& s, DType grad = DType::f32) {
-  if (s.decision.skip) return;
-  const auto factor = float(s.decision.factor);
   for (const UpdateChunk& c : table)
-    for (int64_t i = 0; i < c.n; ++i) {
-      const float g =
-          grad == DType::f32 ? static_cast<const float*>(c.g)[i] : bf16_to_float(static_cast<const uint16_t*>(c.g)[i]);
-      update_element<kAdamW>(c.w[i], g, c.m ? c.m + i : nullptr, c.v ? c.v + i : nullptr, factor, s, c.decay);
-      static_cast<uint16_t*>(c.copy)[i] = float_to_bf16(c.w[i]);
-    }
+    for (int64_t thread = 0; thread < 256; ++thread) update_chunk<kAdamW>(c, thread, 256, s, HostUpdateMemory{grad});
 }
 
 template <class T>
