@@ -38,10 +38,11 @@ void declare_run(Schema& schema) {
       .help(
           "On cuda, run op pairs as one fused kernel where the GPU has one (docs/gpu.md): GPT's fc product with the "
           "GELU after it, forward (cuBLASLt's GELU_AUX_BIAS epilogue) and backward (the fc projection's input "
-          "gradient with GELU's backward in its DGELU epilogue). The same values, one kernel and one pass over "
-          "memory fewer each way; cuBLASLt's GELU rounds in its own order, so the bits differ from the unfused "
-          "kernels'. false runs every op as its own kernel. A CPU plan has no fused kernels, so on cpu this changes "
-          "nothing. engine plan counts the fused nodes.");
+          "gradient with GELU's backward in its DGELU epilogue); each residual gradient read by the norm backward "
+          "that adds to it; each residual add carried by the norm that reads its sum. The same values, one kernel "
+          "and one pass over memory fewer each; cuBLASLt's GELU rounds in its own order, so the bits differ from "
+          "the unfused kernels' (the norm fusions keep them). false runs every op as its own kernel. A CPU plan has "
+          "no fused kernels, so on cpu this changes nothing. engine plan counts the fused nodes.");
 }
 
 }  // namespace engine::recipe
