@@ -169,15 +169,10 @@ template <class T>
 struct TypeTag {
   using type = T;
 };
-// Calls f(TypeTag<T>{}) with T the storage type shared by every value of `ids` (float,
-// __nv_bfloat16, __half), or T = void when their types differ (each then read by its own type).
+// Calls f(TypeTag<T>{}) with T the storage type of `type` (float, __nv_bfloat16, __half).
 template <class F>
-void with_float_type(const KernelContext& ctx, std::initializer_list<ValueId> ids, F&& f) {
-  const DType first = ctx.dtype(*ids.begin());
-  bool same = true;
-  for (ValueId id : ids) same = same && ctx.dtype(id) == first;
-  if (!same) return f(TypeTag<void>{});
-  switch (first) {
+void with_float_type(DType type, F&& f) {
+  switch (type) {
     case DType::bf16:
       return f(TypeTag<__nv_bfloat16>{});
     case DType::f16:
@@ -185,8 +180,18 @@ void with_float_type(const KernelContext& ctx, std::initializer_list<ValueId> id
     case DType::f32:
       return f(TypeTag<float>{});
     default:
-      throw InternalError("a float kernel got a value of another type");
+      throw InternalError("a float kernel got a value of type " + std::string(dtype_name(type)));
   }
+}
+// The same with T the storage type shared by every value of `ids`, or T = void when their types
+// differ (each then read by its own type).
+template <class F>
+void with_float_type(const KernelContext& ctx, std::initializer_list<ValueId> ids, F&& f) {
+  const DType first = ctx.dtype(*ids.begin());
+  bool same = true;
+  for (ValueId id : ids) same = same && ctx.dtype(id) == first;
+  if (!same) return f(TypeTag<void>{});
+  with_float_type(first, f);
 }
 
 // Packs of 16 bytes (4 floats or 8 16-bit values): the vector loads and stores of the flat loops,

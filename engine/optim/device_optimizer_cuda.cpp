@@ -57,10 +57,7 @@ class CudaOptimizer final : public DeviceOptimizer {
     check_cuda(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&scalars_sent_, cudaEventDisableTiming), "event");
     sum_table_ = upload_chunk_table(as_const(grad_sum_), int64_t(dtype_size(store_.grad_dtype())));
-    if (store_.grad_dtype() == DType::f32) {
-      f32_table_ = sum_table_;
-      f32_made_ = true;
-    }
+    if (store_.grad_dtype() == DType::f32) f32_table_ = sum_table_;
   }
 
   ~CudaOptimizer() override {
@@ -93,7 +90,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   std::vector<double> finish_gradients() override {
-    graphs_.run("gradient finish", stream_, [&] { enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype()); });
+    graphs_.run("gradient finish", stream_, [&] { enqueue_sum_partials(); });
     return read_partials();
   }
 
@@ -134,11 +131,10 @@ class CudaOptimizer final : public DeviceOptimizer {
   // whose hooks read or change the gradients before the update (a gradient dump, a plugin's
   // after_backward): 4 bytes a parameter beyond engine plan's device memory.
   void f32_gradients() {
-    if (f32_made_) return;
+    if (f32_table_.chunks) return;  // made, or the sums are fp32 themselves
     for (size_t u = 0; u < grad_sum_.size(); ++u)
       opt_grad_.push_back(f32_block(store_.range_size(u), "the fp32 gradients"));
     f32_table_ = upload_chunk_table(as_const(opt_grad_), 4);
-    f32_made_ = true;
   }
   template <class T>
   static std::vector<const void*> as_const(const std::vector<T*>& buffers) {
@@ -171,9 +167,12 @@ class CudaOptimizer final : public DeviceOptimizer {
         cudaMemcpyAsync(partials_host_, partials_, size_t(blocks_) * sizeof(double), cudaMemcpyDeviceToHost, stream_),
         "norm partials");
   }
+  // The norm's partial sums of the step's gradient sum, in its type.
+  void enqueue_sum_partials() { enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype()); }
+  std::vector<double> partials_on_host() const { return std::vector<double>(partials_host_, partials_host_ + blocks_); }
   std::vector<double> read_partials() {
     synchronize("norm partial sums");
-    return std::vector<double>(partials_host_, partials_host_ + blocks_);
+    return partials_on_host();
   }
 
  public:
@@ -193,11 +192,7 @@ class CudaOptimizer final : public DeviceOptimizer {
     MultiTensorScalars& s = write_scalars(lr);
     s.decision = UpdateDecision{.factor = factor};
     send_scalars();
-    if (update_from_f32_)
-      graphs_.run("update of the fp32 gradients", stream_, [&] { enqueue_update(f32_table_, DType::f32); });
-    else
-      graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_, store_.grad_dtype()); });
-    update_from_f32_ = false;
+    run_update();
     host_.set_steps(host_.steps() + 1);
   }
 
@@ -206,16 +201,16 @@ class CudaOptimizer final : public DeviceOptimizer {
     send_scalars();
     // The norm and the update read the step's sum where it is, in the gradient type.
     graphs_.run("gradient finish and decision", stream_, [&] {
-      enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype());
+      enqueue_sum_partials();
       cuda::decide_update(partials_, blocks_, chunk_sums_, scalars_, stream_);
     });
     check_cuda(
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
-    graphs_.run("update of the gradient sums", stream_, [&] { enqueue_update(sum_table_, store_.grad_dtype()); });
+    run_update();
     runner_.wait(decided_, "the step's decision");
-    StepEnd end{std::vector<double>(partials_host_, partials_host_ + blocks_), *decision_host_};
+    StepEnd end{partials_on_host(), *decision_host_};
     if (!end.decision.skip) host_.set_steps(host_.steps() + 1);
     return end;
   }
@@ -259,11 +254,18 @@ class CudaOptimizer final : public DeviceOptimizer {
         cuda::widen(grad_sum_[u], store_.grad_dtype(), opt_grad_[u], store_.range_size(u), stream_);
   }
 
-  // The gradients' type is read here, when the phase is enqueued or captured: fp16's fallback
+  // The update phase: over the fp32 gradients a hook wrote back this step, else over the step's
+  // sums. The gradients' type is read when the phase is enqueued or captured: fp16's fallback
   // retypes the sums to bf16 and resets the graphs.
-  void enqueue_update(const ChunkTable& table, DType grad_type) {
-    cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
-                        store_.param_dtype(), grad_type, stream_);
+  void run_update() {
+    const bool from_f32 = update_from_f32_;
+    update_from_f32_ = false;
+    const ChunkTable& table = from_f32 ? f32_table_ : sum_table_;
+    const DType grad_type = from_f32 ? DType::f32 : store_.grad_dtype();
+    graphs_.run(from_f32 ? "update of the fp32 gradients" : "update of the gradient sums", stream_, [&] {
+      cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
+                          store_.param_dtype(), grad_type, stream_);
+    });
   }
 
  private:
@@ -316,7 +318,6 @@ class CudaOptimizer final : public DeviceOptimizer {
   double* chunk_sums_ = nullptr;                // decide_update's
   ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
   ChunkTable f32_table_;                        // ... over the fp32 gradients a hook changed (the same table in fp32)
-  bool f32_made_ = false;                       // opt_grad_ and f32_table_ exist
   bool update_from_f32_ = false;                // this step's hook uploaded gradients: the update reads them
   MultiTensorScalars* scalars_ = nullptr;       // device
   MultiTensorScalars* scalars_host_ = nullptr;  // pinned

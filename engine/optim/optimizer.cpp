@@ -236,6 +236,4 @@ void scale_gradients(ParameterStore& store, double factor) {
   }
 }
 
-double clip_factor(double norm, double max_norm) { return clip_factor_of(norm, max_norm); }
-
 }  // namespace engine

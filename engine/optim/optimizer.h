@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/update_math.h"
 #include "recipe/recipe.h"
 #include "runtime/parameters.h"
 
@@ -66,10 +67,9 @@ std::unique_ptr<Optimizer> make_optimizer(const recipe::OptimizerSection& config
 // The learning rate of optimizer step `step` (0-based) under the recipe's schedule.
 double learning_rate(const recipe::Recipe& recipe, int64_t step);
 
-// Clipping: the factor that brings the global L2 norm `norm` (ZeroStep::gradient_norm, the one
-// gradient norm at every world size and stage) to max_norm, times the loss scale's inverse where
-// fp16 scales; scale_gradients applies it.
-double clip_factor(double norm, double max_norm);            // 1 when no clipping applies
+// Clipping: clip_factor (update_math.h) brings the global L2 norm (ZeroStep::gradient_norm, the one
+// gradient norm at every world size and stage) to max_norm; decide_update divides it by the loss
+// scale where fp16 scales; scale_gradients applies it.
 void scale_gradients(ParameterStore& store, double factor);  // every gradient *= factor
 
 // The norm at any world size and stage: one sum of squares (in double) per kShardBlock elements of

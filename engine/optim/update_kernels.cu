@@ -43,7 +43,6 @@ Split split(int64_t n, int width, int64_t element, std::initializer_list<const v
   return {head, (n - head) / width, n};
 }
 
-
 // One half-warp per block: thread j of the 16 runs lane j (elements j, j + 16, ... in order), then
 // the tree as shuffles within the half-warp: at width w, thread j < w adds thread j + w's lane, as
 // block_squares does (the other threads' sums are never read). Every thread of a warp runs the same
@@ -166,35 +165,17 @@ __global__ void __launch_bounds__(kThreads)
   update_chunk<kAdamW>(chunks[blockIdx.x], threadIdx.x, blockDim.x, s, DeviceUpdateMemory<G, T>{});
 }
 
-template <bool kAdamW, class T>
-void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType grad_type,
-                          cudaStream_t stream) {
-  const auto grid = unsigned(count);
-  switch (grad_type) {
-    case DType::f32:
-      return update_chunks_kernel<kAdamW, float, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
-    case DType::bf16:
-      return update_chunks_kernel<kAdamW, __nv_bfloat16, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
-    case DType::f16:
-      return update_chunks_kernel<kAdamW, __half, T><<<grid, kThreads, 0, stream>>>(chunks, scalars);
-    default:
-      throw InternalError("update_chunks: gradients in f32, bf16 or f16, not " + std::string(dtype_name(grad_type)));
-  }
-}
-
 template <bool kAdamW>
 void launch_update_chunks(const UpdateChunk* chunks, int64_t count, const MultiTensorScalars* scalars, DType copy_type,
                           DType grad_type, cudaStream_t stream) {
-  switch (copy_type) {
-    case DType::f32:  // no copies: the masters are the model's weights
-      return launch_update_chunks<kAdamW, float>(chunks, count, scalars, grad_type, stream);
-    case DType::bf16:
-      return launch_update_chunks<kAdamW, __nv_bfloat16>(chunks, count, scalars, grad_type, stream);
-    case DType::f16:
-      return launch_update_chunks<kAdamW, __half>(chunks, count, scalars, grad_type, stream);
-    default:
-      throw InternalError("update_chunks: copies in f32, bf16 or f16, not " + std::string(dtype_name(copy_type)));
-  }
+  // Copies of f32: none, the masters are the model's weights.
+  with_float_type(grad_type, [&](auto grad) {
+    with_float_type(copy_type, [&](auto copy) {
+      using G = typename decltype(grad)::type;
+      using T = typename decltype(copy)::type;
+      update_chunks_kernel<kAdamW, G, T><<<unsigned(count), kThreads, 0, stream>>>(chunks, scalars);
+    });
+  });
 }
 
 }  // namespace
@@ -204,40 +185,19 @@ void norm_partials(const void* x, DType type, int64_t blocks, double* partials, 
   // Two blocks per warp, 16 warps (32 blocks) per 512-thread CUDA block.
   constexpr int threads = 512;
   const int64_t grid = (blocks + threads / kSquareLanes - 1) / (threads / kSquareLanes);
-  const auto launch = [&](auto* typed) {
+  with_float_type(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
     norm_partials_kernel<<<unsigned(grid < 65535 * 8 ? grid : 65535 * 8), threads, 0,
-                           static_cast<cudaStream_t>(stream)>>>(typed, blocks, partials);
-  };
-  switch (type) {
-    case DType::f32:
-      launch(static_cast<const float*>(x));
-      break;
-    case DType::bf16:
-      launch(static_cast<const __nv_bfloat16*>(x));
-      break;
-    case DType::f16:
-      launch(static_cast<const __half*>(x));
-      break;
-    default:
-      throw InternalError("norm_partials: f32, bf16 or f16, not " + std::string(dtype_name(type)));
-  }
+                           static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(x), blocks, partials);
+  });
   check_launch("norm_partials");
 }
 
 void accumulate_gradients(void* sum, const void* micro, DType type, int64_t n, void* stream) {
   if (n <= 0) return;
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DType::f32:
-      return accumulate<float>(sum, micro, n, s);
-    case DType::bf16:
-      return accumulate<__nv_bfloat16>(sum, micro, n, s);
-    case DType::f16:
-      return accumulate<__half>(sum, micro, n, s);
-    default:
-      break;
-  }
-  throw InternalError(std::string("accumulate_gradients takes f32, bf16 or f16, not ") + std::string(dtype_name(type)));
+  with_float_type(type, [&](auto tag) {
+    accumulate<typename decltype(tag)::type>(sum, micro, n, static_cast<cudaStream_t>(stream));
+  });
 }
 
 void decide_update(const double* partials, int64_t count, double* chunk_sums, MultiTensorScalars* scalars,

@@ -94,7 +94,7 @@ ENGINE_HOST_DEVICE inline double sum_in_order(const double* x, int64_t n) {
 }
 
 // Clipping's factor for the global norm `norm`: 1 when no clipping applies.
-ENGINE_HOST_DEVICE inline double clip_factor_of(double norm, double max_norm) {
+ENGINE_HOST_DEVICE inline double clip_factor(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
 }
 
@@ -122,7 +122,7 @@ ENGINE_HOST_DEVICE inline UpdateDecision decide_update(double scaled_norm, const
     return d;
   }
   d.grad_norm = scaled_norm / policy.loss_scale;
-  d.factor = clip_factor_of(d.grad_norm, policy.max_norm) / policy.loss_scale;
+  d.factor = clip_factor(d.grad_norm, policy.max_norm) / policy.loss_scale;
   return d;
 }
 

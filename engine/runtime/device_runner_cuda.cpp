@@ -168,7 +168,6 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
     check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
-    check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "event");
     for (cudaEvent_t& copied : staging_copied_)
       check_cuda(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
@@ -206,7 +205,6 @@ class CudaRunner final : public DeviceRunner {
       if (sent) cudaEventDestroy(sent);
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
-    cudaEventDestroy(inputs_ready_);
     for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
@@ -230,7 +228,6 @@ class CudaRunner final : public DeviceRunner {
                                  cudaMemcpyHostToDevice, copy_stream_),
                  "input upload");
     check_cuda(cudaEventRecord(staging_copied_[slot], copy_stream_), "event record");
-    check_cuda(cudaEventRecord(inputs_ready_, copy_stream_), "event record");
     staged_ = true;
   }
 
@@ -261,7 +258,8 @@ class CudaRunner final : public DeviceRunner {
     else
       stage_inputs(inputs);
     staged_ = false;
-    check_cuda(cudaStreamWaitEvent(stream_, inputs_ready_, 0), "wait for the inputs");
+    // The last staged slot's copy holds this run's inputs.
+    check_cuda(cudaStreamWaitEvent(stream_, staging_copied_[1 - staging_slot_], 0), "wait for the inputs");
     write_step_scalars(ctx);
     bind(plan, ctx);
     std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
@@ -296,20 +294,11 @@ class CudaRunner final : public DeviceRunner {
     deferred_.clear();
   }
 
+  // A kept copy read at once, in a slot of its own per value (keep_value's slots are 0 and up).
   const float* value_f32(const std::string& name, const Plan& plan, ValueId id) override {
-    const auto found = last_run_.find(name);
-    ENGINE_CHECK(found != last_run_.end(), "plan " + name + " has not run on the device");
-    const Value& v = graph_.value(id);
-    ENGINE_CHECK(v.placement == Placement::activation && plan.offsets[size_t(id)] >= 0,
-                 "value " + v.name + " is not an activation of plan " + name);
-    std::vector<std::byte> bytes(size_t(value_bytes(v)));
-    check_cuda(cudaMemcpyAsync(bytes.data(), found->second[size_t(id)], bytes.size(), cudaMemcpyDeviceToHost, stream_),
-               "download");
-    synchronize("download of " + v.name);
-    std::vector<float>& out = downloads_[id];
-    out.resize(size_t(v.shape.numel()));
-    widen(bytes.data(), v.dtype, out.data(), v.shape.numel());
-    return out.data();
+    const int slot = -1 - int(id);
+    keep_value(name, plan, id, slot);
+    return kept_f32(slot);
   }
 
   void keep_value(const std::string& name, const Plan& plan, ValueId id, int slot) override {
@@ -342,15 +331,16 @@ class CudaRunner final : public DeviceRunner {
   }
 
   void wait(void* event, const std::string& what) override {
-    const auto began = std::chrono::steady_clock::now();
-    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), what);
-    times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-    times_.waits += 1;
+    counted_wait([&] { return cudaEventSynchronize(static_cast<cudaEvent_t>(event)); }, what);
   }
-
   void synchronize(const std::string& what) override {
+    counted_wait([&] { return cudaStreamSynchronize(stream_); }, what);
+  }
+  // One of the host's waits for the device, timed and counted in times().
+  template <class Wait>
+  void counted_wait(Wait&& block, const std::string& what) {
     const auto began = std::chrono::steady_clock::now();
-    check_cuda(cudaStreamSynchronize(stream_), what);
+    check_cuda(block(), what);
     times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     times_.waits += 1;
   }
@@ -627,7 +617,7 @@ class CudaRunner final : public DeviceRunner {
   // Inputs travel on their own stream (stage_inputs), between two events: the last run is done
   // reading the device's input blocks, and the next inputs are in them.
   cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t inputs_consumed_ = nullptr, inputs_ready_ = nullptr;
+  cudaEvent_t inputs_consumed_ = nullptr;
   bool staged_ = false;  // stage_inputs ran since the last run()
   cublasLtHandle_t blas_ = nullptr;
   Tally tally_;
@@ -644,8 +634,8 @@ class CudaRunner final : public DeviceRunner {
   int staging_slot_ = 0;
   std::map<ValueId, std::unique_ptr<PinnedBlock>> host_values_;
   std::map<std::string, std::vector<void*>> last_run_;
-  std::map<ValueId, std::vector<float>> downloads_;
-  // keep_value's slots: page-locked copies on their way, and their f32 form once read.
+  // keep_value's slots (value_f32's among them): page-locked copies on their way, and their f32
+  // form once read.
   struct KeptValue {
     std::unique_ptr<PinnedBlock> block;
     cudaEvent_t copied = nullptr;

@@ -454,7 +454,10 @@ void Session::load_batch(const Batch& batch) {
 
 double Session::batch_loss(const std::string& plan) {
   if (model.losses == kNoValue) return 0;  // a pipeline stage before the last
-  const float* losses = executor.value_f32(plan, model.losses);
+  return mean_of_rows(executor.value_f32(plan, model.losses));
+}
+
+double Session::mean_of_rows(const float* losses) const {
   const int64_t rows = model.graph.value(model.losses).shape.numel();
   double sum = 0;
   for (int64_t i = 0; i < rows; ++i) sum += losses[i];
@@ -490,13 +493,8 @@ Session::StepResult Session::finish_step_on_device(std::vector<double>& losses, 
     trace::Scope event("optimizer", "gradient norm and update on the device");
     end = device_optimizer->finish_and_step(result.lr, step_policy(scale));
   }
-  const int64_t rows = model.graph.value(model.losses).shape.numel();
-  for (size_t micro = 0; micro < losses.size(); ++micro) {
-    const float* kept = executor.runner()->kept_f32(int(micro));
-    double sum = 0;
-    for (int64_t i = 0; i < rows; ++i) sum += kept[i];
-    losses[micro] = sum / double(rows) * loss_factor;
-  }
+  for (size_t micro = 0; micro < losses.size(); ++micro)
+    losses[micro] = mean_of_rows(executor.runner()->kept_f32(int(micro))) * loss_factor;
   result.loss = zero.mean_loss(losses);
   // The host adds the same partial sums in the same order (and keeps the units' norms for the
   // telemetry): a device that decided from another norm is a bug, not a rounding.

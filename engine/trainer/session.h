@@ -297,6 +297,7 @@ class Session {
   // The mean over this rank's batch rows of the loss of `plan`'s last run (ZeroStep::mean_loss
   // then averages the ranks' micro-batches).
   double batch_loss(const std::string& plan);
+  double mean_of_rows(const float* losses) const;  // of one batch's per-row losses
   MemoryPlan memory_;
   std::vector<int> train_gathers_, eval_gathers_, forward_gathers_;
   // A pipeline stage: each micro-batch's received activation until its backward, and the one to hand on.

@@ -12,20 +12,27 @@
 namespace engine::ops {
 namespace {
 
-// inputs a, b, w [, shift]; outputs s, y, mean, rstd: the add, then the norm over its sum.
-void add_norm_cpu(const Node& node, const KernelContext& ctx) {
-  kAdd.cpu(Node{&kAdd, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {}, false, false, node.name}, ctx);
+// The two nodes an add_norm node (inputs a, b, w [, shift]; outputs s, y, mean, rstd) stands for.
+Node add_of(const Node& node) {
+  return Node{&kAdd, {node.inputs[0], node.inputs[1]}, {node.outputs[0]}, {}, false, false, node.name};
+}
+Node norm_of(const Node& node) {
   std::vector<ValueId> inputs{node.outputs[0]};
   inputs.insert(inputs.end(), node.inputs.begin() + 2, node.inputs.end());
-  const OpDef& norm = node.attrs.ints[0] == 1 ? kRmsNorm : kLayerNorm;  // the norm's own attributes
-  norm.cpu(
-      Node{&norm, inputs, {node.outputs[1], node.outputs[2], node.outputs[3]}, node.attrs, false, false, node.name},
-      ctx);
+  const OpDef* norm = node.attrs.ints[0] == 1 ? &kRmsNorm : &kLayerNorm;  // the norm's own attributes
+  return Node{norm, inputs, {node.outputs[1], node.outputs[2], node.outputs[3]}, node.attrs, false, false, node.name};
+}
+
+// The add, then the norm over its sum.
+void add_norm_cpu(const Node& node, const KernelContext& ctx) {
+  kAdd.cpu(add_of(node), ctx);
+  const Node norm = norm_of(node);
+  norm.op->cpu(norm, ctx);
 }
 
 double add_norm_flops(const Graph& g, const Node& n) {
-  // The add's one FLOP an element and the norm's eight (nn/layernorm.cpp).
-  return 9.0 * double(g.value(n.outputs[0]).shape.numel());
+  const Node norm = norm_of(n);
+  return kAdd.flops(g, add_of(n)) + norm.op->flops(g, norm);
 }
 
 bool is_norm(const OpDef* op) { return op == &kLayerNorm || op == &kRmsNorm; }

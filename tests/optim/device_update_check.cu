@@ -83,18 +83,13 @@ int main() {
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
   std::mt19937 rng(1);
-  // adamw_scalars(betas 0.9/0.95, eps 1e-8, wd 0.1, lr 3e-4, t 7), without linking update_kernels.cpp
-  auto adamw_scalars_for = [](bool decay) {
-    const double lr = 3e-4, b1 = 0.9, b2 = 0.95;
-    return AdamWScalars{.beta1 = float(b1),
-                        .beta2 = float(b2),
-                        .one_minus_beta1 = 1.0f - float(b1),
-                        .one_minus_beta2 = 1.0f - float(b2),
-                        .eps = 1e-8f,
-                        .step_size = float(lr / (1.0 - std::pow(b1, 7.0))),
-                        .denom_scale = float(1.0 / std::sqrt(1.0 - std::pow(b2, 7.0))),
-                        .decay = decay ? float(lr * 0.1) : 0.0f};
-  };
+  // AdamW's scalars at step 7 (betas 0.9/0.95, eps 1e-8, weight decay 0.1, lr 3e-4).
+  recipe::OptimizerSection adamw;
+  adamw.type = recipe::OptimizerType::adamw;
+  adamw.betas = {0.9, 0.95};
+  adamw.eps = 1e-8;
+  adamw.weight_decay = 0.1;
+  auto adamw_scalars_for = [&](bool decay) { return adamw_scalars(adamw, 3e-4, 7, decay); };
   const long lengths[] = {1, 3, 4, 5, 17, 1001, 65536 + 7, 300001};
   for (long n : lengths)
     for (int off : {0, 1, 2, 3}) {
