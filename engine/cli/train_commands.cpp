@@ -312,8 +312,9 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     const DeviceMemoryPlan d = plan_device_memory(session, r, world);
     std::string staged;
     if (device_resident(r, world, &staged))
-      std::cout << "\ndevice memory per rank (run.device cuda: the step and the update on the GPU; exact but for "
-                   "cuDNN's attention workspace, which the device sizes):\n";
+      std::cout << "\ndevice memory per rank (run.device cuda: the step and the update on the GPU"
+                << (uses_device_collectives(r, world) ? ", the gradients reduced there" : "")
+                << "; exact but for cuDNN's attention workspace, which the device sizes, and NCCL's own buffers):\n";
     else
       std::cout << "\ndevice memory per rank (run.device cuda with " << staged
                 << ": the step on the GPU, the reductions, update and gathers on the host; exact but for cuDNN's "
@@ -326,6 +327,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     if (d.masters) row("fp32 masters", d.masters);
     if (d.optimizer_state) row("optimizer state", d.optimizer_state);
     if (d.gradient_sum) row("gradient sum", d.gradient_sum);
+    if (d.reduce_staging) row("reduce staging", d.reduce_staging);
     row("workspace", d.workspace);
     row("total", d.total());
   }

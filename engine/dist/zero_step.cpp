@@ -220,6 +220,16 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
   return sum_norm_partials(model);
 }
 
+double ZeroStep::whole_gradient_norm(const std::vector<double>& partials) {
+  ENGINE_CHECK(!tensor_ && !pipeline_, "whole partial sums cover one replica's whole model");
+  unit_gradient_norms_ = unit_norms(store_.layout(), partials);
+  return sum_norm_partials(partials);
+}
+
+std::vector<double> ZeroStep::whole_unit_parameter_norms(const std::vector<double>& partials) {
+  return unit_norms(store_.layout(), partials);
+}
+
 std::vector<double> ZeroStep::unit_parameter_norms() {
   const ShardLayout& layout = store_.layout();
   for (size_t u = 0; u < layout.units(); ++u)

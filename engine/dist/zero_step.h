@@ -57,14 +57,19 @@ class ZeroStep : public StepCommunication {
   // The same from this rank's partial sums (optimizer.h gradient_norm_partials), computed elsewhere
   // (the device optimizer's).
   double gradient_norm(std::vector<double> partials);
+  // The same from partial sums over every unit's whole gradient (unit, block order), which every
+  // rank holds alike: a resident GPU run's device optimizer, at any world size. No communication.
+  double whole_gradient_norm(const std::vector<double>& partials);
   // Each wrap unit's share of the last gradient_norm(): the L2 norm of its gradient (as scaled
   // then), summed over the ranks' shards; no communication of its own.
   const std::vector<double>& unit_gradient_norms() const { return unit_gradient_norms_; }
   // Each wrap unit's fp32 master norm; a collective (every rank calls it at the same step). Empty
   // when the masters are offloaded (reading them back is not cheap).
   std::vector<double> unit_parameter_norms();
-  // The same from this rank's partial sums of the masters (computed elsewhere: the device's).
+  // The same from this rank's partial sums of the masters (computed elsewhere).
   std::vector<double> unit_parameter_norms(std::vector<double> partials);
+  // The same from partial sums over every unit's whole masters (a resident GPU run's); no communication.
+  std::vector<double> whole_unit_parameter_norms(const std::vector<double>& partials);
   // refresh_copies() (unless the optimizer wrote the copies) and gather_parameters()
   void finish_update(bool refresh = true);
   // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.

@@ -10,7 +10,17 @@
 // The host ParameterStore and Optimizer stay the model's record: upload() copies them to the device
 // (before the first step, and after anything on the host changed them: initialisation, loaded
 // weights, a restored checkpoint); download() copies the device's state back (before a checkpoint,
-// an export, a golden digest or any host reader). One process, ZeRO stage 0-1, no offload.
+// an export, a golden digest or any host reader). ZeRO stage 0-1 on one process, or stage 0 on
+// several, without offload.
+//
+// Several ranks (or one that names distributed.gpu_collectives) reduce each micro-batch's gradients
+// on the device through `collectives` (NCCL, or the staged communicator: trainer/device.h): a
+// reduce-scatter of every unit into this rank's shard of the step's sum, adding in rank order onto
+// what the earlier micro-batches left there (Communicator's promise: world w accumulating a gives
+// the bits of one process accumulating w x a in global micro-batch order), and after the last, an
+// all-gather of the shards, so every rank holds the whole reduced sum and makes the same update.
+// The collectives run on the communicator's stream after the runner's and the runner's stream waits
+// for them; the host waits for none of it (the staged communicator does, for its copies).
 //
 // The update is one multi-tensor kernel over the whole model state (optim/update_chunks.h): each
 // gradient scaled by the step's factor, AdamW or SGD, the 16-bit copy written.
@@ -33,6 +43,7 @@
 #include <memory>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "optim/optimizer.h"
 #include "optim/update_math.h"
 #include "runtime/device_runner.h"
@@ -75,8 +86,10 @@ class DeviceOptimizer {
   virtual int64_t graph_replays() const = 0;  // phases a CUDA graph ran so far
 };
 
-// Needs a CUDA build (a UserError otherwise).
+// Needs a CUDA build (a UserError otherwise). `collectives`: the device communicator over the
+// data-parallel ranks (null: one process, whose sum is its own micro-batches').
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config, ParameterStore& store,
-                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation);
+                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation,
+                                                       Communicator* collectives = nullptr);
 
 }  // namespace engine

@@ -16,16 +16,20 @@ namespace {
 class CudaOptimizer final : public DeviceOptimizer {
  public:
   CudaOptimizer(const recipe::OptimizerSection& config, ParameterStore& store, Optimizer& host, DeviceRunner& runner,
-                int64_t accumulation)
+                int64_t accumulation, Communicator* collectives)
       : config_(config),
         store_(store),
         host_(host),
         runner_(runner),
         stream_(static_cast<cudaStream_t>(runner.stream())),
         segments_(decay_segments(store, config)),
-        accumulation_(accumulation) {
-    ENGINE_CHECK(store.layout().world() == 1 && store.sharding().stage <= 1,
-                 "the device optimizer runs one process at ZeRO stage 0-1");
+        accumulation_(accumulation),
+        collectives_(collectives) {
+    const int world = store.layout().world();
+    ENGINE_CHECK((world == 1 && store.sharding().stage <= 1) || (store.sharding().stage == 0 && collectives),
+                 "the device optimizer runs ZeRO stage 0-1 on one process, or stage 0 reducing through a device "
+                 "communicator");
+    ENGINE_CHECK(!collectives || collectives->size() == world, "the device communicator spans the data-parallel ranks");
     const size_t units = store.graph().units().size();
     const size_t tensors = host.state().size();
     state_.resize(tensors);
@@ -35,7 +39,8 @@ class CudaOptimizer final : public DeviceOptimizer {
       master_.push_back(store_.param_dtype() == DType::f32 ? reinterpret_cast<float*>(runner.parameters(u))
                                                            : f32_block(n, "the fp32 master weights"));
       for (size_t k = 0; k < tensors; ++k) state_[k].push_back(f32_block(n, "the optimizer state"));
-      std::byte* sum = accumulation > 1
+      // Reduced sums land in buffers of their own (a reduce-scatter reads every rank's whole gradient).
+      std::byte* sum = accumulation > 1 || collectives
                            ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
                            : runner.gradients(u);
       grad_sum_.push_back(sum);
@@ -84,6 +89,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   void add_micro_batch(int64_t micro) override {
+    if (collectives_) return reduce_micro_batch(micro);
     if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
     graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_,
                 [&] { sum_micro_batch(micro); });
@@ -153,6 +159,31 @@ class CudaOptimizer final : public DeviceOptimizer {
         cuda::accumulate_gradients(grad_sum_[u], runner_.gradients(u), store_.grad_dtype(), n, stream_);
     }
   }
+
+  // Several ranks: each unit's micro-batch gradients reduce-scattered into this rank's shard of the
+  // sum, onto the earlier micro-batches' (rank order within each micro-batch: global micro-batch
+  // order); after the last micro-batch every shard gathered in place, so the sum is whole on every
+  // rank. Enqueued eagerly (outside the phases' graphs: the staged communicator copies through the
+  // host); the runner's stream waits for each collective before its next kernels, so the next
+  // backward writes the gradients only once they are read.
+  void reduce_micro_batch(int64_t micro) {
+    const ShardLayout& layout = store_.layout();
+    const auto element = int64_t(dtype_size(store_.grad_dtype()));
+    const Stream stream{stream_};
+    std::vector<Work> works;
+    for (size_t u = 0; u < grad_sum_.size(); ++u)
+      works.push_back(collectives_->reduce_scatter(runner_.gradients(u), grad_sum_[u] + layout.begin(u) * element,
+                                                   layout.shard(u), store_.grad_dtype(),
+                                                   micro == 0 ? Reduction::overwrite : Reduction::accumulate,
+                                                   "reduce-scatter of " + unit_name(u) + "'s gradients", stream));
+    if (micro + 1 == accumulation_)
+      for (size_t u = 0; u < grad_sum_.size(); ++u)
+        works.push_back(collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u],
+                                                 layout.shard(u) * element,
+                                                 "all-gather of " + unit_name(u) + "'s reduced gradients", stream));
+    for (Work& work : works) work.wait_on(stream);
+  }
+  std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
 
   // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order, into
   // the pinned host copy (read_partials(), or finish_and_step's wait for the decision, waits for them).
@@ -315,6 +346,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   double* partials_ = nullptr;
   int64_t blocks_ = 0;
   int64_t accumulation_ = 1;
+  Communicator* collectives_ = nullptr;         // several ranks' reductions (null: one process)
   double* chunk_sums_ = nullptr;                // decide_update's
   ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
   ChunkTable f32_table_;                        // ... over the fp32 gradients a hook changed (the same table in fp32)
@@ -331,8 +363,9 @@ class CudaOptimizer final : public DeviceOptimizer {
 }  // namespace
 
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection& config, ParameterStore& store,
-                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation) {
-  return std::make_unique<CudaOptimizer>(config, store, host, runner, accumulation);
+                                                       Optimizer& host, DeviceRunner& runner, int64_t accumulation,
+                                                       Communicator* collectives) {
+  return std::make_unique<CudaOptimizer>(config, store, host, runner, accumulation, collectives);
 }
 
 }  // namespace engine

@@ -137,14 +137,17 @@ struct ActivationCheckpointingSection {
 
 enum class WrapPolicy { block, size, model };
 enum class PipelineSchedule { one_f_one_b, gpipe };
+// How a GPU run's ranks reduce their gradients on the device (trainer/device.h).
+enum class GpuCollectives { auto_detect, nccl, staged };
 
 struct DistributedSection {
-  int64_t zero_stage;      // 0: data parallel, 1: + optimizer state sharded, 2: + gradients, 3: + parameters
-  WrapPolicy wrap_policy;  // what one wrap unit (the gather and checkpoint granularity) holds
-  int64_t wrap_size;       // size: parameters per unit, at most (a single larger layer is a unit alone)
-  int64_t bucket_size;     // gradient elements whose reductions may be in flight at once
-  int64_t prefetch;        // stage 3: units gathered ahead of the one in use
-  double timeout;          // seconds a collective may take before the run stops
+  int64_t zero_stage;              // 0: data parallel, 1: + optimizer state sharded, 2: + gradients, 3: + parameters
+  WrapPolicy wrap_policy;          // what one wrap unit (the gather and checkpoint granularity) holds
+  int64_t wrap_size;               // size: parameters per unit, at most (a single larger layer is a unit alone)
+  int64_t bucket_size;             // gradient elements whose reductions may be in flight at once
+  int64_t prefetch;                // stage 3: units gathered ahead of the one in use
+  double timeout;                  // seconds a collective may take before the run stops
+  GpuCollectives gpu_collectives;  // a resident GPU run's gradient reductions: NCCL or staged through the host
   // Ranks that split each layer between them (Megatron-LM tensor parallelism); world size = this x the
   // data-parallel ranks, ZeRO shards over the latter.
   int64_t tensor_parallel;

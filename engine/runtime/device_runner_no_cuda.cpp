@@ -12,7 +12,7 @@ std::unique_ptr<DeviceRunner> make_device_runner(const Graph&, ParameterStore&, 
 }
 
 std::unique_ptr<DeviceOptimizer> make_device_optimizer(const recipe::OptimizerSection&, ParameterStore&, Optimizer&,
-                                                       DeviceRunner&, int64_t) {
+                                                       DeviceRunner&, int64_t, Communicator*) {
   throw UserError("the device optimizer needs a CUDA build");
 }
 

@@ -3,6 +3,8 @@
 #include "core/build_flags.h"
 #include "core/device_info.h"
 #include "core/error.h"
+#include "dist/nccl_communicator.h"
+#include "dist/staged_communicator.h"
 #include "optim/update_math.h"
 #include "runtime/device_runner.h"
 #include "trainer/session.h"
@@ -43,14 +45,49 @@ bool planned_for_cuda(const recipe::Recipe& recipe) {
 
 bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
   std::string reason;
-  if (world > 1)
-    reason = std::to_string(world) + " ranks";
+  if (world > 1 && recipe.distributed.zero_stage > 0)
+    reason = std::to_string(world) + " ranks at zero_stage " + std::to_string(recipe.distributed.zero_stage);
   else if (recipe.distributed.zero_stage >= 2)
     reason = "zero_stage " + std::to_string(recipe.distributed.zero_stage);
   else if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
     reason = "offload";
   if (why) *why = reason;
   return reason.empty();
+}
+
+bool uses_device_collectives(const recipe::Recipe& recipe, int world) {
+  return device_resident(recipe, world) &&
+         (world > 1 || recipe.distributed.gpu_collectives != recipe::GpuCollectives::auto_detect);
+}
+
+std::unique_ptr<Communicator> make_device_collectives(const recipe::Recipe& recipe, Communicator& host, Device device,
+                                                      std::string* how) {
+  if (device.kind != Device::Kind::cuda || !uses_device_collectives(recipe, host.size())) return nullptr;
+  const int devices = cuda_device_count();
+  const bool own_gpus = host.local_size() <= devices;  // every rank of this machine has a GPU of its own
+  const std::string sharing = std::to_string(host.local_size()) + " ranks share this machine's " +
+                              std::to_string(devices) + " GPU" + (devices == 1 ? "" : "s");
+  bool nccl = false;
+  switch (recipe.distributed.gpu_collectives) {
+    case recipe::GpuCollectives::auto_detect:
+      nccl = kHaveNccl && own_gpus;
+      break;
+    case recipe::GpuCollectives::nccl:
+      if (!own_gpus)
+        throw UserError("distributed.gpu_collectives: nccl, but " + sharing +
+                        ", and NCCL refuses two ranks on one GPU: use staged (or auto, which picks it)");
+      nccl = true;  // a build without NCCL says so
+      break;
+    case recipe::GpuCollectives::staged:
+      break;
+  }
+  if (how)
+    *how = nccl ? "NCCL on the GPUs"
+                : "page-locked host memory over " + host.backend() + (own_gpus ? "" : " (" + sharing + ")");
+  if (nccl)
+    return make_nccl_communicator(host, device.index,
+                                  CommunicatorOptions{.timeout_seconds = recipe.distributed.timeout});
+  return make_staged_communicator(host, make_cuda_copies(device.index));
 }
 
 std::string describe_device(Device device) {
@@ -60,7 +97,7 @@ std::string describe_device(Device device) {
 
 DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe, int world) {
   const Graph& g = step.model.graph;
-  const ShardLayout layout(g.units(), 1, 0);
+  const ShardLayout layout(g.units(), world, 0);  // the store's: each unit padded for the ranks
   int64_t elements = 0;
   for (size_t u = 0; u < layout.units(); ++u) elements += layout.padded(u);
   const auto param = int64_t(dtype_size(g.param_dtype())), grad = int64_t(dtype_size(g.grad_dtype()));
@@ -82,8 +119,14 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   // The update reads the step's sum in the gradient type (a 16-bit run's fp32 gradients exist only
   // for a hook that reads them before the update: optim/device_optimizer.h).
   const int64_t blocks = elements / kShardBlock;
-  m.gradient_sum = (step.sharding.accumulation > 1 ? elements * grad : 0) +
+  const bool reduced = uses_device_collectives(recipe, world);  // the sum is where the ranks' reductions land
+  m.gradient_sum = (step.sharding.accumulation > 1 || reduced ? elements * grad : 0) +
                    (blocks + norm_chunks(blocks)) * 8;  // and the norm's partial sums, and their chunks' sums
+  if (reduced) {  // NCCL's reduce-scatter receives a unit's chunks from every rank (world x shard)
+    int64_t largest = 0;
+    for (size_t u = 0; u < layout.units(); ++u) largest = std::max(largest, layout.padded(u));
+    m.reduce_staging = largest * grad;
+  }
   return m;
 }
 

@@ -200,7 +200,7 @@ void RunTelemetry::log(const nlohmann::json& line, int64_t step, double loss_sca
   if (histograms) {  // every rank; a GPU run's masters where they live
     Session& session = setup_.session;
     parameter_norms = session.device_optimizer
-                          ? session.zero.unit_parameter_norms(session.device_optimizer->master_norm_partials())
+                          ? session.zero.whole_unit_parameter_norms(session.device_optimizer->master_norm_partials())
                           : session.zero.unit_parameter_norms();
   }
   if (!tensorboard_) return;

@@ -412,9 +412,16 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
                   ": the step computes on the GPU; gradient reductions, the update and ZeRO's gathers run on the "
                   "host, through page-locked staging";
   else if (runner) {
-    // One process without offload at ZeRO 0-1: the whole update happens on the device, and the
-    // model state stays there between steps.
-    device_optimizer = make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation);
+    // ZeRO 0 (or 1 on one process) without offload: the whole update happens on the device, and the
+    // model state stays there between steps; several ranks reduce their gradients there too.
+    std::string how;
+    device_collectives = make_device_collectives(r, comm, device, &how);
+    if (device_collectives)
+      device_note = "run.device cuda with " + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
+                    " at zero_stage " + std::to_string(r.distributed.zero_stage) +
+                    ": the step and the update on each GPU, the gradients reduced on the device through " + how;
+    device_optimizer =
+        make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation, device_collectives.get());
     runner->set_resident(true);
     runner->use_graphs(r.run.cuda_graphs);
     device_optimizer->use_graphs(r.run.cuda_graphs);
@@ -498,7 +505,7 @@ Session::StepResult Session::finish_step_on_device(std::vector<double>& losses, 
   result.loss = zero.mean_loss(losses);
   // The host adds the same partial sums in the same order (and keeps the units' norms for the
   // telemetry): a device that decided from another norm is a bug, not a rounding.
-  const double host_norm = zero.gradient_norm(end.partials);
+  const double host_norm = zero.whole_gradient_norm(end.partials);
   const double device_norm = end.decision.scaled_norm;
   if (!(host_norm == device_norm || (std::isnan(host_norm) && std::isnan(device_norm))))
     throw InternalError("the device decided the update from the gradient norm " + std::to_string(device_norm) +
@@ -564,7 +571,7 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
   result.loss = loss;
   result.loss_scale = scale;
   result.lr = learning_rate(recipe, updates);
-  const double scaled_norm = device_optimizer ? zero.gradient_norm(device_partials) : zero.gradient_norm();
+  const double scaled_norm = device_optimizer ? zero.whole_gradient_norm(device_partials) : zero.gradient_norm();
   event.reset();
   event.emplace("optimizer", "optimizer update");
   const UpdateDecision decision = decide_update(scaled_norm, step_policy(scale));

@@ -5,6 +5,8 @@
 // fp32 and bf16 with accumulation, clipping, dropout and evaluation every other step (ZeRO-3 gathers
 // for the evaluation plan too). Skipped, saying so, without a device; the
 // two-rank case also without a working mpirun (ENGINE_MPIRUN, else the build's).
+// The resident run's device collectives (distributed.gpu_collectives: NCCL, and the staged
+// communicator that lets two ranks share the GPU) give the same bits as one process summing alone.
 // A rank stopped mid-step on the GPU is named within distributed.timeout.
 #include <gtest/gtest.h>
 
@@ -20,6 +22,7 @@
 #include "../rank_signal.h"
 #include "../shell.h"
 #include "../temp_dir.h"
+#include "core/build_flags.h"
 #include "core/device_info.h"
 #include "telemetry/measurements.h"
 #include "trainer/device.h"
@@ -121,8 +124,29 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
   }
 }
 
+// One process whose micro-batches' gradients go through a device communicator anyway
+// (distributed.gpu_collectives: NCCL's world-1 reduce-scatter and all-gather on the device, or the
+// staged copies through the host): the bits of the resident run that sums them itself.
+TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
+  REQUIRE_CUDA_DEVICE();
+  const TempDir dir("cuda_zero_collectives");
+  for (const char* precision : kPrecisions) {
+    const std::string common = std::string(precision) + " train.gradient_accumulation_steps=2 ";
+    const Trajectory resident = train("", common, dir.path() / "resident");
+    ASSERT_EQ(resident.steps.size(), 6u) << resident.output;
+    for (const auto& [path, said] : std::vector<std::pair<std::string, std::string>>{
+             {"nccl", "through NCCL on the GPUs"}, {"staged", "through page-locked host memory"}}) {
+      if (path == "nccl" && !kHaveNccl) continue;
+      const Trajectory reduced = train("", common + "distributed.gpu_collectives=" + path, dir.path() / path);
+      EXPECT_NE(reduced.output.find(said), std::string::npos) << reduced.output;
+      expect_same(reduced, resident, std::string(precision) + " gpu_collectives " + path);
+    }
+  }
+}
+
 // Two ranks sharing the one GPU (one micro-batch each), at every stage, against one process
-// accumulating the same two micro-batches.
+// accumulating the same two micro-batches. Stage 0 is resident, its gradients reduced on the device
+// through the staged communicator; the others are staged runs whose host reduces.
 TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
   REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
@@ -140,28 +164,34 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
                     " train.gradient_accumulation_steps=1 distributed.zero_stage=" + std::to_string(stage),
                 dir.path() / ("two" + std::to_string(stage)));
       EXPECT_NE(two.output.find("2 ranks"), std::string::npos) << two.output;
+      if (stage == 0)  // resident, reducing through the staged communicator (NCCL refuses a shared GPU)
+        EXPECT_NE(two.output.find("reduced on the device through page-locked host memory"), std::string::npos)
+            << two.output;
       expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
     }
   }
 }
 
 // Hang handling on the GPU as on CPU ranks: with two ranks sharing the GPU (a staged run, its
-// collectives on the host communicator), a rank stopped mid-step is named by the other with the
-// collective it did not reach, and the job ends non-zero within distributed.timeout (plus the
-// launcher's teardown).
+// collectives on the host communicator; and a resident one at stage 0, whose device collectives
+// stage through it), a rank stopped mid-step is named by the other with the collective it did not
+// reach, and the job ends non-zero within distributed.timeout (plus the launcher's teardown).
 TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
   REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   constexpr double kTimeout = 3.0, kTeardownSlack = 3.0;
-  const RankSignalOutcome o =
-      signal_rank_mid_training({mpirun, ENGINE_BINARY, ENGINE_SOURCE_DIR "/recipes/quickstart.yaml",
-                                "run.device=cuda distributed.zero_stage=2", kTimeout},
-                               1, SIGSTOP);
-  EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0) << o.output;
-  EXPECT_LT(o.seconds_after_signal, 1.1 * kTimeout + kTeardownSlack) << o.output;
-  EXPECT_NE(o.output.find("device: cuda"), std::string::npos) << o.output;
-  EXPECT_NE(o.output.find("did not complete within 3 s; rank 1 did not reach it"), std::string::npos) << o.output;
+  for (const char* stage : {"distributed.zero_stage=2", "distributed.zero_stage=0"}) {
+    const RankSignalOutcome o =
+        signal_rank_mid_training({mpirun, ENGINE_BINARY, ENGINE_SOURCE_DIR "/recipes/quickstart.yaml",
+                                  std::string("run.device=cuda ") + stage, kTimeout},
+                                 1, SIGSTOP);
+    EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) != 0) << stage << "\n" << o.output;
+    EXPECT_LT(o.seconds_after_signal, 1.1 * kTimeout + kTeardownSlack) << stage << "\n" << o.output;
+    EXPECT_NE(o.output.find("device: cuda"), std::string::npos) << stage << "\n" << o.output;
+    EXPECT_NE(o.output.find("did not complete within 3 s; rank 1 did not reach it"), std::string::npos) << stage << "\n"
+                                                                                                        << o.output;
+  }
 }
 
 // engine plan's device memory for staged runs against the allocator's high-water mark, for every

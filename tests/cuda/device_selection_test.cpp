@@ -46,13 +46,16 @@ TEST(DeviceSelection, CudaWithoutADeviceIsAClearError) {
   EXPECT_THROW(Session(quickstart({"run.device=cuda"}).recipe), UserError);
 }
 
-// Every ZeRO stage and offload tier is a valid GPU recipe; what is not resident on the device says why.
+// Every ZeRO stage and offload tier is a valid GPU recipe; what is not resident on the device says
+// why. Stage 0 stays resident at any world size, reducing through a device communicator.
 TEST(DeviceSelection, ZeroAndOffloadRunsAreStagedThroughTheHost) {
   std::string why;
   EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 1, &why));
   EXPECT_EQ(why, "");
-  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda"}).recipe, 2, &why));
-  EXPECT_EQ(why, "2 ranks");
+  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda"}).recipe, 2, &why));
+  EXPECT_EQ(why, "");
+  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 2, &why));
+  EXPECT_EQ(why, "2 ranks at zero_stage 1");
   EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 1, &why));
   EXPECT_EQ(why, "zero_stage 2");
   const recipe::Recipe offload =
@@ -60,6 +63,66 @@ TEST(DeviceSelection, ZeroAndOffloadRunsAreStagedThroughTheHost) {
           .recipe;
   EXPECT_FALSE(device_resident(offload, 1, &why));
   EXPECT_EQ(why, "zero_stage 3");
+}
+
+// Which resident runs reduce through a device communicator: several ranks, or one that names a
+// path (distributed.gpu_collectives); never a staged run, whose host reduces.
+TEST(DeviceSelection, SeveralRanksOrANamedPathReduceOnTheDevice) {
+  EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda"}).recipe, 1));
+  EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda"}).recipe, 2));
+  EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.gpu_collectives=staged"}).recipe, 1));
+  EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.gpu_collectives=nccl"}).recipe, 1));
+  EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 2));
+  EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda", "offload.optimizer=cpu"}).recipe, 2));
+  // On the CPU there is no device communicator, whatever the recipe names.
+  auto local = make_local_communicator();
+  EXPECT_EQ(make_device_collectives(quickstart({"distributed.gpu_collectives=staged"}).recipe, *local, Device{}),
+            nullptr);
+}
+
+// nccl where ranks share a GPU is refused before NCCL is asked (it would refuse them itself).
+TEST(DeviceSelection, NcclForRanksSharingAGpuIsAClearError) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: there is no GPU to share";
+  auto local = make_local_communicator();
+  class TwoLocalRanks final : public Communicator {  // local_size 2 over the local communicator
+   public:
+    explicit TwoLocalRanks(Communicator& c) : c_(c) {}
+    int rank() const override { return 0; }
+    int size() const override { return 1; }
+    int local_rank() const override { return 0; }
+    int local_size() const override { return cuda_device_count() + 1; }
+    std::string backend() const override { return "local"; }
+    Work reduce_scatter(const void* s, void* r, int64_t n, DType t, Reduction d, std::string w, Stream) override {
+      return c_.reduce_scatter(s, r, n, t, d, std::move(w));
+    }
+    Work all_gather(const void* s, void* r, int64_t b, std::string w, Stream) override {
+      return c_.all_gather(s, r, b, std::move(w));
+    }
+    Work all_reduce(void* d, int64_t n, DType t, std::string w, Stream) override {
+      return c_.all_reduce(d, n, t, std::move(w));
+    }
+    Work broadcast(void* d, int64_t b, int root, std::string w, Stream) override {
+      return c_.broadcast(d, b, root, std::move(w));
+    }
+    Work barrier(std::string w) override { return c_.barrier(std::move(w)); }
+    int64_t bytes_sent() const override { return 0; }
+    [[noreturn]] void abort_job(int code) override { c_.abort_job(code); }
+
+   private:
+    Communicator& c_;
+  } sharing(*local);
+  try {
+    make_device_collectives(quickstart({"run.device=cuda", "distributed.gpu_collectives=nccl"}).recipe, sharing,
+                            Device{Device::Kind::cuda, 0});
+    FAIL() << "made an NCCL communicator for ranks sharing a GPU";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("NCCL refuses two ranks on one GPU"), std::string::npos) << e.what();
+  }
+  std::string how;
+  EXPECT_NE(
+      make_device_collectives(quickstart({"run.device=cuda"}).recipe, sharing, Device{Device::Kind::cuda, 0}, &how),
+      nullptr);
+  EXPECT_NE(how.find("page-locked host memory"), std::string::npos) << how;
 }
 
 TEST(DeviceSelection, NamesTheDevice) {
@@ -90,8 +153,29 @@ TEST(DeviceSelection, DeviceMemoryPlanCountsWhatAGpuRunAllocates) {
     EXPECT_EQ(grad, std::string(mode).find("summed") != std::string::npos ? 2 : 4) << mode;
     EXPECT_EQ(d.gradient_sum, padded * grad + (padded / 1024 + (padded / 1024 + 255) / 256) * 8) << mode;
     EXPECT_EQ(d.total(), d.activations + d.casts + d.inputs + d.parameters + d.gradients + d.masters +
-                             d.optimizer_state + d.gradient_sum + d.workspace);
+                             d.optimizer_state + d.gradient_sum + d.reduce_staging + d.workspace);
   }
+}
+
+// Two ranks at stage 0 hold what one does, padded for two ranks, plus the sum their reductions land
+// in (whatever the accumulation) and NCCL's staging for the largest unit's chunks.
+TEST(DeviceSelection, ReducingRanksPlanTheirSumAndReduceStaging) {
+  const recipe::Recipe r = quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe;
+  const CompiledStep step = compile_step(r, 2);
+  const DeviceMemoryPlan d = plan_device_memory(step, r, 2);
+  int64_t padded = 0, largest = 0;
+  for (const Unit& unit : step.model.graph.units()) {
+    const int64_t p = (unit.numel + 2047) / 2048 * 2048;
+    padded += p;
+    largest = std::max(largest, p);
+  }
+  EXPECT_EQ(d.parameters, padded * 2);
+  EXPECT_EQ(d.gradients, padded * 4);  // bf16 runs' gradients are fp32 by default
+  EXPECT_EQ(d.gradient_sum, padded * 4 + (padded / 1024 + (padded / 1024 + 255) / 256) * 8);
+  EXPECT_EQ(d.reduce_staging, largest * 4);
+  const DeviceMemoryPlan one = plan_device_memory(compile_step(r), r);
+  EXPECT_EQ(one.reduce_staging, 0);
+  EXPECT_LT(one.gradient_sum, padded) << "one process accumulating 1 sums nothing beyond the norm's partials";
 }
 
 // A staged run holds on the device the parameters the store holds whole (ZeRO 0-2) and the
