@@ -16,7 +16,9 @@
 //             compute-type parameters (ZeRO 0-2), replays the plan's nodes and carries out its
 //             actions on the host between them through page-locked mirrors of the arena's buffers:
 //             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
-//             downloaded where the plan reduce-scatters them (the host waits for the stream there),
+//             downloaded on the stream where the plan reduce-scatters them (the host hands each to
+//             the collective at the next reduce or the unit's wait, having enqueued the kernels
+//             in between, so the device computes while the host waits and reduces),
 //             and the store's gradients (ZeRO 0-1) downloaded at the end and reduced in plan order.
 //             The host then reduces, updates (offloaded or not) and gathers as on a CPU run, so a
 //             staged run gives the bits of the same run on one process.

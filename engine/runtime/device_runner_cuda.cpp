@@ -206,6 +206,7 @@ class CudaRunner final : public DeviceRunner {
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
+    for (cudaEvent_t copied : all_events_) cudaEventDestroy(copied);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
@@ -250,7 +251,8 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaSetDevice(index_), "set device");
     // A staged run ends with no buffer held and nothing deferred; one that threw (and was caught)
     // leaves them behind, and they must not leak into this run's collectives.
-    ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && mirrors_.idle(),
+    ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && downloading_.empty() &&
+                     mirrors_.idle(),
                  "a staged run left collectives behind (an earlier run failed part-way)");
     if (!resident_) upload_parameters();
     if (staged_)
@@ -427,7 +429,10 @@ class CudaRunner final : public DeviceRunner {
     for (size_t position = 0; position <= plan.nodes.size(); ++position) {
       if (communication && !plan.actions.empty())
         for (const StepAction& action : plan.actions[position]) run_staged(plan, action, ctx, *communication);
-      if (position == plan.nodes.size()) break;
+      if (position == plan.nodes.size()) {
+        if (communication) start_downloaded_reductions(*communication, -1);  // a plan waits for each; none left
+        break;
+      }
       const Node& node = graph_.nodes()[plan.nodes[position]];
       cudaEvent_t start = nullptr, stop = nullptr;
       if (events) {
@@ -448,9 +453,12 @@ class CudaRunner final : public DeviceRunner {
   //   gather      into a mirror; use_params waits for it, copies it into the arena buffer on the
   //               stream and points the unit's parameters there;
   //   grads_into  zeroes the arena buffer on the stream and points the unit's gradients there;
-  //   reduce      from an arena buffer: copied into a mirror once the stream has written it (the
-  //               host waits), then reduce-scattered from there; from the store's gradients (ZeRO
-  //               0-1): after the run, once they are downloaded, with the unit's wait.
+  //   reduce      from an arena buffer: copied into a mirror on the stream behind the kernels that
+  //               wrote it, and reduce-scattered from there once the host reaches the plan's next
+  //               reduce or the unit's wait (start_downloaded_reductions), so the host enqueues the
+  //               backward in between before it waits for the copy: the device computes the next
+  //               units while the host reduces this one. From the store's gradients (ZeRO 0-1):
+  //               after the run, once they are downloaded, with the unit's wait.
   void run_staged(const Plan& plan, const StepAction& action, KernelContext& ctx, StepCommunication& comm) {
     using Kind = StepAction::Kind;
     const bool deferred = (action.kind == Kind::reduce && action.buffer == kNoValue) ||
@@ -480,15 +488,16 @@ class CudaRunner final : public DeviceRunner {
         bind_unit(action.unit, device, true, ctx);
         break;
       case Kind::reduce: {
+        start_downloaded_reductions(comm, -1);
         std::byte* mirror = mirrors_.acquire(action.buffer, bytes, tally_);
         check_cuda(cudaMemcpyAsync(mirror, device, size_t(bytes), cudaMemcpyDeviceToHost, stream_),
                    "gradient download");
-        check_cuda(cudaStreamSynchronize(stream_), "the gradients of a reduce-scatter");
-        comm.run(action, mirror);
-        reducing_[action.unit] = action.buffer;
+        downloading_.push_back(Download{action, mirror, take_event()});
+        check_cuda(cudaEventRecord(downloading_.back().copied, stream_), "event record");
         break;
       }
       case Kind::wait: {
+        start_downloaded_reductions(comm, action.unit);
         comm.run(action, nullptr);
         const auto found = reducing_.find(action.unit);
         if (found != reducing_.end()) {
@@ -498,6 +507,36 @@ class CudaRunner final : public DeviceRunner {
         break;
       }
     }
+  }
+
+  // The reduce-scatters whose gradients are on their way to the host, oldest first, started in
+  // that order up to unit `through`'s (-1: every one): the host waits for each copy, then hands the
+  // mirror to the host communicator. Where they start depends only on the plan (the next reduce,
+  // the unit's wait, the plan's end), so every rank starts its collectives in the same order.
+  void start_downloaded_reductions(StepCommunication& comm, int through) {
+    if (through >= 0 && std::none_of(downloading_.begin(), downloading_.end(),
+                                     [&](const Download& d) { return d.action.unit == through; }))
+      return;  // started already
+    while (!downloading_.empty()) {
+      const Download d = downloading_.front();
+      downloading_.pop_front();
+      wait(d.copied, "the gradients of a reduce-scatter");
+      free_events_.push_back(d.copied);
+      comm.run(d.action, d.mirror);
+      reducing_[d.action.unit] = d.action.buffer;
+      if (d.action.unit == through) break;
+    }
+  }
+  cudaEvent_t take_event() {
+    if (free_events_.empty()) {
+      cudaEvent_t event = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event");
+      all_events_.push_back(event);
+      return event;
+    }
+    const cudaEvent_t event = free_events_.back();
+    free_events_.pop_back();
+    return event;
   }
 
   // Points unit `unit`'s parameters (or gradients) at `buffer`, laid out as the store's.
@@ -650,6 +689,13 @@ class CudaRunner final : public DeviceRunner {
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
   StagingMirrors mirrors_;
   std::map<int, ValueId> reducing_;   // unit -> the buffer its reduce-scatter's mirror holds
+  struct Download {                   // a reduce-scatter's gradients on their way to its mirror
+    StepAction action;
+    std::byte* mirror;
+    cudaEvent_t copied;  // recorded on the stream after the copy
+  };
+  std::deque<Download> downloading_;
+  std::vector<cudaEvent_t> free_events_, all_events_;  // the downloads' events, reused
   std::vector<StepAction> deferred_;  // the store's reductions and their waits, run after the plan
   std::set<int> deferred_units_;
   DeviceTimes times_;
