@@ -37,7 +37,8 @@ class StagingBuffer {
   std::byte* get(int64_t bytes) {
     if (bytes > bytes_) {
       if (data_) copies_.free_host(data_);
-      data_ = nullptr;
+      data_ = nullptr;  // empty, should the allocation throw
+      bytes_ = 0;
       data_ = static_cast<std::byte*>(copies_.allocate_host(bytes));
       bytes_ = bytes;
     }

@@ -147,21 +147,44 @@ void ZeroStep::finish_gradients() {
 
 namespace {
 
-// Per unit, the square root of the sum of its blocks' partial sums (unit-major, rank, block).
-std::vector<double> unit_norms(const ShardLayout& layout, const std::vector<double>& ordered) {
+// Per unit, the square root of the sum of its blocks' partial sums: `blocks(u)` of them each, one
+// unit after another.
+template <class Blocks>
+std::vector<double> unit_norms(const ShardLayout& layout, const std::vector<double>& ordered, Blocks blocks) {
   std::vector<double> norms;
   size_t at = 0;
   for (size_t u = 0; u < layout.units(); ++u) {
-    const auto blocks = size_t(layout.shard(u) / kShardBlock) * size_t(layout.world());
+    const auto count = size_t(blocks(u));
     double sum = 0;
-    for (size_t k = 0; k < blocks; ++k) sum += ordered[at + k];
+    for (size_t k = 0; k < count; ++k) sum += ordered[at + k];
     norms.push_back(std::sqrt(sum));
-    at += blocks;
+    at += count;
   }
   return norms;
 }
+// ... of a list of every unit's padded blocks (unit, rank, block), or of their value blocks alone.
+std::vector<double> padded_unit_norms(const ShardLayout& layout, const std::vector<double>& ordered) {
+  return unit_norms(layout, ordered, [&](size_t u) { return layout.padded(u) / kShardBlock; });
+}
+std::vector<double> value_unit_norms(const ShardLayout& layout, const std::vector<double>& ordered) {
+  return unit_norms(layout, ordered, [&](size_t u) { return layout.value_blocks(u); });
+}
 
 }  // namespace
+
+std::vector<double> without_padding_blocks(const ShardLayout& layout, const std::vector<double>& unit_major) {
+  std::vector<double> values;
+  size_t at = 0;
+  for (size_t u = 0; u < layout.units(); ++u) {
+    const auto blocks = size_t(layout.padded(u) / kShardBlock);
+    ENGINE_CHECK(at + blocks <= unit_major.size(), "a partial-sum list shorter than the layout's blocks");
+    values.insert(values.end(), unit_major.begin() + long(at),
+                  unit_major.begin() + long(at + size_t(layout.value_blocks(u))));
+    at += blocks;
+  }
+  ENGINE_CHECK(at == unit_major.size(), "a partial-sum list longer than the layout's blocks");
+  return values;
+}
 
 std::vector<double> ZeroStep::rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const {
   const ShardLayout& layout = store_.layout();
@@ -196,14 +219,15 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
   }
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the gradient norm's partial sums"), partials.size());
-  unit_gradient_norms_ = unit_norms(layout, partials);
+  partials = without_padding_blocks(layout, partials);
+  unit_gradient_norms_ = value_unit_norms(layout, partials);
   if (!pipeline_) return sum_norm_partials(partials);
   // Every stage's partial sums over the units it counts, in stage order: the whole model's list in
   // its order (its units are the stages' in turn), so the norm is one process's bits.
   std::vector<double> counted;
   size_t at = 0;
   for (size_t u = 0; u < layout.units(); ++u) {
-    const auto blocks = size_t(layout.padded(u) / kShardBlock);
+    const auto blocks = size_t(layout.value_blocks(u));
     if (counted_units_[u])
       counted.insert(counted.end(), partials.begin() + long(at), partials.begin() + long(at + blocks));
     at += blocks;
@@ -222,12 +246,12 @@ double ZeroStep::gradient_norm(std::vector<double> partials) {
 
 double ZeroStep::whole_gradient_norm(const std::vector<double>& partials) {
   ENGINE_CHECK(!tensor_ && !pipeline_, "whole partial sums cover one replica's whole model");
-  unit_gradient_norms_ = unit_norms(store_.layout(), partials);
+  unit_gradient_norms_ = value_unit_norms(store_.layout(), partials);
   return sum_norm_partials(partials);
 }
 
 std::vector<double> ZeroStep::whole_unit_parameter_norms(const std::vector<double>& partials) {
-  return unit_norms(store_.layout(), partials);
+  return value_unit_norms(store_.layout(), partials);
 }
 
 std::vector<double> ZeroStep::unit_parameter_norms() {
@@ -241,7 +265,7 @@ std::vector<double> ZeroStep::unit_parameter_norms(std::vector<double> partials)
   const ShardLayout& layout = store_.layout();
   if (layout.world() > 1)
     partials = rank_major_to_unit_major(gather(partials, "the parameter norms' partial sums"), partials.size());
-  return unit_norms(layout, partials);
+  return padded_unit_norms(layout, partials);
 }
 
 void ZeroStep::finish_update(bool refresh) {

@@ -57,8 +57,9 @@ class ZeroStep : public StepCommunication {
   // The same from this rank's partial sums (optimizer.h gradient_norm_partials), computed elsewhere
   // (the device optimizer's).
   double gradient_norm(std::vector<double> partials);
-  // The same from partial sums over every unit's whole gradient (unit, block order), which every
-  // rank holds alike: a resident GPU run's device optimizer, at any world size. No communication.
+  // The same from partial sums over every unit's value blocks (unit, block order; no padding
+  // blocks), which every rank holds alike: a resident GPU run's device optimizer, at any world
+  // size. No communication.
   double whole_gradient_norm(const std::vector<double>& partials);
   // Each wrap unit's share of the last gradient_norm(): the L2 norm of its gradient (as scaled
   // then), summed over the ranks' shards; no communication of its own.
@@ -68,7 +69,8 @@ class ZeroStep : public StepCommunication {
   std::vector<double> unit_parameter_norms();
   // The same from this rank's partial sums of the masters (computed elsewhere).
   std::vector<double> unit_parameter_norms(std::vector<double> partials);
-  // The same from partial sums over every unit's whole masters (a resident GPU run's); no communication.
+  // The same from partial sums over every unit's value blocks of the masters (a resident GPU
+  // run's); no communication.
   std::vector<double> whole_unit_parameter_norms(const std::vector<double>& partials);
   // refresh_copies() (unless the optimizer wrote the copies) and gather_parameters()
   void finish_update(bool refresh = true);
@@ -111,6 +113,11 @@ class ZeroStep : public StepCommunication {
   size_t position_ = 0, fetched_ = 0;
   int slots_ = 0;
 };
+
+// A unit-major list of partial sums over every unit's padded blocks (unit, rank, block), less each
+// unit's padding blocks (ShardLayout::value_blocks): what the gradient norm sums, the same list at
+// every world size (sum_norm_partials' chunks would otherwise fall elsewhere as the padding grows).
+std::vector<double> without_padding_blocks(const ShardLayout& layout, const std::vector<double>& unit_major);
 
 // The units a plan's gathers read, in the order they start.
 std::vector<int> gather_sequence(const Plan& plan);

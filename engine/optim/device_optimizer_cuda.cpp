@@ -47,7 +47,7 @@ class CudaOptimizer final : public DeviceOptimizer {
       // fp32 gradients are the sum itself; a 16-bit run's, which only a hook that reads or changes
       // the gradients before the update needs, are made at its first such step (f32_gradients()).
       if (store_.grad_dtype() == DType::f32) opt_grad_.push_back(reinterpret_cast<float*>(sum));
-      blocks_ += n / kShardBlock;
+      blocks_ += store.layout().value_blocks(u);
     }
     partials_ =
         reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
@@ -181,16 +181,27 @@ class CudaOptimizer final : public DeviceOptimizer {
         works.push_back(collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u],
                                                  layout.shard(u) * element,
                                                  "all-gather of " + unit_name(u) + "'s reduced gradients", stream));
-    for (Work& work : works) work.wait_on(stream);
+    for (Work& work : works) {
+      work.wait_on(stream);
+      in_flight_.push_back(work);
+    }
   }
   std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
+  // Before the host blocks on the stream, which waits for the collectives: each waited for first
+  // through its Work, which polls within distributed.timeout and NCCL's asynchronous errors (a peer
+  // that never reaches a collective is named, rather than the host hanging on the stream).
+  void wait_collectives() {
+    for (Work& work : in_flight_) work.wait();
+    in_flight_.clear();
+  }
 
-  // Per unit, the partial sums of squares of `buffers` per kShardBlock block, in unit order, into
-  // the pinned host copy (read_partials(), or finish_and_step's wait for the decision, waits for them).
+  // Per unit, the partial sums of squares of `buffers` per kShardBlock block over the blocks that
+  // hold values (not the padding after them: ShardLayout::value_blocks), in unit order, into the
+  // pinned host copy (read_partials(), or finish_and_step's wait for the decision, waits for them).
   void enqueue_norm_partials(const std::vector<const void*>& buffers, DType type) {
     int64_t at = 0;
     for (size_t u = 0; u < buffers.size(); ++u) {
-      const int64_t blocks = store_.range_size(u) / kShardBlock;
+      const int64_t blocks = store_.layout().value_blocks(u);
       cuda::norm_partials(buffers[u], type, blocks, partials_ + at, stream_);
       at += blocks;
     }
@@ -240,6 +251,7 @@ class CudaOptimizer final : public DeviceOptimizer {
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
     run_update();
+    wait_collectives();
     runner_.wait(decided_, "the step's decision");
     StepEnd end{partials_on_host(), *decision_host_};
     if (!end.decision.skip) host_.set_steps(host_.steps() + 1);
@@ -304,7 +316,10 @@ class CudaOptimizer final : public DeviceOptimizer {
     return reinterpret_cast<float*>(runner_.allocate(n * 4, what));
   }
 
-  void synchronize(const std::string& what) { runner_.synchronize(what); }
+  void synchronize(const std::string& what) {
+    wait_collectives();
+    runner_.synchronize(what);
+  }
 
   // The masters (and in 16-bit the compute copies) and the optimizer state, one way or the other.
   void copy_state(cudaMemcpyKind kind) {
@@ -347,6 +362,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   int64_t blocks_ = 0;
   int64_t accumulation_ = 1;
   Communicator* collectives_ = nullptr;         // several ranks' reductions (null: one process)
+  std::vector<Work> in_flight_;                 // its operations since the host last waited
   double* chunk_sums_ = nullptr;                // decide_update's
   ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
   ChunkTable f32_table_;                        // ... over the fp32 gradients a hook changed (the same table in fp32)

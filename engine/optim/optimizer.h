@@ -74,7 +74,8 @@ void scale_gradients(ParameterStore& store, double factor);  // every gradient *
 
 // The norm at any world size and stage: one sum of squares (in double) per kShardBlock elements of
 // this rank's shard (shard_layout.h), in unit and block order; the ranks' partials, gathered in
-// rank order, make the same list at every world size, and sum_norm_partials adds it in one fixed order:
+// rank order, less each unit's padding blocks (zero_step.h without_padding_blocks), make the same
+// list at every world size, and sum_norm_partials adds it in one fixed order:
 // chunks of kNormChunk (256) partials each in order, then the chunks' sums in order (update_math.h;
 // a GPU adds the chunks in parallel). Up to 256 partials (262,144 parameters) that is the list's order.
 // With tensor parallelism, `whole_weights` false leaves the replicated weights out (every rank of the

@@ -1,5 +1,12 @@
 #include "trainer/device.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <vector>
+
 #include "core/build_flags.h"
 #include "core/device_info.h"
 #include "core/error.h"
@@ -60,13 +67,38 @@ bool uses_device_collectives(const recipe::Recipe& recipe, int world) {
          (world > 1 || recipe.distributed.gpu_collectives != recipe::GpuCollectives::auto_detect);
 }
 
+namespace {
+
+// Two ranks of `host` that share a GPU (the same machine and PCI bus id), as "ranks 0 and 1 share
+// GPU 0000:19:00.0 on node-3", or "": every rank gathers every rank's, so all agree (a collective).
+std::string shared_gpu(Communicator& host, Device device) {
+  constexpr size_t kKey = 256;
+  char machine[kKey / 2] = {};
+  gethostname(machine, sizeof machine - 1);
+  std::array<char, kKey> key{};
+  const std::string mine = std::string(machine) + " " + cuda_device_pci_bus_id(device.index);
+  std::copy_n(mine.begin(), std::min(mine.size(), kKey - 1), key.begin());
+  std::vector<char> all(kKey * size_t(host.size()));
+  host.all_gather(key.data(), all.data(), int64_t(kKey), "each rank's GPU").wait();
+  std::map<std::string, int> first;
+  for (int r = 0; r < host.size(); ++r) {
+    const std::string gpu(all.data() + size_t(r) * kKey);
+    const auto [at, inserted] = first.emplace(gpu, r);
+    if (inserted) continue;
+    const size_t space = gpu.rfind(' ');
+    return "ranks " + std::to_string(at->second) + " and " + std::to_string(r) + " share GPU " + gpu.substr(space + 1) +
+           " on " + gpu.substr(0, space);
+  }
+  return "";
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> make_device_collectives(const recipe::Recipe& recipe, Communicator& host, Device device,
                                                       std::string* how) {
   if (device.kind != Device::Kind::cuda || !uses_device_collectives(recipe, host.size())) return nullptr;
-  const int devices = cuda_device_count();
-  const bool own_gpus = host.local_size() <= devices;  // every rank of this machine has a GPU of its own
-  const std::string sharing = std::to_string(host.local_size()) + " ranks share this machine's " +
-                              std::to_string(devices) + " GPU" + (devices == 1 ? "" : "s");
+  const std::string sharing = shared_gpu(host, device);
+  const bool own_gpus = sharing.empty();  // every rank has a GPU of its own
   bool nccl = false;
   switch (recipe.distributed.gpu_collectives) {
     case recipe::GpuCollectives::auto_detect:
@@ -118,7 +150,8 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * elements * 4;
   // The update reads the step's sum in the gradient type (a 16-bit run's fp32 gradients exist only
   // for a hook that reads them before the update: optim/device_optimizer.h).
-  const int64_t blocks = elements / kShardBlock;
+  int64_t blocks = 0;  // the norm's partial sums: each unit's value blocks
+  for (size_t u = 0; u < layout.units(); ++u) blocks += layout.value_blocks(u);
   const bool reduced = uses_device_collectives(recipe, world);  // the sum is where the ranks' reductions land
   m.gradient_sum = (step.sharding.accumulation > 1 || reduced ? elements * grad : 0) +
                    (blocks + norm_chunks(blocks)) * 8;  // and the norm's partial sums, and their chunks' sums

@@ -482,12 +482,15 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
-  if (device_optimizer) device_optimizer->add_micro_batch(micro);
-  if (reads_deferred_) {  // read at the step's end (finish_step_on_device)
+  // The loss is copied (or read) before the device optimizer's reductions are enqueued, so reading
+  // it never waits on a collective.
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  if (reads_deferred_)  // read at the step's end (finish_step_on_device)
     executor.runner()->keep_value("train", executor.plan("train"), model.losses, int(micro));
-    return std::numeric_limits<double>::quiet_NaN();
-  }
-  return batch_loss("train");
+  else
+    loss = batch_loss("train");
+  if (device_optimizer) device_optimizer->add_micro_batch(micro);
+  return loss;
 }
 
 Session::StepResult Session::finish_step_on_device(std::vector<double>& losses, double loss_factor, double scale) {

@@ -275,10 +275,12 @@ class Session {
   // checkpoint, loaded weights), so the next step starts from them. Both are no-ops on the CPU.
   void sync_host();
   void host_changed() { device_current_ = false; }
+  std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU and on staged runs
   // A resident run's device communicator (trainer/device.h make_device_collectives), through which
   // the device optimizer reduces each micro-batch's gradients: null on one process by default.
+  // Declared after the device optimizer, so it is destroyed first: it drains its operations within
+  // the timeout, or aborts them, before the optimizer waits for the stream they are on.
   std::unique_ptr<Communicator> device_collectives;
-  std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU and on staged runs
   double device_update_seconds = 0;  // host time of the device optimizer's steps (norm, clipping, update)
 
  private:

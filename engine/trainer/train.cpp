@@ -719,6 +719,10 @@ class TrainingRun {
     int64_t sent = comm().bytes_sent() + (groups_->tensor_size() > 1 ? groups_->tensor().bytes_sent() : 0);
     for (Communicator* group : {groups_->pipeline(), groups_->previous(), groups_->next(), groups_->embedding()})
       if (group) sent += group->bytes_sent();
+    // A GPU run's device collectives: NCCL's own traffic (the staged communicator's goes through
+    // comm() and is counted there).
+    if (session_ && session_->device_collectives && session_->device_collectives->backend() == "nccl")
+      sent += session_->device_collectives->bytes_sent();
     return sent;
   }
   const bool lead_;

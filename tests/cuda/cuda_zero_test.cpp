@@ -169,6 +169,14 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
             << two.output;
       expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
     }
+    // Each rank accumulating two: global micro-batches r and r + 2 reduced onto the sum in order,
+    // the shards gathered after the last.
+    const Trajectory four =
+        train("", std::string(precision) + " train.gradient_accumulation_steps=4", dir.path() / "four");
+    const Trajectory two_by_two =
+        train(launcher, std::string(precision) + " train.gradient_accumulation_steps=2 distributed.zero_stage=0",
+              dir.path() / "two_by_two");
+    expect_same(two_by_two, four, std::string(precision) + " world 2 accumulating 2, stage 0");
   }
 }
 

@@ -2,6 +2,8 @@
 // answers differ where a GPU is present, and each test says which it checks.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
 #include "elementwise/add.h"
@@ -80,23 +82,26 @@ TEST(DeviceSelection, SeveralRanksOrANamedPathReduceOnTheDevice) {
             nullptr);
 }
 
-// nccl where ranks share a GPU is refused before NCCL is asked (it would refuse them itself).
+// nccl where ranks share a GPU (the same machine and PCI bus id, gathered from every rank) is refused
+// before NCCL is asked (it would refuse them itself); auto stages through the host for them.
 TEST(DeviceSelection, NcclForRanksSharingAGpuIsAClearError) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: there is no GPU to share";
   auto local = make_local_communicator();
-  class TwoLocalRanks final : public Communicator {  // local_size 2 over the local communicator
+  // Two ranks on one machine whose gathers see this rank's bytes twice: the same host and GPU.
+  class TwoRanksOnOneGpu final : public Communicator {
    public:
-    explicit TwoLocalRanks(Communicator& c) : c_(c) {}
+    explicit TwoRanksOnOneGpu(Communicator& c) : c_(c) {}
     int rank() const override { return 0; }
-    int size() const override { return 1; }
+    int size() const override { return 2; }
     int local_rank() const override { return 0; }
-    int local_size() const override { return cuda_device_count() + 1; }
-    std::string backend() const override { return "local"; }
+    int local_size() const override { return 2; }
+    std::string backend() const override { return "two"; }
     Work reduce_scatter(const void* s, void* r, int64_t n, DType t, Reduction d, std::string w, Stream) override {
       return c_.reduce_scatter(s, r, n, t, d, std::move(w));
     }
-    Work all_gather(const void* s, void* r, int64_t b, std::string w, Stream) override {
-      return c_.all_gather(s, r, b, std::move(w));
+    Work all_gather(const void* s, void* r, int64_t b, std::string, Stream) override {
+      for (int k = 0; k < 2; ++k) std::memcpy(static_cast<char*>(r) + k * b, s, size_t(b));
+      return Work();
     }
     Work all_reduce(void* d, int64_t n, DType t, std::string w, Stream) override {
       return c_.all_reduce(d, n, t, std::move(w));
@@ -116,6 +121,7 @@ TEST(DeviceSelection, NcclForRanksSharingAGpuIsAClearError) {
                             Device{Device::Kind::cuda, 0});
     FAIL() << "made an NCCL communicator for ranks sharing a GPU";
   } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 share GPU "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("NCCL refuses two ranks on one GPU"), std::string::npos) << e.what();
   }
   std::string how;
@@ -163,15 +169,16 @@ TEST(DeviceSelection, ReducingRanksPlanTheirSumAndReduceStaging) {
   const recipe::Recipe r = quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe;
   const CompiledStep step = compile_step(r, 2);
   const DeviceMemoryPlan d = plan_device_memory(step, r, 2);
-  int64_t padded = 0, largest = 0;
+  int64_t padded = 0, largest = 0, value_blocks = 0;  // the norm's partial sums skip the padding
   for (const Unit& unit : step.model.graph.units()) {
     const int64_t p = (unit.numel + 2047) / 2048 * 2048;
     padded += p;
     largest = std::max(largest, p);
+    value_blocks += (unit.numel + 1023) / 1024;
   }
   EXPECT_EQ(d.parameters, padded * 2);
   EXPECT_EQ(d.gradients, padded * 4);  // bf16 runs' gradients are fp32 by default
-  EXPECT_EQ(d.gradient_sum, padded * 4 + (padded / 1024 + (padded / 1024 + 255) / 256) * 8);
+  EXPECT_EQ(d.gradient_sum, padded * 4 + (value_blocks + (value_blocks + 255) / 256) * 8);
   EXPECT_EQ(d.reduce_staging, largest * 4);
   const DeviceMemoryPlan one = plan_device_memory(compile_step(r), r);
   EXPECT_EQ(one.reduce_staging, 0);

@@ -116,6 +116,9 @@ INSTANTIATE_TEST_SUITE_P(
         // ranks' slices of the re-rounded parameters must be gathered again.
         Case{"gpt_fp16_fallback", std::string(kGpt) + " precision.mode=fp16 precision.initial_scale_power=24 "
                                                       "precision.min_scale=8388608 precision.on_min_scale=fallback"},
+        // About 900 partial sums of the norm, in units padded differently at each world size: the
+        // norm's chunks of 256 must fall at the same blocks (dist/zero_step.h without_padding_blocks).
+        Case{"gpt_wide", std::string(kGpt) + " model.n_embd=160 model.n_layer=3 train.gradient_clipping=0.5"},
         // One reduction in flight: buffers are waited for, and reused, mid-backward.
         Case{"gpt_one_bucket", std::string(kGpt) + " distributed.bucket_size=1"},
         // Units merged by size and into one: stage 3 gathers them, tied weights and all.
