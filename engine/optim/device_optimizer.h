@@ -10,17 +10,22 @@
 // The host ParameterStore and Optimizer stay the model's record: upload() copies them to the device
 // (before the first step, and after anything on the host changed them: initialisation, loaded
 // weights, a restored checkpoint); download() copies the device's state back (before a checkpoint,
-// an export, a golden digest or any host reader). ZeRO stage 0-1 on one process, or stage 0 on
-// several, without offload.
+// an export, a golden digest or any host reader). ZeRO stage 0-1, without offload.
 //
 // Several ranks (or one that names distributed.gpu_collectives) reduce each micro-batch's gradients
 // on the device through `collectives` (NCCL, or the staged communicator: trainer/device.h): a
 // reduce-scatter of every unit into this rank's shard of the step's sum, adding in rank order onto
 // what the earlier micro-batches left there (Communicator's promise: world w accumulating a gives
-// the bits of one process accumulating w x a in global micro-batch order), and after the last, an
-// all-gather of the shards, so every rank holds the whole reduced sum and makes the same update.
+// the bits of one process accumulating w x a in global micro-batch order). Then:
+//   stage 0  an all-gather of the sum's shards, so every rank holds the whole reduced sum and makes
+//            the same update of the whole model;
+//   stage 1  each rank's masters, optimizer state and sum are its shard (the store's optimizer
+//            range); the norm's partial sums are gathered per unit into one process's list (less
+//            the padding blocks: ZeroStep::gradient_norm's list), so every rank decides alike;
+//            each rank updates its shard, and the compute-type parameters are gathered in place.
 // The collectives run on the communicator's stream after the runner's and the runner's stream waits
-// for them; the host waits for none of it (the staged communicator does, for its copies).
+// for them; the host waits for them (within distributed.timeout) only where it next blocks on the
+// stream (the staged communicator waits at each, for its copies).
 //
 // The update is one multi-tensor kernel over the whole model state (optim/update_chunks.h): each
 // gradient scaled by the step's factor, AdamW or SGD, the 16-bit copy written.

@@ -26,18 +26,19 @@ class CudaOptimizer final : public DeviceOptimizer {
         accumulation_(accumulation),
         collectives_(collectives) {
     const int world = store.layout().world();
-    ENGINE_CHECK((world == 1 && store.sharding().stage <= 1) || (store.sharding().stage == 0 && collectives),
-                 "the device optimizer runs ZeRO stage 0-1 on one process, or stage 0 reducing through a device "
-                 "communicator");
+    ENGINE_CHECK(store.sharding().stage <= 1 && (world == 1 || collectives),
+                 "the device optimizer runs ZeRO stage 0-1, several ranks reducing through a device communicator");
     ENGINE_CHECK(!collectives || collectives->size() == world, "the device communicator spans the data-parallel ranks");
     const size_t units = store.graph().units().size();
     const size_t tensors = host.state().size();
     state_.resize(tensors);
+    for (size_t u = 0; u < units; ++u)  // stage 1 on several ranks: each rank's range is its shard
+      if (store.range_size(u) != store.layout().padded(u)) sharded_ = true;
     for (size_t u = 0; u < units; ++u) {
       const int64_t n = store.range_size(u);
-      ENGINE_CHECK(n == store.layout().padded(u), "the device optimizer updates whole units");
-      master_.push_back(store_.param_dtype() == DType::f32 ? reinterpret_cast<float*>(runner.parameters(u))
-                                                           : f32_block(n, "the fp32 master weights"));
+      master_.push_back(store_.param_dtype() == DType::f32
+                            ? reinterpret_cast<float*>(range_of(runner.parameters(u), u, 4))  // the masters
+                            : f32_block(n, "the fp32 master weights"));
       for (size_t k = 0; k < tensors; ++k) state_[k].push_back(f32_block(n, "the optimizer state"));
       // Reduced sums land in buffers of their own (a reduce-scatter reads every rank's whole gradient).
       std::byte* sum = accumulation > 1 || collectives
@@ -47,17 +48,29 @@ class CudaOptimizer final : public DeviceOptimizer {
       // fp32 gradients are the sum itself; a 16-bit run's, which only a hook that reads or changes
       // the gradients before the update needs, are made at its first such step (f32_gradients()).
       if (store_.grad_dtype() == DType::f32) opt_grad_.push_back(reinterpret_cast<float*>(sum));
-      blocks_ += store.layout().value_blocks(u);
+      blocks_ += partial_blocks(u);
+      padded_blocks_ += store.layout().padded(u) / kShardBlock;
+      whole_blocks_ += store.layout().value_blocks(u);
     }
     partials_ =
         reinterpret_cast<double*>(runner.allocate(blocks_ * int64_t(sizeof(double)), "the norm's partial sums"));
-    chunk_sums_ = reinterpret_cast<double*>(
-        runner.allocate(std::max<int64_t>(norm_chunks(blocks_), 1) * int64_t(sizeof(double)), "the norm's chunk sums"));
+    // Sharded: every rank's shard partials gathered per unit (unit, rank, block), then each unit's
+    // value blocks (ShardLayout::value_blocks) copied out: one process's list.
+    if (sharded_) {
+      padded_partials_ = reinterpret_cast<double*>(
+          runner.allocate(padded_blocks_ * int64_t(sizeof(double)), "every rank's norm partial sums"));
+      whole_partials_ = reinterpret_cast<double*>(
+          runner.allocate(whole_blocks_ * int64_t(sizeof(double)), "the norm's partial sums, whole"));
+    } else {
+      whole_partials_ = partials_;
+    }
+    chunk_sums_ = reinterpret_cast<double*>(runner.allocate(
+        std::max<int64_t>(norm_chunks(whole_blocks_), 1) * int64_t(sizeof(double)), "the norm's chunk sums"));
     scalars_ =
         reinterpret_cast<MultiTensorScalars*>(runner.allocate(sizeof(MultiTensorScalars), "the update's scalars"));
     check_cuda(cudaMallocHost(&scalars_host_, sizeof(MultiTensorScalars)), "pinned scalars");
     check_cuda(cudaMallocHost(&decision_host_, sizeof(UpdateDecision)), "pinned decision");
-    check_cuda(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(blocks_, 1)) * sizeof(double)),
+    check_cuda(cudaMallocHost(&partials_host_, size_t(std::max<int64_t>(whole_blocks_, 1)) * sizeof(double)),
                "pinned partials");
     check_cuda(cudaEventCreateWithFlags(&decided_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&scalars_sent_, cudaEventDisableTiming), "event");
@@ -97,11 +110,15 @@ class CudaOptimizer final : public DeviceOptimizer {
 
   std::vector<double> finish_gradients() override {
     graphs_.run("gradient finish", stream_, [&] { enqueue_sum_partials(); });
+    gather_partials("gradient");
+    download_partials();
     return read_partials();
   }
 
   std::vector<double> master_norm_partials() override {
     enqueue_norm_partials(as_const(master_), DType::f32);
+    gather_partials("master");
+    download_partials();
     return read_partials();
   }
 
@@ -120,7 +137,9 @@ class CudaOptimizer final : public DeviceOptimizer {
       units[u].g = g[u];
       units[u].m = state_.empty() ? nullptr : state_[0][u];  // AdamW's first moment, SGD's momentum
       units[u].v = state_.size() > 1 ? state_[1][u] : nullptr;
-      units[u].copy = store_.param_dtype() == DType::f32 ? nullptr : runner_.parameters(u);
+      units[u].copy = store_.param_dtype() == DType::f32
+                          ? nullptr
+                          : range_of(runner_.parameters(u), u, dtype_size(store_.param_dtype()));
     }
     const std::vector<UpdateChunk> table =
         plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())), grad_size);
@@ -172,11 +191,11 @@ class CudaOptimizer final : public DeviceOptimizer {
     const Stream stream{stream_};
     std::vector<Work> works;
     for (size_t u = 0; u < grad_sum_.size(); ++u)
-      works.push_back(collectives_->reduce_scatter(runner_.gradients(u), grad_sum_[u] + layout.begin(u) * element,
-                                                   layout.shard(u), store_.grad_dtype(),
-                                                   micro == 0 ? Reduction::overwrite : Reduction::accumulate,
-                                                   "reduce-scatter of " + unit_name(u) + "'s gradients", stream));
-    if (micro + 1 == accumulation_)
+      works.push_back(collectives_->reduce_scatter(
+          runner_.gradients(u), grad_sum_[u] + (layout.begin(u) - store_.range_begin(u)) * element, layout.shard(u),
+          store_.grad_dtype(), micro == 0 ? Reduction::overwrite : Reduction::accumulate,
+          "reduce-scatter of " + unit_name(u) + "'s gradients", stream));
+    if (micro + 1 == accumulation_ && !sharded_)  // stage 0: every rank updates the whole unit
       for (size_t u = 0; u < grad_sum_.size(); ++u)
         works.push_back(collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u],
                                                  layout.shard(u) * element,
@@ -195,23 +214,62 @@ class CudaOptimizer final : public DeviceOptimizer {
     in_flight_.clear();
   }
 
-  // Per unit, the partial sums of squares of `buffers` per kShardBlock block over the blocks that
-  // hold values (not the padding after them: ShardLayout::value_blocks), in unit order, into the
-  // pinned host copy (read_partials(), or finish_and_step's wait for the decision, waits for them).
+  // The partial sums a unit's range gives: its shard's blocks (sharded), else the blocks that hold
+  // values (not the padding after them: ShardLayout::value_blocks).
+  int64_t partial_blocks(size_t u) const {
+    return sharded_ ? store_.range_size(u) / kShardBlock : store_.layout().value_blocks(u);
+  }
+  // Per unit, the partial sums of squares of `buffers` (each unit's range) per kShardBlock block, in
+  // unit order.
   void enqueue_norm_partials(const std::vector<const void*>& buffers, DType type) {
     int64_t at = 0;
     for (size_t u = 0; u < buffers.size(); ++u) {
-      const int64_t blocks = store_.layout().value_blocks(u);
-      cuda::norm_partials(buffers[u], type, blocks, partials_ + at, stream_);
-      at += blocks;
+      cuda::norm_partials(buffers[u], type, partial_blocks(u), partials_ + at, stream_);
+      at += partial_blocks(u);
     }
-    check_cuda(
-        cudaMemcpyAsync(partials_host_, partials_, size_t(blocks_) * sizeof(double), cudaMemcpyDeviceToHost, stream_),
-        "norm partials");
+  }
+  // Sharded: every rank's partial sums of each unit gathered at the unit's place, rank after rank
+  // (the unit's blocks in order), then each unit's value blocks copied into whole_partials_: the
+  // list one process sums (ZeroStep::gradient_norm's). Eager, outside the phases' graphs.
+  void gather_partials(const std::string& what) {
+    if (!sharded_) return;
+    const ShardLayout& layout = store_.layout();
+    const Stream stream{stream_};
+    std::vector<Work> works;
+    int64_t mine = 0, padded = 0;
+    for (size_t u = 0; u < grad_sum_.size(); ++u) {
+      works.push_back(collectives_->all_gather(
+          partials_ + mine, padded_partials_ + padded, partial_blocks(u) * int64_t(sizeof(double)),
+          "all-gather of " + unit_name(u) + "'s " + what + " norm partial sums", stream));
+      mine += partial_blocks(u);
+      padded += layout.padded(u) / kShardBlock;
+    }
+    for (Work& work : works) {
+      work.wait_on(stream);
+      in_flight_.push_back(work);
+    }
+    int64_t whole = 0;
+    padded = 0;
+    for (size_t u = 0; u < grad_sum_.size(); ++u) {
+      check_cuda(cudaMemcpyAsync(whole_partials_ + whole, padded_partials_ + padded,
+                                 size_t(layout.value_blocks(u)) * sizeof(double), cudaMemcpyDeviceToDevice, stream_),
+                 "the norm's value blocks");
+      whole += layout.value_blocks(u);
+      padded += layout.padded(u) / kShardBlock;
+    }
+  }
+  // One process's list of partial sums into the pinned host copy (read_partials(), or
+  // finish_and_step's wait for the decision, waits for it).
+  void download_partials() {
+    check_cuda(cudaMemcpyAsync(partials_host_, whole_partials_, size_t(whole_blocks_) * sizeof(double),
+                               cudaMemcpyDeviceToHost, stream_),
+               "norm partials");
   }
   // The norm's partial sums of the step's gradient sum, in its type.
   void enqueue_sum_partials() { enqueue_norm_partials(as_const(grad_sum_), store_.grad_dtype()); }
-  std::vector<double> partials_on_host() const { return std::vector<double>(partials_host_, partials_host_ + blocks_); }
+  std::vector<double> partials_on_host() const {
+    return std::vector<double>(partials_host_, partials_host_ + whole_blocks_);
+  }
   std::vector<double> read_partials() {
     synchronize("norm partial sums");
     return partials_on_host();
@@ -242,10 +300,20 @@ class CudaOptimizer final : public DeviceOptimizer {
     write_scalars(lr).policy = policy;
     send_scalars();
     // The norm and the update read the step's sum where it is, in the gradient type.
-    graphs_.run("gradient finish and decision", stream_, [&] {
-      enqueue_sum_partials();
-      cuda::decide_update(partials_, blocks_, chunk_sums_, scalars_, stream_);
-    });
+    auto decide = [&] {
+      download_partials();
+      cuda::decide_update(whole_partials_, whole_blocks_, chunk_sums_, scalars_, stream_);
+    };
+    if (!sharded_) {
+      graphs_.run("gradient finish and decision", stream_, [&] {
+        enqueue_sum_partials();
+        decide();
+      });
+    } else {  // every rank's partial sums gathered between the two
+      graphs_.run("gradient finish", stream_, [&] { enqueue_sum_partials(); });
+      gather_partials("gradient");
+      graphs_.run("decision", stream_, decide);
+    }
     check_cuda(
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
@@ -309,11 +377,31 @@ class CudaOptimizer final : public DeviceOptimizer {
       cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
                           store_.param_dtype(), grad_type, stream_);
     });
+    if (sharded_) gather_parameters();
+  }
+
+  // Sharded: every rank's updated slice of the compute-type parameters, gathered in place (the next
+  // micro-batch's kernels wait for them on the stream; a skipped update gathers them unchanged).
+  void gather_parameters() {
+    const ShardLayout& layout = store_.layout();
+    const auto element = int64_t(dtype_size(store_.param_dtype()));
+    const Stream stream{stream_};
+    for (size_t u = 0; u < master_.size(); ++u) {
+      Work work = collectives_->all_gather(runner_.parameters(u) + layout.begin(u) * element, runner_.parameters(u),
+                                           layout.shard(u) * element,
+                                           "all-gather of " + unit_name(u) + "'s updated parameters", stream);
+      work.wait_on(stream);
+      in_flight_.push_back(work);
+    }
   }
 
  private:
   float* f32_block(int64_t n, const std::string& what) {
     return reinterpret_cast<float*>(runner_.allocate(n * 4, what));
+  }
+  // Unit u's optimizer range within a whole-unit device buffer of `element`-byte values.
+  std::byte* range_of(std::byte* whole, size_t u, size_t element) const {
+    return whole + store_.range_begin(u) * int64_t(element);
   }
 
   void synchronize(const std::string& what) {
@@ -331,9 +419,12 @@ class CudaOptimizer final : public DeviceOptimizer {
     const std::vector<Optimizer::StateTensor> state = host_.state();
     for (size_t u = 0; u < master_.size(); ++u) {
       const auto n = size_t(store_.range_size(u));
+      // The whole unit's compute-type values (in an fp32 run, the masters are their range), then
+      // the range's masters.
+      if (store_.param_dtype() != DType::f32 || sharded_)
+        copy(runner_.parameters(u), store_.compute(u),
+             size_t(store_.layout().padded(u)) * dtype_size(store_.param_dtype()), "parameter copies");
       copy(master_[u], store_.master(u), n * 4, "master weights");
-      if (store_.param_dtype() != DType::f32)
-        copy(runner_.parameters(u), store_.compute(u), n * dtype_size(store_.param_dtype()), "parameter copies");
       for (size_t k = 0; k < state.size(); ++k) copy(state_[k][u], state[k].units[u], n * 4, "optimizer state");
     }
   }
@@ -359,7 +450,12 @@ class CudaOptimizer final : public DeviceOptimizer {
   std::vector<std::vector<float*>> state_;  // per state tensor, per unit
   std::vector<std::byte*> grad_sum_;
   double* partials_ = nullptr;
-  int64_t blocks_ = 0;
+  int64_t blocks_ = 0;                 // partial sums of this rank's ranges (partials_)
+  int64_t padded_blocks_ = 0;          // every rank's, padding included (sharded: padded_partials_)
+  int64_t whole_blocks_ = 0;           // one process's list: the units' value blocks (whole_partials_)
+  bool sharded_ = false;               // the ranges are shards (ZeRO-1 on several ranks)
+  double* padded_partials_ = nullptr;  // sharded only
+  double* whole_partials_ = nullptr;   // partials_ itself unless sharded
   int64_t accumulation_ = 1;
   Communicator* collectives_ = nullptr;         // several ranks' reductions (null: one process)
   std::vector<Work> in_flight_;                 // its operations since the host last waited

@@ -5,13 +5,13 @@
 //         or a UserError (exit 2) where the build has no CUDA or the machine no device;
 //   auto  cuda when the build has CUDA and a device is present, else cpu.
 //
-// How a GPU run holds the model (device_resident): a run without offload at ZeRO stage 0 (any
-// number of ranks) or 1 (one process) keeps the whole model state on the device and updates it
-// there; its ranks reduce their gradients on the device through the communicator
-// make_device_collectives gives (NCCL, or staged through page-locked host memory where ranks share
-// a GPU). Every other run (ZeRO-1 on several ranks, ZeRO-2/3, offload) computes the step on the
-// device and leaves the reductions, the update and the gathers to the host, staging each buffer
-// through page-locked memory (runtime/device_runner.h).
+// How a GPU run holds the model (device_resident): a run without offload at ZeRO stage 0-1 (any
+// number of ranks) keeps its model state on the device (stage 1: its shard of the masters and the
+// optimizer state) and updates it there; its ranks reduce their gradients on the device through the
+// communicator make_device_collectives gives (NCCL, or staged through page-locked host memory where
+// ranks share a GPU). Every other run (ZeRO-2/3, offload) computes the step on the device and leaves
+// the reductions, the update and the gathers to the host, staging each buffer through page-locked
+// memory (runtime/device_runner.h).
 //
 //   Device device = resolve_device(recipe, comm.local_rank());
 //   std::string how;

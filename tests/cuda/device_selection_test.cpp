@@ -49,15 +49,16 @@ TEST(DeviceSelection, CudaWithoutADeviceIsAClearError) {
 }
 
 // Every ZeRO stage and offload tier is a valid GPU recipe; what is not resident on the device says
-// why. Stage 0 stays resident at any world size, reducing through a device communicator.
+// why. Stages 0-1 stay resident at any world size, reducing through a device communicator.
 TEST(DeviceSelection, ZeroAndOffloadRunsAreStagedThroughTheHost) {
   std::string why;
   EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 1, &why));
   EXPECT_EQ(why, "");
   EXPECT_TRUE(device_resident(quickstart({"run.device=cuda"}).recipe, 2, &why));
   EXPECT_EQ(why, "");
-  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 2, &why));
-  EXPECT_EQ(why, "2 ranks at zero_stage 1");
+  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 2, &why));
+  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 2, &why));
+  EXPECT_EQ(why, "2 ranks at zero_stage 2");
   EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 1, &why));
   EXPECT_EQ(why, "zero_stage 2");
   const recipe::Recipe offload =
@@ -183,6 +184,30 @@ TEST(DeviceSelection, ReducingRanksPlanTheirSumAndReduceStaging) {
   const DeviceMemoryPlan one = plan_device_memory(compile_step(r), r);
   EXPECT_EQ(one.reduce_staging, 0);
   EXPECT_LT(one.gradient_sum, padded) << "one process accumulating 1 sums nothing beyond the norm's partials";
+}
+
+// Two ranks at stage 1 hold the whole parameters and micro-batch gradients, and their shard of the
+// masters, the optimizer state and the step's sum, with the norm's partial sums of the shard, of
+// every rank (padding included) and of one process's list.
+TEST(DeviceSelection, ShardedRanksPlanTheirShardOfTheState) {
+  const recipe::Recipe r = quickstart({"precision.mode=bf16", "run.device=cuda", "distributed.zero_stage=1"}).recipe;
+  const CompiledStep step = compile_step(r, 2);
+  const DeviceMemoryPlan d = plan_device_memory(step, r, 2);
+  int64_t padded = 0, value_blocks = 0;
+  for (const Unit& unit : step.model.graph.units()) {
+    padded += (unit.numel + 2047) / 2048 * 2048;
+    value_blocks += (unit.numel + 1023) / 1024;
+  }
+  const int64_t shard = padded / 2;
+  EXPECT_EQ(d.parameters, padded * 2);
+  EXPECT_EQ(d.gradients, padded * 4);
+  EXPECT_EQ(d.masters, shard * 4);
+  EXPECT_EQ(d.optimizer_state, 2 * shard * 4);
+  EXPECT_EQ(d.gradient_sum, shard * 4 + (value_blocks + (value_blocks + 255) / 256) * 8 + (shard + padded) / 1024 * 8);
+  const DeviceMemoryPlan whole =
+      plan_device_memory(compile_step(quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe, 2),
+                         quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe, 2);
+  EXPECT_LT(d.total(), whole.total()) << "stage 1 holds less than stage 0";
 }
 
 // A staged run holds on the device the parameters the store holds whole (ZeRO 0-2) and the

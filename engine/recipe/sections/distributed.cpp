@@ -61,7 +61,7 @@ void declare_distributed(Schema& schema) {
           {{"auto", GpuCollectives::auto_detect}, {"nccl", GpuCollectives::nccl}, {"staged", GpuCollectives::staged}})
       .def(GpuCollectives::auto_detect)
       .help(
-          "How the ranks of a GPU run at zero_stage 0 reduce their gradients, which stay on the device "
+          "How the ranks of a GPU run at zero_stage 0-1 reduce their gradients, which stay on the device "
           "(docs/gpu.md): nccl runs the collectives on the GPUs, one GPU per rank; staged copies each "
           "collective's buffers to page-locked host memory and reduces them over MPI, for ranks that share a "
           "GPU (NCCL refuses two ranks on one). Both give the same bits. auto: nccl where every rank of a "
