@@ -63,9 +63,12 @@ class DeviceOptimizer {
   virtual void download() = 0;  // device -> host (the masters, copies and state a reader sees)
   // After micro-batch `micro` of a step ran its backward: adds its gradients to the step's sum.
   virtual void add_micro_batch(int64_t micro) = 0;
-  // Widens the step's sum into fp32 gradients; returns their norm's partial sums, in unit and
-  // block order (optimizer.h gradient_norm_partials).
+  // Returns the norm's partial sums of the gradients the update will read (the step's sum, or the
+  // fp32 gradients a hook uploaded), one process's list (ZeroStep::whole_gradient_norm's).
   virtual std::vector<double> finish_gradients() = 0;
+  // Waits for the device collectives in flight, within distributed.timeout (NCCL's polled with its
+  // asynchronous error): what the host calls before it blocks on the stream that waits for them.
+  virtual void wait_for_collectives() = 0;
   // The fp32 gradients to the host store's opt_grad and back (hooks that read or change them).
   virtual void download_gradients() = 0;
   virtual void upload_gradients() = 0;

@@ -109,7 +109,10 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   std::vector<double> finish_gradients() override {
-    graphs_.run("gradient finish", stream_, [&] { enqueue_sum_partials(); });
+    if (update_from_f32_)  // a hook uploaded fp32 gradients: the update reads those
+      enqueue_norm_partials(as_const(opt_grad_), DType::f32);
+    else
+      graphs_.run("gradient finish", stream_, [&] { enqueue_sum_partials(); });
     gather_partials("gradient");
     download_partials();
     return read_partials();
@@ -214,6 +217,10 @@ class CudaOptimizer final : public DeviceOptimizer {
     in_flight_.clear();
   }
 
+ public:
+  void wait_for_collectives() override { wait_collectives(); }
+
+ private:
   // The partial sums a unit's range gives: its shard's blocks (sharded), else the blocks that hold
   // values (not the padding after them: ShardLayout::value_blocks).
   int64_t partial_blocks(size_t u) const {
@@ -318,8 +325,8 @@ class CudaOptimizer final : public DeviceOptimizer {
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
+    wait_collectives();  // what the decision waits for (the parameters' gathers after the update stay in flight)
     run_update();
-    wait_collectives();
     runner_.wait(decided_, "the step's decision");
     StepEnd end{partials_on_host(), *decision_host_};
     if (!end.decision.skip) host_.set_steps(host_.steps() + 1);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <fstream>
 #include <map>
 #include <vector>
 
@@ -76,7 +77,10 @@ std::string shared_gpu(Communicator& host, Device device) {
   char machine[kKey / 2] = {};
   gethostname(machine, sizeof machine - 1);
   std::array<char, kKey> key{};
-  const std::string mine = std::string(machine) + " " + cuda_device_pci_bus_id(device.index);
+  // The boot id tells apart machines that share a host name (containers): "<host>/<boot id> <bus id>".
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  const std::string mine = std::string(machine) + "/" + boot + " " + cuda_device_pci_bus_id(device.index);
   std::copy_n(mine.begin(), std::min(mine.size(), kKey - 1), key.begin());
   std::vector<char> all(kKey * size_t(host.size()));
   host.all_gather(key.data(), all.data(), int64_t(kKey), "each rank's GPU").wait();
@@ -87,7 +91,7 @@ std::string shared_gpu(Communicator& host, Device device) {
     if (inserted) continue;
     const size_t space = gpu.rfind(' ');
     return "ranks " + std::to_string(at->second) + " and " + std::to_string(r) + " share GPU " + gpu.substr(space + 1) +
-           " on " + gpu.substr(0, space);
+           " on " + gpu.substr(0, gpu.find('/'));
   }
   return "";
 }

@@ -461,6 +461,8 @@ void Session::load_batch(const Batch& batch) {
 
 double Session::batch_loss(const std::string& plan) {
   if (model.losses == kNoValue) return 0;  // a pipeline stage before the last
+  // The stream may wait on the device collectives: the host waits for them first, within the timeout.
+  if (device_optimizer) device_optimizer->wait_for_collectives();
   return mean_of_rows(executor.value_f32(plan, model.losses));
 }
 
@@ -482,8 +484,7 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
-  // The loss is copied (or read) before the device optimizer's reductions are enqueued, so reading
-  // it never waits on a collective.
+  // The loss is copied (or read) before this micro-batch's reductions are enqueued.
   double loss = std::numeric_limits<double>::quiet_NaN();
   if (reads_deferred_)  // read at the step's end (finish_step_on_device)
     executor.runner()->keep_value("train", executor.plan("train"), model.losses, int(micro));
@@ -557,10 +558,7 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
   std::vector<double> device_partials;
   {
     trace::Scope event("communication", "finish gradient reductions");
-    if (device_optimizer)
-      device_partials = device_optimizer->finish_gradients();
-    else
-      zero.finish_gradients();
+    if (!device_optimizer) zero.finish_gradients();
     sync_tied_gradients();
   }
   if (hooks.after_backward) {
@@ -568,6 +566,8 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
     hooks.after_backward();
     if (device_optimizer) device_optimizer->upload_gradients();  // the hook may have changed them
   }
+  // The norm of the gradients the update reads: after the hook, as on the CPU.
+  if (device_optimizer) device_partials = device_optimizer->finish_gradients();
   // Three flat events on the trace's step lane: the norm, the update (clipping included), the copies.
   std::optional<trace::Scope> event(std::in_place, "optimizer", "gradient norm");
   StepResult result;
