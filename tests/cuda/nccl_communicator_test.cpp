@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../collective_values.h"
 #include "core/device_info.h"
 #include "dist/nccl_communicator.h"
 
@@ -19,20 +20,8 @@ namespace {
 #define REQUIRE_CUDA_DEVICE() \
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: the NCCL communicator runs on a GPU machine"
 
-// Values over many magnitudes, so a sum rounded other than per step gives other bits.
 std::vector<std::byte> values(DType dtype, int tag, int64_t count) {
-  std::vector<std::byte> out(size_t(count) * dtype_size(dtype));
-  for (int64_t k = 0; k < count; ++k) {
-    const float v = std::ldexp(1.0f + float((k * 37 + tag * 11) % 97) / 97.0f, int((k + tag) % 24) - 12) *
-                    ((k + tag) % 3 ? 1.0f : -1.0f);
-    if (dtype == DType::f32) {
-      std::memcpy(out.data() + 4 * k, &v, 4);
-    } else {
-      const uint16_t bits = dtype == DType::bf16 ? float_to_bf16(v) : float_to_f16(v);
-      std::memcpy(out.data() + 2 * k, &bits, 2);
-    }
-  }
-  return out;
+  return testing::collective_values(dtype, tag, count);
 }
 
 // A device copy of host bytes, freed with it.

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "../collective_values.h"
 #include "core/dtype.h"
 #include "dist/communicator.h"
 #include "dist/staged_communicator.h"
@@ -23,22 +24,9 @@ namespace {
 
 Communicator* host = nullptr;  // one per process: MPI initialises once
 
-// `count` elements of `dtype` that differ per rank and tag and span many magnitudes, so any other
-// order or rounding of a sum gives other bits.
+// This rank's inputs of test case `tag` (testing::collective_values), different on every rank.
 std::vector<std::byte> values(DType dtype, int tag, int64_t count) {
-  std::vector<std::byte> out(size_t(count) * dtype_size(dtype));
-  for (int64_t k = 0; k < count; ++k) {
-    const int r = host->rank();
-    const float v = std::ldexp(1.0f + float((k * 37 + tag * 11 + r * 5) % 97) / 97.0f, int((k + tag + r) % 24) - 12) *
-                    ((k + tag + r) % 3 ? 1.0f : -1.0f);
-    if (dtype == DType::f32) {
-      std::memcpy(out.data() + 4 * k, &v, 4);
-    } else {
-      const uint16_t bits = dtype == DType::bf16 ? float_to_bf16(v) : float_to_f16(v);
-      std::memcpy(out.data() + 2 * k, &bits, 2);
-    }
-  }
-  return out;
+  return testing::collective_values(dtype, tag + 100 * host->rank(), count);
 }
 
 struct Staged {
