@@ -203,22 +203,25 @@ class CudaOptimizer final : public DeviceOptimizer {
         works.push_back(collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u],
                                                  layout.shard(u) * element,
                                                  "all-gather of " + unit_name(u) + "'s reduced gradients", stream));
+    follow(works);
+  }
+  std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
+  // The runner's stream waits for `works` (collectives just started), and the host will wait for
+  // them through their handles before it next blocks on the stream (wait_for_collectives).
+  void follow(std::vector<Work>& works) {
     for (Work& work : works) {
-      work.wait_on(stream);
+      work.wait_on(Stream{stream_});
       in_flight_.push_back(work);
     }
   }
-  std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
-  // Before the host blocks on the stream, which waits for the collectives: each waited for first
-  // through its Work, which polls within distributed.timeout and NCCL's asynchronous errors (a peer
-  // that never reaches a collective is named, rather than the host hanging on the stream).
-  void wait_collectives() {
+
+ public:
+  // Each through its Work, which polls within distributed.timeout and NCCL's asynchronous errors:
+  // a peer that never reaches a collective is named, rather than the host hanging on the stream.
+  void wait_for_collectives() override {
     for (Work& work : in_flight_) work.wait();
     in_flight_.clear();
   }
-
- public:
-  void wait_for_collectives() override { wait_collectives(); }
 
  private:
   // The partial sums a unit's range gives: its shard's blocks (sharded), else the blocks that hold
@@ -251,10 +254,7 @@ class CudaOptimizer final : public DeviceOptimizer {
       mine += partial_blocks(u);
       padded += layout.padded(u) / kShardBlock;
     }
-    for (Work& work : works) {
-      work.wait_on(stream);
-      in_flight_.push_back(work);
-    }
+    follow(works);
     int64_t whole = 0;
     padded = 0;
     for (size_t u = 0; u < grad_sum_.size(); ++u) {
@@ -325,7 +325,7 @@ class CudaOptimizer final : public DeviceOptimizer {
         cudaMemcpyAsync(decision_host_, &scalars_->decision, sizeof(UpdateDecision), cudaMemcpyDeviceToHost, stream_),
         "the step's decision");
     check_cuda(cudaEventRecord(decided_, stream_), "event record");
-    wait_collectives();  // what the decision waits for (the parameters' gathers after the update stay in flight)
+    wait_for_collectives();  // what the decision waits for (the parameters' gathers after the update stay in flight)
     run_update();
     runner_.wait(decided_, "the step's decision");
     StepEnd end{partials_on_host(), *decision_host_};
@@ -392,14 +392,12 @@ class CudaOptimizer final : public DeviceOptimizer {
   void gather_parameters() {
     const ShardLayout& layout = store_.layout();
     const auto element = int64_t(dtype_size(store_.param_dtype()));
-    const Stream stream{stream_};
-    for (size_t u = 0; u < master_.size(); ++u) {
-      Work work = collectives_->all_gather(runner_.parameters(u) + layout.begin(u) * element, runner_.parameters(u),
-                                           layout.shard(u) * element,
-                                           "all-gather of " + unit_name(u) + "'s updated parameters", stream);
-      work.wait_on(stream);
-      in_flight_.push_back(work);
-    }
+    std::vector<Work> works;
+    for (size_t u = 0; u < master_.size(); ++u)
+      works.push_back(collectives_->all_gather(
+          runner_.parameters(u) + layout.begin(u) * element, runner_.parameters(u), layout.shard(u) * element,
+          "all-gather of " + unit_name(u) + "'s updated parameters", Stream{stream_}));
+    follow(works);
   }
 
  private:
@@ -412,7 +410,7 @@ class CudaOptimizer final : public DeviceOptimizer {
   }
 
   void synchronize(const std::string& what) {
-    wait_collectives();
+    wait_for_collectives();
     runner_.synchronize(what);
   }
 

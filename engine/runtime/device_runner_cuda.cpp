@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -168,6 +169,7 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
     check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventCreateWithFlags(&downloaded_, cudaEventDisableTiming), "event");
     for (cudaEvent_t& copied : staging_copied_)
       check_cuda(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
@@ -206,7 +208,7 @@ class CudaRunner final : public DeviceRunner {
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
-    for (cudaEvent_t copied : all_events_) cudaEventDestroy(copied);
+    cudaEventDestroy(downloaded_);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
@@ -251,8 +253,7 @@ class CudaRunner final : public DeviceRunner {
     check_cuda(cudaSetDevice(index_), "set device");
     // A staged run ends with no buffer held and nothing deferred; one that threw (and was caught)
     // leaves them behind, and they must not leak into this run's collectives.
-    ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && downloading_.empty() &&
-                     mirrors_.idle(),
+    ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && !downloading_ && mirrors_.idle(),
                  "a staged run left collectives behind (an earlier run failed part-way)");
     if (!resident_) upload_parameters();
     if (staged_)
@@ -492,8 +493,8 @@ class CudaRunner final : public DeviceRunner {
         std::byte* mirror = mirrors_.acquire(action.buffer, bytes, tally_);
         check_cuda(cudaMemcpyAsync(mirror, device, size_t(bytes), cudaMemcpyDeviceToHost, stream_),
                    "gradient download");
-        downloading_.push_back(Download{action, mirror, take_event()});
-        check_cuda(cudaEventRecord(downloading_.back().copied, stream_), "event record");
+        check_cuda(cudaEventRecord(downloaded_, stream_), "event record");
+        downloading_ = Download{action, mirror};
         break;
       }
       case Kind::wait: {
@@ -509,34 +510,18 @@ class CudaRunner final : public DeviceRunner {
     }
   }
 
-  // The reduce-scatters whose gradients are on their way to the host, oldest first, started in
-  // that order up to unit `through`'s (-1: every one): the host waits for each copy, then hands the
-  // mirror to the host communicator. Where they start depends only on the plan (the next reduce,
-  // the unit's wait, the plan's end), so every rank starts its collectives in the same order.
-  void start_downloaded_reductions(StepCommunication& comm, int through) {
-    if (through >= 0 && std::none_of(downloading_.begin(), downloading_.end(),
-                                     [&](const Download& d) { return d.action.unit == through; }))
-      return;  // started already
-    while (!downloading_.empty()) {
-      const Download d = downloading_.front();
-      downloading_.pop_front();
-      wait(d.copied, "the gradients of a reduce-scatter");
-      free_events_.push_back(d.copied);
-      comm.run(d.action, d.mirror);
-      reducing_[d.action.unit] = d.action.buffer;
-      if (d.action.unit == through) break;
-    }
-  }
-  cudaEvent_t take_event() {
-    if (free_events_.empty()) {
-      cudaEvent_t event = nullptr;
-      check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event");
-      all_events_.push_back(event);
-      return event;
-    }
-    const cudaEvent_t event = free_events_.back();
-    free_events_.pop_back();
-    return event;
+  // The reduce-scatter whose gradients are on their way to the host (at most one: each reduce
+  // starts the one before it), started where the plan's next reduce, the unit's wait (`unit`) or
+  // the plan's end (-1) comes: the host waits for the copy, then hands the mirror to the host
+  // communicator. Where it starts depends only on the plan, so every rank starts its collectives in
+  // the same order.
+  void start_downloaded_reductions(StepCommunication& comm, int unit) {
+    if (!downloading_ || (unit >= 0 && downloading_->action.unit != unit)) return;  // none, or started already
+    const Download d = *downloading_;
+    downloading_.reset();
+    wait(downloaded_, "the gradients of a reduce-scatter");
+    comm.run(d.action, d.mirror);
+    reducing_[d.action.unit] = d.action.buffer;
   }
 
   // Points unit `unit`'s parameters (or gradients) at `buffer`, laid out as the store's.
@@ -688,14 +673,13 @@ class CudaRunner final : public DeviceRunner {
   bool resident_ = false;
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
   StagingMirrors mirrors_;
-  std::map<int, ValueId> reducing_;   // unit -> the buffer its reduce-scatter's mirror holds
-  struct Download {                   // a reduce-scatter's gradients on their way to its mirror
+  std::map<int, ValueId> reducing_;  // unit -> the buffer its reduce-scatter's mirror holds
+  struct Download {                  // a reduce-scatter's gradients on their way to its mirror
     StepAction action;
     std::byte* mirror;
-    cudaEvent_t copied;  // recorded on the stream after the copy
   };
-  std::deque<Download> downloading_;
-  std::vector<cudaEvent_t> free_events_, all_events_;  // the downloads' events, reused
+  std::optional<Download> downloading_;
+  cudaEvent_t downloaded_ = nullptr;  // recorded on the stream after its copy
   std::vector<StepAction> deferred_;  // the store's reductions and their waits, run after the plan
   std::set<int> deferred_units_;
   DeviceTimes times_;

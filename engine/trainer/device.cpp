@@ -53,10 +53,9 @@ bool planned_for_cuda(const recipe::Recipe& recipe) {
 
 bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
   std::string reason;
-  if (world > 1 && recipe.distributed.zero_stage >= 2)
-    reason = std::to_string(world) + " ranks at zero_stage " + std::to_string(recipe.distributed.zero_stage);
-  else if (recipe.distributed.zero_stage >= 2)
-    reason = "zero_stage " + std::to_string(recipe.distributed.zero_stage);
+  if (recipe.distributed.zero_stage >= 2)
+    reason = (world > 1 ? std::to_string(world) + " ranks at " : std::string()) + "zero_stage " +
+             std::to_string(recipe.distributed.zero_stage);
   else if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
     reason = "offload";
   if (why) *why = reason;

@@ -412,8 +412,9 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
                   ": the step computes on the GPU; gradient reductions, the update and ZeRO's gathers run on the "
                   "host, through page-locked staging";
   else if (runner) {
-    // ZeRO 0 (or 1 on one process) without offload: the whole update happens on the device, and the
-    // model state stays there between steps; several ranks reduce their gradients there too.
+    // ZeRO 0-1 without offload: the whole update happens on the device, and the model state (stage
+    // 1 on several ranks: this rank's shard of it) stays there between steps; several ranks reduce
+    // their gradients there too.
     std::string how;
     device_collectives = make_device_collectives(r, comm, device, &how);
     if (device_collectives)
