@@ -10,7 +10,7 @@
 // The host ParameterStore and Optimizer stay the model's record: upload() copies them to the device
 // (before the first step, and after anything on the host changed them: initialisation, loaded
 // weights, a restored checkpoint); download() copies the device's state back (before a checkpoint,
-// an export, a golden digest or any host reader). ZeRO stage 0-1, without offload.
+// an export, a golden digest or any host reader). Any ZeRO stage, without offload.
 //
 // Several ranks (or one that names distributed.gpu_collectives) reduce each micro-batch's gradients
 // on the device through `collectives` (NCCL, or the staged communicator: trainer/device.h): a
@@ -23,6 +23,13 @@
 //            range); the norm's partial sums are gathered per unit into one process's list (less
 //            the padding blocks: ZeroStep::gradient_norm's list), so every rank decides alike;
 //            each rank updates its shard, and the compute-type parameters are gathered in place.
+//   stage 2  as stage 1, but the micro-batch gradients are the plan's arena buffers: each unit is
+//            reduce-scattered into the shard of the sum where the plan places its reduce, during
+//            the backward, and the runner's stream waits for it at the plan's wait, before the
+//            buffer is reused (DevicePlanActions, which the runner calls).
+//   stage 3  as stage 2, and the compute-type parameters are this rank's shard alone: the update
+//            writes it, and each plan's gather all-gathers a unit into its arena buffer, used at
+//            the plan's use_params. One process copies and adds those on the stream itself.
 // The collectives run on the communicator's stream after the runner's and the runner's stream waits
 // for them; the host waits for them (within distributed.timeout) only where it next blocks on the
 // stream (the staged communicator waits at each, for its copies).
@@ -32,7 +39,7 @@
 //
 //   auto device = make_device_optimizer(recipe.optimizer, store, *optimizer, runner, accumulation);
 //   device->upload();
-//   for (micro ...) { executor.run("train", ...); device->add_micro_batch(micro); }
+//   for (micro ...) { device->begin_micro_batch(micro); executor.run("train", ...); device->add_micro_batch(micro); }
 //   const DeviceOptimizer::StepEnd end = device->finish_and_step(lr, policy);   // one wait, mid-update
 //
 // or, where the host must see the gradients or the norm before the update (a plugin's hook):
@@ -61,7 +68,10 @@ class DeviceOptimizer {
   virtual ~DeviceOptimizer() = default;
   virtual void upload() = 0;    // host masters, compute copies and optimizer state -> device
   virtual void download() = 0;  // device -> host (the masters, copies and state a reader sees)
-  // After micro-batch `micro` of a step ran its backward: adds its gradients to the step's sum.
+  // Before micro-batch `micro` of a step runs (ZeRO-2/3's reductions, in its plan, overwrite the
+  // step's sum at micro-batch 0 and add to it after), and after it ran its backward: adds its
+  // gradients to the step's sum (stages 0-1).
+  virtual void begin_micro_batch(int64_t micro) = 0;
   virtual void add_micro_batch(int64_t micro) = 0;
   // Returns the norm's partial sums of the gradients the update will read (the step's sum, or the
   // fp32 gradients a hook uploaded), one process's list (ZeroStep::whole_gradient_norm's).
@@ -88,6 +98,10 @@ class DeviceOptimizer {
     UpdateDecision decision;
   };
   virtual StepEnd finish_and_step(double lr, const StepPolicy& policy) = 0;
+
+  // ZeRO-2/3: the gathers and reduce-scatters of the runner's plans, which it carries out through
+  // its collectives (DeviceRunner::set_resident takes them); null at stages 0-1.
+  virtual DevicePlanActions* plan_actions() = 0;
 
   virtual void use_graphs(bool on) = 0;
   virtual void reset_graphs() = 0;            // what the phases enqueue changed (a value's type)

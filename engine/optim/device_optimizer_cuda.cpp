@@ -2,6 +2,8 @@
 // device state and sequences the kernels of optim/update_kernels.cu on the runner's stream.
 #include <cuda_runtime.h>
 
+#include <map>
+
 #include "core/error.h"
 #include "cuda_convert.h"
 #include "dist/shard_layout.h"
@@ -13,7 +15,7 @@
 namespace engine {
 namespace {
 
-class CudaOptimizer final : public DeviceOptimizer {
+class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
  public:
   CudaOptimizer(const recipe::OptimizerSection& config, ParameterStore& store, Optimizer& host, DeviceRunner& runner,
                 int64_t accumulation, Communicator* collectives)
@@ -24,24 +26,31 @@ class CudaOptimizer final : public DeviceOptimizer {
         stream_(static_cast<cudaStream_t>(runner.stream())),
         segments_(decay_segments(store, config)),
         accumulation_(accumulation),
+        stage_(store.sharding().stage),
         collectives_(collectives) {
     const int world = store.layout().world();
-    ENGINE_CHECK(store.sharding().stage <= 1 && (world == 1 || collectives),
-                 "the device optimizer runs ZeRO stage 0-1, several ranks reducing through a device communicator");
+    ENGINE_CHECK(!store.masters_offloaded() && !store.shard_offloaded() && (world == 1 || collectives),
+                 "the device optimizer runs without offload, several ranks reducing through a device communicator");
     ENGINE_CHECK(!collectives || collectives->size() == world, "the device communicator spans the data-parallel ranks");
     const size_t units = store.graph().units().size();
     const size_t tensors = host.state().size();
     state_.resize(tensors);
     for (size_t u = 0; u < units; ++u)  // stage 1 on several ranks: each rank's range is its shard
       if (store.range_size(u) != store.layout().padded(u)) sharded_ = true;
+    const bool f32 = store_.param_dtype() == DType::f32;
     for (size_t u = 0; u < units; ++u) {
       const int64_t n = store.range_size(u);
-      master_.push_back(store_.param_dtype() == DType::f32
-                            ? reinterpret_cast<float*>(range_of(runner.parameters(u), u, 4))  // the masters
-                            : f32_block(n, "the fp32 master weights"));
+      // fp32 at stages 0-2: the masters are the compute-type parameters' range. ZeRO-3 keeps only
+      // the shard that its gathers read: the masters themselves in fp32, else a 16-bit copy.
+      master_.push_back(f32 && stage_ < 3 ? reinterpret_cast<float*>(range_of(runner.parameters(u), u, 4))
+                                          : f32_block(n, "the fp32 master weights"));
+      if (stage_ == 3)
+        shard_.push_back(f32 ? reinterpret_cast<std::byte*>(master_.back())
+                             : runner.allocate(n * int64_t(dtype_size(store_.param_dtype())), "the parameters' shard"));
       for (size_t k = 0; k < tensors; ++k) state_[k].push_back(f32_block(n, "the optimizer state"));
-      // Reduced sums land in buffers of their own (a reduce-scatter reads every rank's whole gradient).
-      std::byte* sum = accumulation > 1 || collectives
+      // Reduced sums land in buffers of their own (a reduce-scatter reads every rank's whole
+      // gradient; ZeRO-2/3's micro-batch gradients are arena buffers, reused once reduced).
+      std::byte* sum = accumulation > 1 || collectives || stage_ >= 2
                            ? runner.allocate(n * int64_t(dtype_size(store_.grad_dtype())), "the gradient sum")
                            : runner.gradients(u);
       grad_sum_.push_back(sum);
@@ -101,7 +110,11 @@ class CudaOptimizer final : public DeviceOptimizer {
     synchronize("download of the model state");
   }
 
+  DevicePlanActions* plan_actions() override { return stage_ >= 2 ? this : nullptr; }
+
+  void begin_micro_batch(int64_t micro) override { micro_ = micro; }
   void add_micro_batch(int64_t micro) override {
+    if (stage_ >= 2) return;  // the plan reduced each unit where its backward finished (reduce())
     if (collectives_) return reduce_micro_batch(micro);
     if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
     graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_,
@@ -140,9 +153,7 @@ class CudaOptimizer final : public DeviceOptimizer {
       units[u].g = g[u];
       units[u].m = state_.empty() ? nullptr : state_[0][u];  // AdamW's first moment, SGD's momentum
       units[u].v = state_.size() > 1 ? state_[1][u] : nullptr;
-      units[u].copy = store_.param_dtype() == DType::f32
-                          ? nullptr
-                          : range_of(runner_.parameters(u), u, dtype_size(store_.param_dtype()));
+      units[u].copy = store_.param_dtype() == DType::f32 ? nullptr : compute_range(u);
     }
     const std::vector<UpdateChunk> table =
         plan_update_chunks(segments_, units, int64_t(dtype_size(store_.param_dtype())), grad_size);
@@ -206,6 +217,62 @@ class CudaOptimizer final : public DeviceOptimizer {
     follow(works);
   }
   std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
+
+ public:
+  // ZeRO-2/3's actions, where the runner's plan places them (runtime/device_runner.h). One process
+  // without a communicator copies and adds on the stream itself: the bits of its stages 0-1.
+  void gather(int unit, std::byte* into) override {
+    const auto u = size_t(unit);
+    const int64_t bytes = store_.layout().shard(u) * int64_t(dtype_size(store_.param_dtype()));
+    if (!collectives_) {  // one process: the shard is the whole unit
+      check_cuda(cudaMemcpyAsync(into, shard_.at(u), size_t(bytes), cudaMemcpyDeviceToDevice, stream_),
+                 "gather of " + unit_name(u));
+      return;
+    }
+    // Keyed by the buffer: with distributed.prefetch above 1 a unit read by two clusters (a tied
+    // head, an untied last block around the head) has two gathers in flight.
+    ENGINE_CHECK(!gathering_.count(into), unit_name(u) + "'s buffer is gathered into twice before its use");
+    gathering_.emplace(
+        into, collectives_->all_gather(shard_.at(u), into, bytes, "all-gather of " + unit_name(u) + "'s parameters",
+                                       Stream{stream_}));
+  }
+  void use_params(int unit, const std::byte* gathered) override { follow_one(gathering_, gathered, unit); }
+  void reduce(int unit, const std::byte* gradients) override {
+    const auto u = size_t(unit);
+    const DType type = store_.grad_dtype();
+    const bool first = micro_ == 0;
+    if (!collectives_) {  // one process: the sum of its micro-batches, as sum_micro_batch adds them
+      if (first)
+        check_cuda(cudaMemcpyAsync(grad_sum_[u], gradients, size_t(store_.range_size(u)) * dtype_size(type),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   "gradient sum");
+      else
+        cuda::accumulate_gradients(grad_sum_[u], gradients, type, store_.range_size(u), stream_);
+      return;
+    }
+    ENGINE_CHECK(!reducing_.count(unit), unit_name(u) + " is reduced twice before its wait");
+    // At stages 2-3 the optimizer's range is the rank's shard: the sum's buffer is the shard.
+    reducing_.emplace(
+        unit, collectives_->reduce_scatter(gradients, grad_sum_[u], store_.layout().shard(u), type,
+                                           first ? Reduction::overwrite : Reduction::accumulate,
+                                           "reduce-scatter of " + unit_name(u) + "'s gradients", Stream{stream_}));
+  }
+  void wait(int unit) override { follow_one(reducing_, unit, unit); }
+
+ private:
+  // The runner's stream waits for the collective of `unit` started under `key` (none on one process).
+  template <class Key>
+  void follow_one(std::map<Key, Work>& started, Key key, int unit) {
+    const auto found = started.find(key);
+    if (found == started.end()) {
+      ENGINE_CHECK(!collectives_,
+                   "the plan waits for a collective of unit " + std::to_string(unit) + " it never started");
+      return;
+    }
+    std::vector<Work> one{found->second};
+    started.erase(found);
+    follow(one);
+  }
   // The runner's stream waits for `works` (collectives just started), and the host will wait for
   // them through their handles before it next blocks on the stream (wait_for_collectives).
   void follow(std::vector<Work>& works) {
@@ -384,7 +451,7 @@ class CudaOptimizer final : public DeviceOptimizer {
       cuda::update_chunks(table.chunks, table.count, config_.type == recipe::OptimizerType::adamw, scalars_,
                           store_.param_dtype(), grad_type, stream_);
     });
-    if (sharded_) gather_parameters();
+    if (sharded_ && stage_ < 3) gather_parameters();  // ZeRO-3 gathers each unit where the plan reads it
   }
 
   // Sharded: every rank's updated slice of the compute-type parameters, gathered in place (the next
@@ -408,6 +475,11 @@ class CudaOptimizer final : public DeviceOptimizer {
   std::byte* range_of(std::byte* whole, size_t u, size_t element) const {
     return whole + store_.range_begin(u) * int64_t(element);
   }
+  // The compute-type parameters of unit u's optimizer range: ZeRO-3's shard, else the range of the
+  // whole unit the runner holds.
+  std::byte* compute_range(size_t u) const {
+    return stage_ == 3 ? shard_[u] : range_of(runner_.parameters(u), u, dtype_size(store_.param_dtype()));
+  }
 
   void synchronize(const std::string& what) {
     wait_for_collectives();
@@ -424,11 +496,13 @@ class CudaOptimizer final : public DeviceOptimizer {
     const std::vector<Optimizer::StateTensor> state = host_.state();
     for (size_t u = 0; u < master_.size(); ++u) {
       const auto n = size_t(store_.range_size(u));
-      // The whole unit's compute-type values (in an fp32 run, the masters are their range), then
-      // the range's masters.
-      if (store_.param_dtype() != DType::f32 || sharded_)
+      // The whole unit's compute-type values (in an fp32 run, the masters are their range; ZeRO-3
+      // holds the 16-bit shard alone), then the range's masters.
+      if (stage_ < 3 && (store_.param_dtype() != DType::f32 || sharded_))
         copy(runner_.parameters(u), store_.compute(u),
              size_t(store_.layout().padded(u)) * dtype_size(store_.param_dtype()), "parameter copies");
+      if (stage_ == 3 && store_.param_dtype() != DType::f32)
+        copy(shard_[u], store_.shard_copy(u), n * dtype_size(store_.param_dtype()), "the parameters' shard");
       copy(master_[u], store_.master(u), n * 4, "master weights");
       for (size_t k = 0; k < state.size(); ++k) copy(state_[k][u], state[k].units[u], n * 4, "optimizer state");
     }
@@ -462,8 +536,14 @@ class CudaOptimizer final : public DeviceOptimizer {
   double* padded_partials_ = nullptr;  // sharded only
   double* whole_partials_ = nullptr;   // partials_ itself unless sharded
   int64_t accumulation_ = 1;
-  Communicator* collectives_ = nullptr;         // several ranks' reductions (null: one process)
-  std::vector<Work> in_flight_;                 // its operations since the host last waited
+  int stage_ = 0;                        // the ZeRO stage
+  std::vector<std::byte*> shard_;        // ZeRO-3: each unit's compute-type shard, which its gathers read
+  int64_t micro_ = 0;                    // the micro-batch of the step the runs compute (begin_micro_batch)
+  Communicator* collectives_ = nullptr;  // several ranks' reductions (null: one process)
+  std::vector<Work> in_flight_;          // its operations since the host last waited
+  // ZeRO-2/3: the plan's collectives not yet used (by buffer) or waited for (by unit).
+  std::map<const std::byte*, Work> gathering_;
+  std::map<int, Work> reducing_;
   double* chunk_sums_ = nullptr;                // decide_update's
   ChunkTable sum_table_;                        // the update over the step's gradient sum, in the gradient type
   ChunkTable f32_table_;                        // ... over the fp32 gradients a hook changed (the same table in fp32)

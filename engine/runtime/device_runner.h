@@ -9,10 +9,12 @@
 // side, checkpoints and plugins see the same buffers at every device.
 //
 // Two ways to run (trainer/device.h device_resident):
-//   resident  one process, ZeRO 0-1, no offload: the parameters and gradients stay on the device
-//             between steps and the device optimizer updates them there; the plan's kernels replay
-//             on one stream, as CUDA graphs after the first runs.
-//   staged    every other run (several ranks, ZeRO-2/3, offload): each run uploads the store's
+//   resident  no offload, any ZeRO stage and world size: the parameters and gradients (ZeRO-3: the
+//             parameters' shard; ZeRO-2/3: the step's sum) stay on the device between steps and the
+//             device optimizer updates them there; the plan's kernels replay on one stream, as CUDA
+//             graphs after the first runs (except plans whose actions gather or reduce-scatter arena
+//             buffers on the device: DevicePlanActions).
+//   staged    a run with offload: each run uploads the store's
 //             compute-type parameters (ZeRO 0-2), replays the plan's nodes and carries out its
 //             actions on the host between them through page-locked mirrors of the arena's buffers:
 //             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
@@ -69,6 +71,23 @@ struct DeviceTimes {
   int64_t waits = 0;  // the times the host blocked until the device caught up (resident runs: once a step)
 };
 
+// The plan's actions on a resident run's device buffers (ZeRO-2/3: the device optimizer carries
+// them out through its collectives, in the runner's stream order; optim/device_optimizer.h).
+class DevicePlanActions {
+ public:
+  virtual ~DevicePlanActions() = default;
+  // Starts gathering `unit`'s compute-type parameters (the whole padded unit) into `into`, an arena
+  // buffer, behind the stream's work so far.
+  virtual void gather(int unit, std::byte* into) = 0;
+  // The stream's next kernels read the parameters gathered into `gathered`: it waits for that gather.
+  virtual void use_params(int unit, const std::byte* gathered) = 0;
+  // Starts reducing `unit`'s micro-batch gradients (the whole padded unit, in `gradients`, an arena
+  // buffer) into this rank's shard of the step's sum, behind the kernels that wrote them.
+  virtual void reduce(int unit, const std::byte* gradients) = 0;
+  // The stream's next kernels may reuse that buffer: it waits for the reduction.
+  virtual void wait(int unit) = 0;
+};
+
 class DeviceRunner {
  public:
   virtual ~DeviceRunner() = default;
@@ -107,11 +126,15 @@ class DeviceRunner {
 
   // Resident model state (optim/device_optimizer.h): run() then neither uploads the parameters nor
   // downloads the gradients nor runs the plan's host reductions; the device optimizer reads the
-  // gradients and writes the parameters where they are.
-  virtual void set_resident(bool resident) = 0;
-  virtual std::byte* parameters(size_t unit) = 0;  // the unit's compute-type parameters (padded)
-  virtual std::byte* gradients(size_t unit) = 0;   // the unit's micro-batch gradients (padded)
-  virtual void* stream() = 0;                      // the cudaStream_t the steps run on
+  // gradients and writes the parameters where they are. With `actions` (ZeRO-2/3), the plan's
+  // gathers and reduce-scatters of arena buffers run through them where the plan places them, and a
+  // plan that has any replays eagerly rather than as a CUDA graph.
+  virtual void set_resident(bool resident, DevicePlanActions* actions = nullptr) = 0;
+  // The unit's compute-type parameters (padded; null at ZeRO-3, whose units are gathered into the
+  // arena) and micro-batch gradients (padded; null at ZeRO-2/3, which writes them into the arena).
+  virtual std::byte* parameters(size_t unit) = 0;
+  virtual std::byte* gradients(size_t unit) = 0;
+  virtual void* stream() = 0;  // the cudaStream_t the steps run on
 
   // CUDA graphs (resident runs without op_totals): a plan's first run is eager, its second is
   // captured as a graph and every later one replays it. The step's identity reaches the kernels

@@ -275,7 +275,10 @@ class CudaRunner final : public DeviceRunner {
       check_cuda(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
-    if (graphs_.enabled() && resident_ && !op_totals && !traced)
+    // The device's collectives (NCCL, or staged through the host) are enqueued eagerly: a staged
+    // one blocks the host, and a reduction's overwrite or accumulate follows the micro-batch.
+    const bool device_actions = resident_ && plan_actions_ && !plan.actions.empty();
+    if (graphs_.enabled() && resident_ && !device_actions && !op_totals && !traced)
       graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr, nullptr); });
     else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr, resident_ ? nullptr : communication);
@@ -362,7 +365,10 @@ class CudaRunner final : public DeviceRunner {
   int64_t graph_replays() const override { return graphs_.replays(); }
 
   DeviceTimes times() const override { return times_; }
-  void set_resident(bool resident) override { resident_ = resident; }
+  void set_resident(bool resident, DevicePlanActions* actions) override {
+    resident_ = resident;
+    plan_actions_ = resident ? actions : nullptr;
+  }
   std::byte* parameters(size_t unit) override { return compute_.at(unit).data(); }
   std::byte* gradients(size_t unit) override { return grads_.at(unit).data(); }
   void* stream() override { return stream_; }
@@ -420,16 +426,21 @@ class CudaRunner final : public DeviceRunner {
   }
 
   // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
-  // between two events where `events` is given, and with `communication` the plan's actions
-  // between them (staged: below).
+  // between two events where `events` is given, and the plan's actions between them: with
+  // `communication` on the host (staged: below), else through the device optimizer's
+  // (DevicePlanActions: resident ZeRO-2/3).
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events,
                     StepCommunication* communication) {
     if (plan.training)
       for (DeviceBlock& g : grads_)
         if (g.data()) check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
     for (size_t position = 0; position <= plan.nodes.size(); ++position) {
-      if (communication && !plan.actions.empty())
-        for (const StepAction& action : plan.actions[position]) run_staged(plan, action, ctx, *communication);
+      if (!plan.actions.empty()) {
+        if (communication)
+          for (const StepAction& action : plan.actions[position]) run_staged(plan, action, ctx, *communication);
+        else if (resident_ && plan_actions_)
+          for (const StepAction& action : plan.actions[position]) run_on_device(plan, action, ctx);
+      }
       if (position == plan.nodes.size()) {
         if (communication) start_downloaded_reductions(*communication, -1);  // a plan waits for each; none left
         break;
@@ -446,6 +457,36 @@ class CudaRunner final : public DeviceRunner {
         check_cuda(cudaEventRecord(stop, stream_), "event record");
         events->emplace_back(start, stop);
       }
+    }
+  }
+
+  // One of the plan's actions on a resident run (ZeRO-2/3), on the arena's buffers in stream order:
+  // the device optimizer starts the gathers and reductions, and the stream waits for each where the
+  // plan uses the parameters or reuses the gradients' buffer; in between it computes.
+  void run_on_device(const Plan& plan, const StepAction& action, KernelContext& ctx) {
+    using Kind = StepAction::Kind;
+    ENGINE_CHECK(action.kind == Kind::wait || action.buffer != kNoValue,
+                 "a resident ZeRO-2/3 plan reduces the store's gradients");
+    std::byte* device = action.buffer == kNoValue ? nullptr : arena_.data() + plan.offsets[size_t(action.buffer)];
+    switch (action.kind) {
+      case Kind::gather:
+        plan_actions_->gather(action.unit, device);
+        break;
+      case Kind::use_params:
+        plan_actions_->use_params(action.unit, device);
+        bind_unit(action.unit, device, false, ctx);
+        break;
+      case Kind::grads_into:
+        check_cuda(cudaMemsetAsync(device, 0, size_t(value_bytes(graph_.value(action.buffer))), stream_),
+                   "zero gradient buffer");
+        bind_unit(action.unit, device, true, ctx);
+        break;
+      case Kind::reduce:
+        plan_actions_->reduce(action.unit, device);
+        break;
+      case Kind::wait:
+        plan_actions_->wait(action.unit);
+        break;
     }
   }
 
@@ -671,6 +712,7 @@ class CudaRunner final : public DeviceRunner {
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
+  DevicePlanActions* plan_actions_ = nullptr;     // a resident ZeRO-2/3 run's (the device optimizer)
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
   StagingMirrors mirrors_;
   std::map<int, ValueId> reducing_;  // unit -> the buffer its reduce-scatter's mirror holds

@@ -52,12 +52,10 @@ bool planned_for_cuda(const recipe::Recipe& recipe) {
 }
 
 bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
+  (void)world;  // every stage is resident at any world size; only offload moves state off the device
   std::string reason;
-  if (recipe.distributed.zero_stage >= 2)
-    reason = (world > 1 ? std::to_string(world) + " ranks at " : std::string()) + "zero_stage " +
-             std::to_string(recipe.distributed.zero_stage);
-  else if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
-    reason = "offload";
+  if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
+    reason = std::string("offload.") + (recipe.offload.optimizer != OffloadTier::none ? "optimizer" : "parameters");
   if (why) *why = reason;
   return reason.empty();
 }
@@ -147,21 +145,24 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
     m.gradients = stage < 2 ? elements * grad : 0;    // stages 2-3 write them into arena buffers
     return m;
   }
-  // The optimizer's range of each unit: the whole unit, or this rank's shard (stage 1 on several ranks).
+  // The optimizer's range of each unit: the whole unit, or this rank's shard (stages 1-3 on several
+  // ranks).
   int64_t range = 0, blocks = 0;  // blocks: the norm's partial sums, one process's list (value blocks)
   for (size_t u = 0; u < layout.units(); ++u) {
     range += ParameterStore::range_size(layout, step.sharding, u);
     blocks += layout.value_blocks(u);
   }
   const bool sharded = range != elements;
-  m.parameters = elements * param;
-  m.gradients = elements * grad;
-  m.masters = param == 4 ? 0 : range * 4;
+  // ZeRO-3 holds the parameters' shard (in fp32 the masters themselves) and gathers each unit into
+  // the arena; ZeRO-2/3 write the micro-batch gradients into arena buffers.
+  m.parameters = stage < 3 ? elements * param : (param == 4 ? 0 : range * param);
+  m.gradients = stage < 2 ? elements * grad : 0;
+  m.masters = param == 4 && stage < 3 ? 0 : range * 4;
   m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * range * 4;
   // The update reads the step's sum in the gradient type (a 16-bit run's fp32 gradients exist only
   // for a hook that reads them before the update: optim/device_optimizer.h).
   const bool reduced = uses_device_collectives(recipe, world);  // the sum is where the ranks' reductions land
-  m.gradient_sum = (step.sharding.accumulation > 1 || reduced ? range * grad : 0) +
+  m.gradient_sum = (step.sharding.accumulation > 1 || reduced || stage >= 2 ? range * grad : 0) +
                    (blocks + norm_chunks(blocks)) * 8;  // and the norm's partial sums, and their chunks' sums
   if (sharded)  // the shard's partial sums, and every rank's gathered (padding included)
     m.gradient_sum += (range + elements) / kShardBlock * 8;

@@ -5,13 +5,14 @@
 //         or a UserError (exit 2) where the build has no CUDA or the machine no device;
 //   auto  cuda when the build has CUDA and a device is present, else cpu.
 //
-// How a GPU run holds the model (device_resident): a run without offload at ZeRO stage 0-1 (any
-// number of ranks) keeps its model state on the device (stage 1: its shard of the masters and the
-// optimizer state) and updates it there; its ranks reduce their gradients on the device through the
-// communicator make_device_collectives gives (NCCL, or staged through page-locked host memory where
-// ranks share a GPU). Every other run (ZeRO-2/3, offload) computes the step on the device and leaves
-// the reductions, the update and the gathers to the host, staging each buffer through page-locked
-// memory (runtime/device_runner.h).
+// How a GPU run holds the model (device_resident): a run without offload, at any ZeRO stage and
+// number of ranks, keeps its model state on the device (stages 1-3: its shard of the masters and the
+// optimizer state; stage 3: of the parameters too) and updates it there; its ranks reduce their
+// gradients (and ZeRO-3 gathers its units) on the device through the communicator
+// make_device_collectives gives (NCCL, or staged through page-locked host memory where ranks share
+// a GPU). A run with offload computes the step on the device and leaves the reductions, the update
+// and the gathers to the host, staging each buffer through page-locked memory
+// (runtime/device_runner.h).
 //
 //   Device device = resolve_device(recipe, comm.local_rank());
 //   std::string how;
@@ -67,10 +68,10 @@ struct DeviceMemoryPlan {
            reduce_staging + workspace;
   }
 };
-// At `world` ranks: a resident run holds the whole state there (and, reducing through a device
-// communicator, the step's gradient sum and NCCL's reduce staging, one unit's gradient); a staged
-// one the parameters (ZeRO 0-2) and the micro-batch gradients (ZeRO 0-1) beside the arena, which
-// holds ZeRO-2/3's buffers.
+// At `world` ranks: a resident run holds its state there (the optimizer's range of it: stages 1-3
+// shard it, stage 3 the parameters too; and, reducing through a device communicator, the step's
+// gradient sum and NCCL's reduce staging, one unit's gradient); a staged one the parameters (ZeRO
+// 0-2) and the micro-batch gradients (ZeRO 0-1) beside the arena, which holds ZeRO-2/3's buffers.
 DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Recipe& recipe, int world = 1);
 
 }  // namespace engine

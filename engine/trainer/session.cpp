@@ -412,18 +412,23 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
                   ": the step computes on the GPU; gradient reductions, the update and ZeRO's gathers run on the "
                   "host, through page-locked staging";
   else if (runner) {
-    // ZeRO 0-1 without offload: the whole update happens on the device, and the model state (stage
-    // 1 on several ranks: this rank's shard of it) stays there between steps; several ranks reduce
-    // their gradients there too.
+    // Without offload: the whole update happens on the device, and the model state (stages 1-3 on
+    // several ranks: this rank's shard of it) stays there between steps; several ranks reduce their
+    // gradients there too, and ZeRO-2/3's plans gather and reduce-scatter on the device.
     std::string how;
     device_collectives = make_device_collectives(r, comm, device, &how);
-    if (device_collectives)
+    const int stage = r.distributed.zero_stage;
+    if (device_collectives || stage >= 2)
       device_note = "run.device cuda with " + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
-                    " at zero_stage " + std::to_string(r.distributed.zero_stage) +
-                    ": the step and the update on each GPU, the gradients reduced on the device through " + how;
+                    " at zero_stage " + std::to_string(stage) + ": the step and the update on each GPU, " +
+                    (device_collectives ? "the gradients reduced on the device through " + how
+                                        : std::string("the micro-batches summed on the device")) +
+                    (stage == 3   ? ", each unit gathered and reduce-scattered where the plan places it"
+                     : stage == 2 ? ", each unit reduce-scattered where the plan places it"
+                                  : "");
     device_optimizer =
         make_device_optimizer(r.optimizer, store, *optimizer, *runner, accumulation, device_collectives.get());
-    runner->set_resident(true);
+    runner->set_resident(true, device_optimizer->plan_actions());
     runner->use_graphs(r.run.cuda_graphs);
     device_optimizer->use_graphs(r.run.cuda_graphs);
   }
@@ -482,6 +487,7 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
     load_batch(batch);
     zero.begin_micro_batch(micro);
     zero.begin_pass(train_gathers_);
+    if (device_optimizer) device_optimizer->begin_micro_batch(micro);
   }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);

@@ -251,7 +251,7 @@ class Session {
   std::unique_ptr<OffloadedState> offloaded;  // null without offload
   ParameterStore store;
   std::unique_ptr<Optimizer> optimizer;
-  std::string device_note;  // how a GPU run that is not resident (trainer/device.h) splits its work, or ""
+  std::string device_note;  // how a GPU run (trainer/device.h) splits its work and reduces, or "" (one rank, ZeRO 0-1)
   Device device;            // where the forward and backward run (trainer/device.h)
   Executor executor;
   ZeroStep zero;

@@ -1,7 +1,8 @@
-// ZeRO and offload on a GPU, checked by running both sides with the engine binary: every staged
-// setting (trainer/device.h: ZeRO-2/3, ZeRO-Offload to host memory or NVMe, several ranks sharing
-// the GPU) trains to the same bits as the resident run on one process (stage 0, the update on the
-// device): its per-step losses, gradient norms and learning rates, and its final weights file.
+// ZeRO and offload on a GPU, checked by running both sides with the engine binary: every ZeRO
+// stage (resident: the gathers and reduce-scatters on the device where the plan places them), every
+// staged setting (trainer/device.h: ZeRO-Offload to host memory or NVMe) and several ranks sharing
+// the GPU train to the same bits as the resident run on one process at stage 0: its per-step
+// losses, gradient norms and learning rates, and its final weights file.
 // fp32 and bf16 with accumulation, clipping, dropout and evaluation every other step (ZeRO-3 gathers
 // for the evaluation plan too). Skipped, saying so, without a device; the
 // two-rank case also without a working mpirun (ENGINE_MPIRUN, else the build's).
@@ -98,7 +99,8 @@ std::string two_rank_mpirun() {
   return probe.status == 0 ? mpirun : std::string();
 }
 
-// One process: stage 0 resident (the device optimizer) against every staged setting.
+// One process: stage 0 resident (the device optimizer) against stages 2-3 (resident, the plan's
+// gathers and sums on the device) and every staged setting.
 TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
   REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero");
@@ -108,9 +110,14 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
     ASSERT_EQ(resident.steps.size(), 6u) << resident.output;
     EXPECT_NE(resident.output.find("device: cuda"), std::string::npos) << resident.output;
     const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
+    for (int stage : {2, 3}) {
+      const Trajectory sharded =
+          train("", common + "distributed.zero_stage=" + std::to_string(stage), dir.path() / "sharded");
+      EXPECT_NE(sharded.output.find("where the plan places it"), std::string::npos) << sharded.output;
+      EXPECT_EQ(sharded.output.find("the step computes on the GPU"), std::string::npos) << sharded.output;
+      expect_same(sharded, resident, std::string(precision) + " zero_stage " + std::to_string(stage));
+    }
     for (const std::string& setting : std::vector<std::string>{
-             "distributed.zero_stage=2",
-             "distributed.zero_stage=3",
              "offload.optimizer=cpu",
              "distributed.zero_stage=2 offload.optimizer=cpu",
              "distributed.zero_stage=3 offload.optimizer=cpu offload.parameters=cpu",
@@ -126,7 +133,8 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
 
 // One process whose micro-batches' gradients go through a device communicator anyway
 // (distributed.gpu_collectives: NCCL's world-1 reduce-scatter and all-gather on the device, or the
-// staged copies through the host): the bits of the resident run that sums them itself.
+// staged copies through the host), at stage 0 and at stage 3 (the plan's gathers and
+// reduce-scatters through it): the bits of the resident run that sums them itself.
 TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
   REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero_collectives");
@@ -137,17 +145,24 @@ TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
     for (const auto& [path, said] : std::vector<std::pair<std::string, std::string>>{
              {"nccl", "through NCCL on the GPUs"}, {"staged", "through page-locked host memory"}}) {
       if (path == "nccl" && !kHaveNccl) continue;
-      const Trajectory reduced = train("", common + "distributed.gpu_collectives=" + path, dir.path() / path);
-      EXPECT_NE(reduced.output.find(said), std::string::npos) << reduced.output;
-      expect_same(reduced, resident, std::string(precision) + " gpu_collectives " + path);
+      // Stage 3 gathers two clusters ahead: a unit read by two clusters (the tied head) has two
+      // gathers in flight.
+      for (const std::string stage : {"0", "3 distributed.prefetch=2"}) {
+        const Trajectory reduced =
+            train("", common + "distributed.zero_stage=" + stage + " distributed.gpu_collectives=" + path,
+                  dir.path() / (path + stage.substr(0, 1)));
+        EXPECT_NE(reduced.output.find(said), std::string::npos) << reduced.output;
+        expect_same(reduced, resident, std::string(precision) + " zero_stage " + stage + " gpu_collectives " + path);
+      }
     }
   }
 }
 
 // Two ranks sharing the one GPU (one micro-batch each), at every stage, against one process
-// accumulating the same two micro-batches. Stages 0-1 are resident, their gradients reduced on the
-// device through the staged communicator (stage 1: each rank updates its shard, the norm's partial
-// sums and the parameters gathered); the others are staged runs whose host reduces.
+// accumulating the same two micro-batches. Every stage is resident, its gradients reduced on the
+// device through the staged communicator (stages 1-3: each rank updates its shard, the norm's
+// partial sums gathered; stages 1-2 gather the parameters after the update, stage 3 where the plan
+// uses each unit; stages 2-3 reduce-scatter each unit during the backward).
 TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
   REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
@@ -165,15 +180,15 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
                     " train.gradient_accumulation_steps=1 distributed.zero_stage=" + std::to_string(stage),
                 dir.path() / ("two" + std::to_string(stage)));
       EXPECT_NE(two.output.find("2 ranks"), std::string::npos) << two.output;
-      if (stage <= 1)  // resident, reducing through the staged communicator (NCCL refuses a shared GPU)
-        EXPECT_NE(two.output.find("reduced on the device through page-locked host memory"), std::string::npos)
-            << two.output;
+      // Resident, reducing through the staged communicator (NCCL refuses a shared GPU).
+      EXPECT_NE(two.output.find("reduced on the device through page-locked host memory"), std::string::npos)
+          << two.output;
       expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
     }
   }
 }
 
-// The resident ranks (stages 0-1) accumulating two micro-batches each, against one process
+// The resident ranks (every stage) accumulating two micro-batches each, against one process
 // accumulating four: global micro-batches r and r + 2 reduced onto the sum in order, the shards
 // gathered after the last. A model of about 900 norm partial sums, so the norm's chunks of 256
 // cross units whose padding differs between one and two ranks (stage 1 gathers every rank's
@@ -190,7 +205,7 @@ TEST(CudaZero, TwoResidentRanksAccumulatingGiveOneProcesssBits) {
     const std::string model = precision + " model.n_embd=160 model.n_layer=3 ";
     const Trajectory four = train("", model + "train.gradient_accumulation_steps=4", dir.path() / "four");
     ASSERT_GE(four.steps.size(), 6u) << four.output;
-    for (int stage = 0; stage <= 1; ++stage) {
+    for (int stage = 0; stage <= 3; ++stage) {
       const Trajectory two_by_two =
           train(launcher, model + "train.gradient_accumulation_steps=2 distributed.zero_stage=" + std::to_string(stage),
                 dir.path() / ("two_by_two" + std::to_string(stage)));
@@ -201,15 +216,17 @@ TEST(CudaZero, TwoResidentRanksAccumulatingGiveOneProcesssBits) {
 }
 
 // Hang handling on the GPU as on CPU ranks: with two ranks sharing the GPU (a staged run, its
-// collectives on the host communicator; and a resident one at stage 0, whose device collectives
-// stage through it), a rank stopped mid-step is named by the other with the collective it did not
-// reach, and the job ends non-zero within distributed.timeout (plus the launcher's teardown).
+// collectives on the host communicator; and resident ones at stages 0 and 3, whose device
+// collectives stage through it), a rank stopped mid-step is named by the other with the collective
+// it did not reach, and the job ends non-zero within distributed.timeout (plus the launcher's
+// teardown).
 TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
   REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   constexpr double kTimeout = 3.0, kTeardownSlack = 3.0;
-  for (const char* stage : {"distributed.zero_stage=2", "distributed.zero_stage=0"}) {
+  for (const char* stage :
+       {"distributed.zero_stage=2 offload.optimizer=cpu", "distributed.zero_stage=0", "distributed.zero_stage=3"}) {
     const RankSignalOutcome o =
         signal_rank_mid_training({mpirun, ENGINE_BINARY, ENGINE_SOURCE_DIR "/recipes/quickstart.yaml",
                                   std::string("run.device=cuda ") + stage, kTimeout},
@@ -222,11 +239,11 @@ TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
   }
 }
 
-// engine plan's device memory for staged runs against the allocator's high-water mark, for every
-// staged setting `engine plan --fit` chooses among: within 5% (the staging mirrors are page-locked
-// host memory, not counted there). The resident run's: CudaTraining.MeasuredDeviceMemory...
+// engine plan's device memory against the allocator's high-water mark, for every ZeRO and offload
+// setting `engine plan --fit` chooses among: within 5% (the staging mirrors are page-locked host
+// memory, not counted there). Stage 0's: CudaTraining.MeasuredDeviceMemory...
 // And `engine plan --fit --device-memory auto` reads the GPU's free memory.
-TEST(CudaZero, StagedDeviceMemoryIsThePlanWithinFivePercent) {
+TEST(CudaZero, DeviceMemoryOfEveryZeroSettingIsThePlanWithinFivePercent) {
   REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero_memory");
   const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
@@ -253,7 +270,7 @@ TEST(CudaZero, StagedDeviceMemoryIsThePlanWithinFivePercent) {
         session.data->fill(Split::train, 2 * step + micro++, batch);
         return batch;
       });
-    ASSERT_EQ(session.device_optimizer, nullptr) << setting << ": a staged run";
+    ASSERT_EQ(session.device_optimizer == nullptr, !device_resident(r, 1)) << setting;
     const DeviceMemory measured = session.executor.runner()->memory();
     const double ratio = double(measured.device_peak) / double(plan.total());
     std::printf("%s: planned %lld bytes, measured peak %lld (%.4f), pinned %lld\n", setting.c_str(),

@@ -48,24 +48,28 @@ TEST(DeviceSelection, CudaWithoutADeviceIsAClearError) {
   EXPECT_THROW(Session(quickstart({"run.device=cuda"}).recipe), UserError);
 }
 
-// Every ZeRO stage and offload tier is a valid GPU recipe; what is not resident on the device says
-// why. Stages 0-1 stay resident at any world size, reducing through a device communicator.
-TEST(DeviceSelection, ZeroAndOffloadRunsAreStagedThroughTheHost) {
+// Every ZeRO stage and offload tier is a valid GPU recipe. Every stage stays resident at any world
+// size, reducing (and gathering) through a device communicator; offload is staged through the host,
+// and says which tier makes it so.
+TEST(DeviceSelection, OffloadRunsAreStagedThroughTheHost) {
   std::string why;
-  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 1, &why));
-  EXPECT_EQ(why, "");
-  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda"}).recipe, 2, &why));
-  EXPECT_EQ(why, "");
-  EXPECT_TRUE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=1"}).recipe, 2, &why));
-  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 2, &why));
-  EXPECT_EQ(why, "2 ranks at zero_stage 2");
-  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 1, &why));
-  EXPECT_EQ(why, "zero_stage 2");
+  for (int world : {1, 2})
+    for (int stage = 0; stage <= 3; ++stage) {
+      EXPECT_TRUE(device_resident(
+          quickstart({"run.device=cuda", "distributed.zero_stage=" + std::to_string(stage)}).recipe, world, &why))
+          << world << " ranks at stage " << stage;
+      EXPECT_EQ(why, "");
+    }
+  EXPECT_FALSE(device_resident(quickstart({"run.device=cuda", "offload.optimizer=cpu"}).recipe, 2, &why));
+  EXPECT_EQ(why, "offload.optimizer");
   const recipe::Recipe offload =
       quickstart({"run.device=cuda", "distributed.zero_stage=3", "offload.optimizer=cpu", "offload.parameters=cpu"})
           .recipe;
   EXPECT_FALSE(device_resident(offload, 1, &why));
-  EXPECT_EQ(why, "zero_stage 3");
+  EXPECT_EQ(why, "offload.optimizer");
+  EXPECT_FALSE(device_resident(
+      quickstart({"run.device=cuda", "distributed.zero_stage=3", "offload.parameters=cpu"}).recipe, 1, &why));
+  EXPECT_EQ(why, "offload.parameters");
 }
 
 // Which resident runs reduce through a device communicator: several ranks, or one that names a
@@ -75,7 +79,8 @@ TEST(DeviceSelection, SeveralRanksOrANamedPathReduceOnTheDevice) {
   EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda"}).recipe, 2));
   EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.gpu_collectives=staged"}).recipe, 1));
   EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.gpu_collectives=nccl"}).recipe, 1));
-  EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.zero_stage=2"}).recipe, 2));
+  EXPECT_TRUE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.zero_stage=3"}).recipe, 2));
+  EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda", "distributed.zero_stage=3"}).recipe, 1));
   EXPECT_FALSE(uses_device_collectives(quickstart({"run.device=cuda", "offload.optimizer=cpu"}).recipe, 2));
   // On the CPU there is no device communicator, whatever the recipe names.
   auto local = make_local_communicator();
@@ -208,6 +213,51 @@ TEST(DeviceSelection, ShardedRanksPlanTheirShardOfTheState) {
       plan_device_memory(compile_step(quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe, 2),
                          quickstart({"precision.mode=bf16", "run.device=cuda"}).recipe, 2);
   EXPECT_LT(d.total(), whole.total()) << "stage 1 holds less than stage 0";
+}
+
+// Two ranks at stages 2-3 hold what stage 1 holds but the micro-batch gradients (the plan's arena
+// buffers, which the backward writes and the reduce-scatters read); stage 3 holds its shard of the
+// parameters too (in fp32, the masters themselves), gathering each unit into the arena. One process
+// at stage 2 holds the whole sum, and stages no reduction.
+TEST(DeviceSelection, ZeroTwoAndThreeRanksPlanTheirShardsAndTheArenasBuffers) {
+  for (const char* precision : {"bf16", "fp32"}) {
+    const bool sixteen = precision[0] == 'b';
+    auto recipe_at = [&](int stage) {
+      return quickstart({std::string("precision.mode=") + precision, "run.device=cuda",
+                         "distributed.zero_stage=" + std::to_string(stage)})
+          .recipe;
+    };
+    const recipe::Recipe r1 = recipe_at(1), r2 = recipe_at(2), r3 = recipe_at(3);
+    const DeviceMemoryPlan one = plan_device_memory(compile_step(r1, 2), r1, 2);
+    const CompiledStep step2 = compile_step(r2, 2), step3 = compile_step(r3, 2);
+    const DeviceMemoryPlan two = plan_device_memory(step2, r2, 2), three = plan_device_memory(step3, r3, 2);
+    int64_t padded = 0, largest = 0;
+    for (const Unit& unit : step2.model.graph.units()) {
+      padded += (unit.numel + 2047) / 2048 * 2048;
+      largest = std::max(largest, (unit.numel + 2047) / 2048 * 2048);
+    }
+    const int64_t shard = padded / 2;
+    EXPECT_EQ(two.parameters, one.parameters) << precision;
+    EXPECT_EQ(two.gradients, 0) << precision;
+    EXPECT_EQ(two.masters, one.masters) << precision;
+    EXPECT_EQ(two.optimizer_state, one.optimizer_state) << precision;
+    EXPECT_EQ(two.gradient_sum, one.gradient_sum) << precision;
+    EXPECT_EQ(two.reduce_staging, largest * 4) << precision;
+    EXPECT_EQ(two.activations, std::max(step2.train.arena_bytes, step2.eval.arena_bytes)) << precision;
+    EXPECT_EQ(three.parameters, sixteen ? shard * 2 : 0) << precision;
+    EXPECT_EQ(three.masters, shard * 4) << precision;
+    EXPECT_EQ(three.gradients + three.optimizer_state + three.gradient_sum,
+              two.gradients + two.optimizer_state + two.gradient_sum)
+        << precision;
+    EXPECT_LT(two.total() - two.activations, one.total() - one.activations) << precision;
+    EXPECT_LT(three.total() - three.activations, two.total() - two.activations) << precision;
+    const DeviceMemoryPlan alone = plan_device_memory(compile_step(r2), r2);
+    int64_t whole = 0;
+    for (const Unit& unit : step2.model.graph.units()) whole += (unit.numel + 1023) / 1024 * 1024;
+    EXPECT_EQ(alone.gradients, 0) << precision;
+    EXPECT_EQ(alone.reduce_staging, 0) << precision;
+    EXPECT_GE(alone.gradient_sum, whole * 4) << precision << ": the step's whole sum";
+  }
 }
 
 // A staged run holds on the device the parameters the store holds whole (ZeRO 0-2) and the

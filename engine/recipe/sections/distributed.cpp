@@ -61,12 +61,13 @@ void declare_distributed(Schema& schema) {
           {{"auto", GpuCollectives::auto_detect}, {"nccl", GpuCollectives::nccl}, {"staged", GpuCollectives::staged}})
       .def(GpuCollectives::auto_detect)
       .help(
-          "How the ranks of a GPU run at zero_stage 0-1 reduce their gradients, which stay on the device "
-          "(docs/gpu.md): nccl runs the collectives on the GPUs, one GPU per rank; staged copies each "
+          "How the ranks of a GPU run without offload reduce their gradients (and, at zero_stage 3, gather "
+          "their parameters), which stay on the device (docs/gpu.md): nccl runs the collectives on the GPUs, "
+          "one GPU per rank; staged copies each "
           "collective's buffers to page-locked host memory and reduces them over MPI, for ranks that share a "
           "GPU (NCCL refuses two ranks on one). Both give the same bits. auto: nccl where every rank of a "
           "machine has a GPU of its own and the build has NCCL, else staged; one process reduces nothing. "
-          "Naming nccl or staged on one process runs its gradient sums through that path anyway.");
+          "Naming nccl or staged on one process runs its gradient sums (and gathers) through that path anyway.");
   section.key("tensor_parallel", &DistributedSection::tensor_parallel)
       .def(1)
       .min(1)
