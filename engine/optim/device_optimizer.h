@@ -16,17 +16,18 @@
 // on the device through `collectives` (NCCL, or the staged communicator: trainer/device.h): a
 // reduce-scatter of every unit into this rank's shard of the step's sum, adding in rank order onto
 // what the earlier micro-batches left there (Communicator's promise: world w accumulating a gives
-// the bits of one process accumulating w x a in global micro-batch order). Then:
-//   stage 0  an all-gather of the sum's shards, so every rank holds the whole reduced sum and makes
-//            the same update of the whole model;
+// the bits of one process accumulating w x a in global micro-batch order). Each unit's starts where
+// the runner's plan places its reduce, as soon as the backward has written it, and the stream
+// waits for it at the plan's wait (DevicePlanActions, which the runner calls), so the reductions
+// overlap the backward of the units before them. Then:
+//   stage 0  after the last micro-batch, an all-gather of each unit's sum shards at its wait, so
+//            every rank holds the whole reduced sum and makes the same update of the whole model;
 //   stage 1  each rank's masters, optimizer state and sum are its shard (the store's optimizer
 //            range); the norm's partial sums are gathered per unit into one process's list (less
 //            the padding blocks: ZeroStep::gradient_norm's list), so every rank decides alike;
 //            each rank updates its shard, and the compute-type parameters are gathered in place.
-//   stage 2  as stage 1, but the micro-batch gradients are the plan's arena buffers: each unit is
-//            reduce-scattered into the shard of the sum where the plan places its reduce, during
-//            the backward, and the runner's stream waits for it at the plan's wait, before the
-//            buffer is reused (DevicePlanActions, which the runner calls).
+//   stage 2  as stage 1, but the micro-batch gradients are the plan's arena buffers, reused once
+//            the plan's wait for their reduction has passed: no rank holds the whole gradient.
 //   stage 3  as stage 2, and the compute-type parameters are this rank's shard alone: the update
 //            writes it, and each plan's gather all-gathers a unit into its arena buffer, used at
 //            the plan's use_params. One process copies and adds those on the stream itself.

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "cuda_convert.h"
@@ -110,12 +111,18 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     synchronize("download of the model state");
   }
 
-  DevicePlanActions* plan_actions() override { return stage_ >= 2 ? this : nullptr; }
+  DevicePlanActions* plan_actions() override { return stage_ >= 2 || collectives_ ? this : nullptr; }
 
   void begin_micro_batch(int64_t micro) override { micro_ = micro; }
   void add_micro_batch(int64_t micro) override {
-    if (stage_ >= 2) return;  // the plan reduced each unit where its backward finished (reduce())
-    if (collectives_) return reduce_micro_batch(micro);
+    // The plan reduced each unit where its backward finished (reduce()), or it has no reductions
+    // (one process accumulating one micro-batch through a named communicator).
+    const bool reduced_in_plan = std::exchange(reduced_in_plan_, false);
+    if (stage_ >= 2) return;
+    if (collectives_) {
+      if (!reduced_in_plan) reduce_micro_batch(micro);
+      return;
+    }
     if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
     graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_,
                 [&] { sum_micro_batch(micro); });
@@ -200,27 +207,39 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
   // host); the runner's stream waits for each collective before its next kernels, so the next
   // backward writes the gradients only once they are read.
   void reduce_micro_batch(int64_t micro) {
-    const ShardLayout& layout = store_.layout();
-    const auto element = int64_t(dtype_size(store_.grad_dtype()));
-    const Stream stream{stream_};
     std::vector<Work> works;
-    for (size_t u = 0; u < grad_sum_.size(); ++u)
-      works.push_back(collectives_->reduce_scatter(
-          runner_.gradients(u), grad_sum_[u] + (layout.begin(u) - store_.range_begin(u)) * element, layout.shard(u),
-          store_.grad_dtype(), micro == 0 ? Reduction::overwrite : Reduction::accumulate,
-          "reduce-scatter of " + unit_name(u) + "'s gradients", stream));
-    if (micro + 1 == accumulation_ && !sharded_)  // stage 0: every rank updates the whole unit
-      for (size_t u = 0; u < grad_sum_.size(); ++u)
-        works.push_back(collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u],
-                                                 layout.shard(u) * element,
-                                                 "all-gather of " + unit_name(u) + "'s reduced gradients", stream));
+    for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(start_reduce(u, runner_.gradients(u), micro));
+    if (gathers_sums(micro))
+      for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(gather_sum(u));
     follow(works);
+  }
+  // Unit u's micro-batch gradients (the whole padded unit: the runner's buffer, or a ZeRO-2/3 arena
+  // buffer) reduce-scattered into this rank's shard of the step's sum, overwriting it at the step's
+  // first micro-batch and adding onto it after.
+  Work start_reduce(size_t u, const std::byte* gradients, int64_t micro) {
+    const auto element = int64_t(dtype_size(store_.grad_dtype()));
+    const ShardLayout& layout = store_.layout();
+    return collectives_->reduce_scatter(gradients, grad_sum_[u] + (layout.begin(u) - store_.range_begin(u)) * element,
+                                        layout.shard(u), store_.grad_dtype(),
+                                        micro == 0 ? Reduction::overwrite : Reduction::accumulate,
+                                        "reduce-scatter of " + unit_name(u) + "'s gradients", Stream{stream_});
+  }
+  // Stage 0 updates the whole unit on every rank: after the step's last micro-batch, every rank's
+  // shard of the sum is gathered in place.
+  bool gathers_sums(int64_t micro) const { return stage_ < 2 && !sharded_ && micro + 1 == accumulation_; }
+  Work gather_sum(size_t u) {
+    const auto element = int64_t(dtype_size(store_.grad_dtype()));
+    const ShardLayout& layout = store_.layout();
+    return collectives_->all_gather(grad_sum_[u] + layout.begin(u) * element, grad_sum_[u], layout.shard(u) * element,
+                                    "all-gather of " + unit_name(u) + "'s reduced gradients", Stream{stream_});
   }
   std::string unit_name(size_t u) const { return "unit " + store_.graph().units()[u].name; }
 
  public:
-  // ZeRO-2/3's actions, where the runner's plan places them (runtime/device_runner.h). One process
-  // without a communicator copies and adds on the stream itself: the bits of its stages 0-1.
+  // The plan's actions, where the runner's plan places them (runtime/device_runner.h): ZeRO-2/3's,
+  // and the reductions of ranks reducing through `collectives_` at any stage. One process at
+  // stage 2-3 without a communicator copies and adds on the stream itself: the bits of its stages
+  // 0-1.
   void gather(int unit, std::byte* into) override {
     const auto u = size_t(unit);
     const int64_t bytes = store_.layout().shard(u) * int64_t(dtype_size(store_.param_dtype()));
@@ -241,6 +260,8 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     const auto u = size_t(unit);
     const DType type = store_.grad_dtype();
     const bool first = micro_ == 0;
+    reduced_in_plan_ = true;
+    if (!gradients) gradients = runner_.gradients(u);  // stages 0-1: the runner's buffer of the unit
     if (!collectives_) {  // one process: the sum of its micro-batches, as sum_micro_batch adds them
       if (first)
         check_cuda(cudaMemcpyAsync(grad_sum_[u], gradients, size_t(store_.range_size(u)) * dtype_size(type),
@@ -251,13 +272,15 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
       return;
     }
     ENGINE_CHECK(!reducing_.count(unit), unit_name(u) + " is reduced twice before its wait");
-    // At stages 2-3 the optimizer's range is the rank's shard: the sum's buffer is the shard.
-    reducing_.emplace(
-        unit, collectives_->reduce_scatter(gradients, grad_sum_[u], store_.layout().shard(u), type,
-                                           first ? Reduction::overwrite : Reduction::accumulate,
-                                           "reduce-scatter of " + unit_name(u) + "'s gradients", Stream{stream_}));
+    reducing_.emplace(unit, start_reduce(u, gradients, micro_));
   }
-  void wait(int unit) override { follow_one(reducing_, unit, unit); }
+  void wait(int unit) override {
+    follow_one(reducing_, unit, unit);
+    if (collectives_ && gathers_sums(micro_)) {
+      std::vector<Work> gathered{gather_sum(size_t(unit))};
+      follow(gathered);
+    }
+  }
 
  private:
   // The runner's stream waits for the collective of `unit` started under `key` (none on one process).
@@ -538,6 +561,7 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
   int64_t accumulation_ = 1;
   int stage_ = 0;                        // the ZeRO stage
   std::vector<std::byte*> shard_;        // ZeRO-3: each unit's compute-type shard, which its gathers read
+  bool reduced_in_plan_ = false;         // this micro-batch's plan reduced its units (reduce())
   int64_t micro_ = 0;                    // the micro-batch of the step the runs compute (begin_micro_batch)
   Communicator* collectives_ = nullptr;  // several ranks' reductions (null: one process)
   std::vector<Work> in_flight_;          // its operations since the host last waited

@@ -71,8 +71,9 @@ struct DeviceTimes {
   int64_t waits = 0;  // the times the host blocked until the device caught up (resident runs: once a step)
 };
 
-// The plan's actions on a resident run's device buffers (ZeRO-2/3: the device optimizer carries
-// them out through its collectives, in the runner's stream order; optim/device_optimizer.h).
+// The plan's actions on a resident run's device buffers (ZeRO-2/3, and the reductions of ranks
+// reducing through a device communicator at any stage): the device optimizer carries them out
+// through its collectives, in the runner's stream order (optim/device_optimizer.h).
 class DevicePlanActions {
  public:
   virtual ~DevicePlanActions() = default;
@@ -81,11 +82,15 @@ class DevicePlanActions {
   virtual void gather(int unit, std::byte* into) = 0;
   // The stream's next kernels read the parameters gathered into `gathered`: it waits for that gather.
   virtual void use_params(int unit, const std::byte* gathered) = 0;
-  // Starts reducing `unit`'s micro-batch gradients (the whole padded unit, in `gradients`, an arena
-  // buffer) into this rank's shard of the step's sum, behind the kernels that wrote them.
+  // Starts reducing `unit`'s micro-batch gradients (the whole padded unit: `gradients`, an arena
+  // buffer at ZeRO-2/3; null at stages 0-1, the runner's gradients(unit)) into this rank's shard of
+  // the step's sum, behind the kernels that wrote them.
   virtual void reduce(int unit, const std::byte* gradients) = 0;
   // The stream's next kernels may reuse that buffer: it waits for the reduction.
   virtual void wait(int unit) = 0;
+  // The host waits for the collectives the stream waits on, within distributed.timeout (a peer
+  // that never reaches one is named), before it blocks on the stream itself.
+  virtual void wait_for_collectives() = 0;
 };
 
 class DeviceRunner {
@@ -126,9 +131,9 @@ class DeviceRunner {
 
   // Resident model state (optim/device_optimizer.h): run() then neither uploads the parameters nor
   // downloads the gradients nor runs the plan's host reductions; the device optimizer reads the
-  // gradients and writes the parameters where they are. With `actions` (ZeRO-2/3), the plan's
-  // gathers and reduce-scatters of arena buffers run through them where the plan places them, and a
-  // plan that has any replays eagerly rather than as a CUDA graph.
+  // gradients and writes the parameters where they are. With `actions` (ZeRO-2/3, or ranks that
+  // reduce through a device communicator), the plan's gathers and reduce-scatters run through them
+  // where the plan places them, and a plan that has any replays eagerly rather than as a CUDA graph.
   virtual void set_resident(bool resident, DevicePlanActions* actions = nullptr) = 0;
   // The unit's compute-type parameters (padded; null at ZeRO-3, whose units are gathered into the
   // arena) and micro-batch gradients (padded; null at ZeRO-2/3, which writes them into the arena).

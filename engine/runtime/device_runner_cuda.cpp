@@ -290,6 +290,7 @@ class CudaRunner final : public DeviceRunner {
     last_run_[name] = ctx.pointers;
     // A resident run's results stay on the device until a reader waits for them.
     if (resident_ && !op_totals && !traced) return;
+    if (plan_actions_) plan_actions_->wait_for_collectives();
     synchronize("step of plan " + name);
     if (traced) trace_events(plan, origin, origin_ns, events);
     if (op_totals) total_events(plan, events, *op_totals);
@@ -465,8 +466,8 @@ class CudaRunner final : public DeviceRunner {
   // plan uses the parameters or reuses the gradients' buffer; in between it computes.
   void run_on_device(const Plan& plan, const StepAction& action, KernelContext& ctx) {
     using Kind = StepAction::Kind;
-    ENGINE_CHECK(action.kind == Kind::wait || action.buffer != kNoValue,
-                 "a resident ZeRO-2/3 plan reduces the store's gradients");
+    ENGINE_CHECK(action.kind == Kind::wait || action.kind == Kind::reduce || action.buffer != kNoValue,
+                 "a resident plan's gather or gradient buffer outside the arena");
     std::byte* device = action.buffer == kNoValue ? nullptr : arena_.data() + plan.offsets[size_t(action.buffer)];
     switch (action.kind) {
       case Kind::gather:
@@ -481,7 +482,7 @@ class CudaRunner final : public DeviceRunner {
                    "zero gradient buffer");
         bind_unit(action.unit, device, true, ctx);
         break;
-      case Kind::reduce:
+      case Kind::reduce:  // from an arena buffer (ZeRO-2/3), or the unit's own gradients (null: ZeRO 0-1)
         plan_actions_->reduce(action.unit, device);
         break;
       case Kind::wait:

@@ -133,26 +133,32 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
 
 // One process whose micro-batches' gradients go through a device communicator anyway
 // (distributed.gpu_collectives: NCCL's world-1 reduce-scatter and all-gather on the device, or the
-// staged copies through the host), at stage 0 and at stage 3 (the plan's gathers and
-// reduce-scatters through it): the bits of the resident run that sums them itself.
+// staged copies through the host): the bits of the resident run that sums them itself. Accumulating
+// 2 at stage 0 and 3, where the plan's reduce-scatters (and stage 3's gathers) go through it; and
+// accumulating 1 at stage 0, whose plan has no reductions (the micro-batch is reduced after it).
 TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
   REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero_collectives");
   for (const char* precision : kPrecisions) {
-    const std::string common = std::string(precision) + " train.gradient_accumulation_steps=2 ";
-    const Trajectory resident = train("", common, dir.path() / "resident");
-    ASSERT_EQ(resident.steps.size(), 6u) << resident.output;
-    for (const auto& [path, said] : std::vector<std::pair<std::string, std::string>>{
-             {"nccl", "through NCCL on the GPUs"}, {"staged", "through page-locked host memory"}}) {
-      if (path == "nccl" && !kHaveNccl) continue;
-      // Stage 3 gathers two clusters ahead: a unit read by two clusters (the tied head) has two
-      // gathers in flight.
-      for (const std::string stage : {"0", "3 distributed.prefetch=2"}) {
-        const Trajectory reduced =
-            train("", common + "distributed.zero_stage=" + stage + " distributed.gpu_collectives=" + path,
-                  dir.path() / (path + stage.substr(0, 1)));
-        EXPECT_NE(reduced.output.find(said), std::string::npos) << reduced.output;
-        expect_same(reduced, resident, std::string(precision) + " zero_stage " + stage + " gpu_collectives " + path);
+    for (const std::string accumulation : {"2", "1"}) {
+      const std::string common = std::string(precision) + " train.gradient_accumulation_steps=" + accumulation + " ";
+      const Trajectory resident = train("", common, dir.path() / ("resident" + accumulation));
+      ASSERT_EQ(resident.steps.size(), 6u) << resident.output;
+      for (const auto& [path, said] : std::vector<std::pair<std::string, std::string>>{
+               {"nccl", "through NCCL on the GPUs"}, {"staged", "through page-locked host memory"}}) {
+        if (path == "nccl" && !kHaveNccl) continue;
+        // Stage 3 gathers two clusters ahead: a unit read by two clusters (the tied head) has two
+        // gathers in flight.
+        for (const std::string stage : {"0", "3 distributed.prefetch=2"}) {
+          if (accumulation == "1" && stage != "0") continue;
+          const Trajectory reduced =
+              train("", common + "distributed.zero_stage=" + stage + " distributed.gpu_collectives=" + path,
+                    dir.path() / (path + stage.substr(0, 1) + accumulation));
+          EXPECT_NE(reduced.output.find(said), std::string::npos) << reduced.output;
+          expect_same(reduced, resident,
+                      std::string(precision) + " accumulating " + accumulation + " zero_stage " + stage +
+                          " gpu_collectives " + path);
+        }
       }
     }
   }
