@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
@@ -257,6 +258,45 @@ TEST(DeviceSelection, ZeroTwoAndThreeRanksPlanTheirShardsAndTheArenasBuffers) {
     EXPECT_EQ(alone.gradients, 0) << precision;
     EXPECT_EQ(alone.reduce_staging, 0) << precision;
     EXPECT_GE(alone.gradient_sum, whole * 4) << precision << ": the step's whole sum";
+  }
+}
+
+// A resident ZeRO-2/3 run reduce-scatters each unit's gradients where the plan says its backward
+// has written them: the plan reads that from the nodes' outputs, so every fused node must list each
+// gradient it writes. The fused GPU graphs of GPT and Llama write the same gradients as the unfused
+// ones, and no node writes a unit's gradients after its reduce.
+TEST(DeviceSelection, FusedPlansReduceEachUnitAfterEveryWriteOfItsGradients) {
+  for (const char* arch : {"gpt", "llama"}) {
+    auto compiled = [&](const char* fusions) {
+      return compile_step(quickstart({std::string("model.arch=") + arch, "precision.mode=bf16", "run.device=cuda",
+                                      "distributed.zero_stage=2", std::string("run.fusions=") + fusions})
+                              .recipe,
+                          2);
+    };
+    const CompiledStep fused = compiled("true"), unfused = compiled("false");
+    ASSERT_GT(fused.fusions.total(), 0) << arch;
+    auto written = [](const CompiledStep& step) {
+      std::set<std::string> names;
+      for (const Node& node : step.model.graph.nodes())
+        for (ValueId v : node.outputs)
+          if (step.model.graph.value(v).placement == Placement::gradient) names.insert(step.model.graph.value(v).name);
+      return names;
+    };
+    EXPECT_EQ(written(fused), written(unfused)) << arch;
+    EXPECT_EQ(written(fused).size(), fused.model.graph.params().size()) << arch << ": every parameter's gradient";
+    const Graph& g = fused.model.graph;
+    const Plan& plan = fused.train;
+    ASSERT_EQ(plan.actions.size(), plan.nodes.size() + 1) << arch;
+    std::vector<int> reduced_at(g.units().size(), -1);
+    for (size_t p = 0; p < plan.actions.size(); ++p)
+      for (const StepAction& a : plan.actions[p])
+        if (a.kind == StepAction::Kind::reduce) reduced_at[size_t(a.unit)] = int(p);
+    for (size_t p = 0; p < plan.nodes.size(); ++p)
+      for (ValueId v : g.nodes()[plan.nodes[p]].outputs)
+        if (g.value(v).placement == Placement::gradient) {
+          const int unit = g.params()[size_t(g.value(v).param)].unit;
+          EXPECT_GT(reduced_at[size_t(unit)], int(p)) << arch << ": " << g.value(v).name;
+        }
   }
 }
 
