@@ -14,8 +14,8 @@
 //             device optimizer updates them there; the plan's kernels replay on one stream, as CUDA
 //             graphs after the first runs (except plans whose actions gather or reduce-scatter arena
 //             buffers on the device: DevicePlanActions).
-//   staged    a run with offload: each run uploads the store's
-//             compute-type parameters (ZeRO 0-2), replays the plan's nodes and carries out its
+//   staged    a run with offload: uploads the store's compute-type parameters (ZeRO 0-2) where the
+//             host changed them (parameters_changed), replays the plan's nodes and carries out its
 //             actions on the host between them through page-locked mirrors of the arena's buffers:
 //             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
 //             downloaded on the stream where the plan reduce-scatters them (the host hands each to
@@ -66,7 +66,8 @@ struct DeviceMemory {
 // device to finish them (the device's own time, less what the enqueuing overlapped).
 struct DeviceTimes {
   int64_t runs = 0;
-  int64_t staged_ahead = 0;  // runs whose inputs were already on their way (stage_inputs) when run() began
+  int64_t parameter_uploads = 0;  // staged runs that uploaded the store's parameters (parameters_changed)
+  int64_t staged_ahead = 0;       // runs whose inputs were already on their way (stage_inputs) when run() began
   double enqueue_seconds = 0, wait_seconds = 0;
   int64_t waits = 0;  // the times the host blocked until the device caught up (resident runs: once a step)
 };
@@ -139,6 +140,10 @@ class DeviceRunner {
   // arena) and micro-batch gradients (padded; null at ZeRO-2/3, which writes them into the arena).
   virtual std::byte* parameters(size_t unit) = 0;
   virtual std::byte* gradients(size_t unit) = 0;
+  // A staged run uploads the store's compute-type parameters at its first run and at the first run
+  // after this call: the host changed them (an update, a restore, loaded weights, fp16's fallback).
+  // In between, runs reuse them (a step's later micro-batches, the evaluation after an update).
+  virtual void parameters_changed() = 0;
   virtual void* stream() = 0;  // the cudaStream_t the steps run on
 
   // CUDA graphs (resident runs without op_totals): a plan's first run is eager, its second is

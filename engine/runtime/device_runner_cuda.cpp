@@ -255,7 +255,11 @@ class CudaRunner final : public DeviceRunner {
     // leaves them behind, and they must not leak into this run's collectives.
     ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && !downloading_ && mirrors_.idle(),
                  "a staged run left collectives behind (an earlier run failed part-way)");
-    if (!resident_) upload_parameters();
+    if (!resident_ && !parameters_uploaded_) {
+      upload_parameters();
+      parameters_uploaded_ = true;
+      times_.parameter_uploads += 1;
+    }
     if (staged_)
       times_.staged_ahead += 1;
     else
@@ -366,6 +370,7 @@ class CudaRunner final : public DeviceRunner {
   int64_t graph_replays() const override { return graphs_.replays(); }
 
   DeviceTimes times() const override { return times_; }
+  void parameters_changed() override { parameters_uploaded_ = false; }
   void set_resident(bool resident, DevicePlanActions* actions) override {
     resident_ = resident;
     plan_actions_ = resident ? actions : nullptr;
@@ -713,7 +718,8 @@ class CudaRunner final : public DeviceRunner {
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
-  DevicePlanActions* plan_actions_ = nullptr;     // a resident ZeRO-2/3 run's (the device optimizer)
+  bool parameters_uploaded_ = false;           // a staged run's: the store's parameters are on the device as they are
+  DevicePlanActions* plan_actions_ = nullptr;  // a resident ZeRO-2/3 run's (the device optimizer)
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
   StagingMirrors mirrors_;
   std::map<int, ValueId> reducing_;  // unit -> the buffer its reduce-scatter's mirror holds

@@ -37,7 +37,9 @@ void report_device(std::ostream& out, const Session& session, int64_t trained, d
       << format_fixed(1e3 * times.wait_seconds / double(trained), 1) << " ms waiting for them, "
       << format_fixed(1e3 * session.device_update_seconds / double(trained), 1)
       << " ms in the update (norm, clipping, optimizer), of " << format_fixed(1e3 * train_seconds / double(trained), 1)
-      << " ms; inputs copied ahead of " << times.staged_ahead << " of " << times.runs << " runs\n";
+      << " ms; inputs copied ahead of " << times.staged_ahead << " of " << times.runs << " runs";
+  if (times.parameter_uploads > 0) out << "; parameters uploaded by " << times.parameter_uploads;
+  out << "\n";
 }
 
 }  // namespace engine

@@ -86,6 +86,7 @@ void restore_checkpoint(Session& session, PluginDriver& plugins, const std::file
                           s.at("hysteresis_left").get<int64_t>(), s.at("clean_steps").get<int64_t>(),
                           s.at("skipped").get<int64_t>()});
   session.zero.finish_update();  // the compute copies from the restored masters
+  session.host_changed();        // a GPU run takes its state from the host's anew
   plugins.restore_state(state.at("plugins"));
   if (state.contains("frozen_weights")) {
     // The whole base's digest; a checkpoint from before it names its one rank's buffer (xxh3).

@@ -441,6 +441,11 @@ void Session::ensure_device_current() {
   device_current_ = true;
 }
 
+void Session::host_changed() {
+  device_current_ = false;
+  if (DeviceRunner* runner = executor.runner()) runner->parameters_changed();  // a staged run uploads them anew
+}
+
 void Session::sync_host() {
   if (!device_optimizer || host_current_) return;
   device_optimizer->download();
@@ -608,6 +613,7 @@ Session::StepResult Session::finish_step_on_host(double loss, double scale, cons
     event.reset();
     event.emplace("optimizer", "parameter copies");
     zero.finish_update(!optimizer->writes_copies());
+    if (DeviceRunner* runner = executor.runner()) runner->parameters_changed();  // staged: the next run uploads them
   }
   scaler.update(false);
   ++updates;

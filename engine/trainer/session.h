@@ -274,7 +274,7 @@ class Session {
   // (checkpoints, exports, digests, tests), and host_changed() says they were written (a restored
   // checkpoint, loaded weights), so the next step starts from them. Both are no-ops on the CPU.
   void sync_host();
-  void host_changed() { device_current_ = false; }
+  void host_changed();
   std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU and on staged runs
   // A resident run's device communicator (trainer/device.h make_device_collectives), through which
   // the device optimizer reduces each micro-batch's gradients: null on one process by default.

@@ -118,6 +118,28 @@ TEST(CudaTraining, EveryBatchIsStagedAheadOfItsRun) {
   EXPECT_EQ(times.staged_ahead, times.runs);
 }
 
+// A staged run (ZeRO-Offload) uploads the parameters once a step, after the host's update, not
+// for each micro-batch: 4 steps of 2 micro-batches, 4 uploads. Its bits are the resident run's
+// (CudaZero.EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits), so no run read stale ones.
+TEST(CudaTraining, AStagedRunUploadsTheParametersOnceAStep) {
+  REQUIRE_CUDA_DEVICE();
+  const recipe::Recipe r =
+      quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda", "offload.optimizer=cpu"})).recipe;
+  Session session(r);
+  session.store.initialize(1);
+  ASSERT_EQ(session.device_optimizer, nullptr) << "a staged run";
+  const int64_t steps = 4;
+  for (int64_t step = 0; step < steps; ++step)
+    session.train_step(step, [&, micro = int64_t(0)]() mutable {
+      Batch batch(session.micro_batch, session.model.sequence, session.data->features());
+      session.data->fill(Split::train, 2 * step + micro++, batch);
+      return batch;
+    });
+  const DeviceTimes times = session.executor.device_times();
+  EXPECT_EQ(times.runs, 2 * steps);
+  EXPECT_EQ(times.parameter_uploads, steps);
+}
+
 // A resident step reads nothing back before its end: the micro-batches' losses stay on the
 // device, the update is decided there (update_math.h decide_update), and the host waits once a
 // step, for the losses and the decision, while the update runs (Session::finish_step_on_device).
