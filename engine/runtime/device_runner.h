@@ -15,7 +15,8 @@
 //             graphs after the first runs (except plans whose actions gather or reduce-scatter arena
 //             buffers on the device: DevicePlanActions).
 //   staged    a run with offload: uploads the store's compute-type parameters (ZeRO 0-2) where the
-//             host changed them (parameters_changed), replays the plan's nodes and carries out its
+//             host changed them (parameters_changed; unit by unit on the copy stream, each waited
+//             for by the first node that reads it), replays the plan's nodes and carries out its
 //             actions on the host between them through page-locked mirrors of the arena's buffers:
 //             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
 //             downloaded on the stream where the plan reduce-scatters them (the host hands each to

@@ -208,6 +208,7 @@ class CudaRunner final : public DeviceRunner {
     for (void* p : registered_) cudaHostUnregister(p);
     cublasLtDestroy(blas_);
     for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
+    for (cudaEvent_t e : uploaded_) cudaEventDestroy(e);
     cudaEventDestroy(downloaded_);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
@@ -410,15 +411,41 @@ class CudaRunner final : public DeviceRunner {
       cudaGetLastError();  // a pageable copy still works, only slower
   }
 
+  // Each unit's parameters on the copy stream, once the last run's kernels are done reading the
+  // device's copy; the plan's first node that reads a unit waits for its upload (wait_for_uploads),
+  // so the forward of the first units runs while the later ones are copied.
   void upload_parameters() {
+    if (uploaded_.empty()) {
+      uploaded_.resize(compute_.size());
+      for (cudaEvent_t& e : uploaded_) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+    }
+    check_cuda(cudaStreamWaitEvent(copy_stream_, inputs_consumed_, 0), "wait for the last run's parameter reads");
     for (size_t u = 0; u < compute_.size(); ++u) {
       if (!compute_[u].data()) continue;  // ZeRO-3: gathered where the plan uses it
       std::byte* host = store_.compute(u);
       register_once(host, compute_[u].bytes());
       check_cuda(
-          cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, stream_),
+          cudaMemcpyAsync(compute_[u].data(), host, size_t(compute_[u].bytes()), cudaMemcpyHostToDevice, copy_stream_),
           "parameter upload");
+      check_cuda(cudaEventRecord(uploaded_[u], copy_stream_), "event record");
+      uploading_.insert(u);
     }
+  }
+  // The stream waits for the uploads of the units `node` reads (every unit, for node null: the end
+  // of the plan, so that waiting for the stream waits for every upload).
+  void wait_for_uploads(const Node* node) {
+    if (uploading_.empty()) return;
+    auto wait_for = [&](size_t u) {
+      if (uploading_.erase(u))
+        check_cuda(cudaStreamWaitEvent(stream_, uploaded_[u], 0), "wait for a unit's parameters");
+    };
+    if (!node) {
+      while (!uploading_.empty()) wait_for(*uploading_.begin());
+      return;
+    }
+    for (ValueId id : node->inputs)
+      if (const Value& v = graph_.value(id); v.placement == Placement::parameter)
+        wait_for(size_t(graph_.params()[size_t(v.param)].unit));
   }
 
   void download_gradients() {
@@ -449,9 +476,11 @@ class CudaRunner final : public DeviceRunner {
       }
       if (position == plan.nodes.size()) {
         if (communication) start_downloaded_reductions(*communication, -1);  // a plan waits for each; none left
+        wait_for_uploads(nullptr);
         break;
       }
       const Node& node = graph_.nodes()[plan.nodes[position]];
+      wait_for_uploads(&node);
       cudaEvent_t start = nullptr, stop = nullptr;
       if (events) {
         check_cuda(cudaEventCreate(&start), "event");
@@ -718,6 +747,8 @@ class CudaRunner final : public DeviceRunner {
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;
+  std::vector<cudaEvent_t> uploaded_;          // per unit: its parameters' last upload is done
+  std::set<size_t> uploading_;                 // units whose upload the stream has not waited for yet
   bool parameters_uploaded_ = false;           // a staged run's: the store's parameters are on the device as they are
   DevicePlanActions* plan_actions_ = nullptr;  // a resident ZeRO-2/3 run's (the device optimizer)
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
