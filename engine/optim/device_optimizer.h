@@ -20,8 +20,8 @@
 // the runner's plan places its reduce, as soon as the backward has written it, and the stream
 // waits for it at the plan's wait (DevicePlanActions, which the runner calls), so the reductions
 // overlap the backward of the units before them. Then:
-//   stage 0  after the last micro-batch, an all-gather of each unit's sum shards at its wait, so
-//            every rank holds the whole reduced sum and makes the same update of the whole model;
+//   stage 0  after the last micro-batch's run, an all-gather of each unit's sum shards, so every
+//            rank holds the whole reduced sum and makes the same update of the whole model;
 //   stage 1  each rank's masters, optimizer state and sum are its shard (the store's optimizer
 //            range); the norm's partial sums are gathered per unit into one process's list (less
 //            the padding blocks: ZeroStep::gradient_norm's list), so every rank decides alike;

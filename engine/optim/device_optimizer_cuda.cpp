@@ -120,7 +120,13 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     const bool reduced_in_plan = std::exchange(reduced_in_plan_, false);
     if (stage_ >= 2) return;
     if (collectives_) {
-      if (!reduced_in_plan) reduce_micro_batch(micro);
+      if (!reduced_in_plan) return reduce_micro_batch(micro);
+      // Stage 0 after the last micro-batch: the sums gathered after the plan, so that no wait of the
+      // plan stalls the backward behind them (they queue behind its reduce-scatters).
+      std::vector<Work> works;
+      if (gathers_sums(micro))
+        for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(gather_sum(u));
+      follow(works);
       return;
     }
     if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
@@ -274,13 +280,7 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     ENGINE_CHECK(!reducing_.count(unit), unit_name(u) + " is reduced twice before its wait");
     reducing_.emplace(unit, start_reduce(u, gradients, micro_));
   }
-  void wait(int unit) override {
-    follow_one(reducing_, unit, unit);
-    if (collectives_ && gathers_sums(micro_)) {
-      std::vector<Work> gathered{gather_sum(size_t(unit))};
-      follow(gathered);
-    }
-  }
+  void wait(int unit) override { follow_one(reducing_, unit, unit); }
 
  private:
   // The runner's stream waits for the collective of `unit` started under `key` (none on one process).

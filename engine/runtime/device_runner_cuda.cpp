@@ -257,9 +257,8 @@ class CudaRunner final : public DeviceRunner {
     ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && !downloading_ && mirrors_.idle(),
                  "a staged run left collectives behind (an earlier run failed part-way)");
     if (!resident_ && !parameters_uploaded_) {
-      upload_parameters();
+      if (upload_parameters()) times_.parameter_uploads += 1;
       parameters_uploaded_ = true;
-      times_.parameter_uploads += 1;
     }
     if (staged_)
       times_.staged_ahead += 1;
@@ -414,7 +413,7 @@ class CudaRunner final : public DeviceRunner {
   // Each unit's parameters on the copy stream, once the last run's kernels are done reading the
   // device's copy; the plan's first node that reads a unit waits for its upload (wait_for_uploads),
   // so the forward of the first units runs while the later ones are copied.
-  void upload_parameters() {
+  bool upload_parameters() {  // whether there was any (ZeRO-3 gathers every unit where it is used)
     if (uploaded_.empty()) {
       uploaded_.resize(compute_.size());
       for (cudaEvent_t& e : uploaded_) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
@@ -430,6 +429,7 @@ class CudaRunner final : public DeviceRunner {
       check_cuda(cudaEventRecord(uploaded_[u], copy_stream_), "event record");
       uploading_.insert(u);
     }
+    return !uploading_.empty();
   }
   // The stream waits for the uploads of the units `node` reads (every unit, for node null: the end
   // of the plan, so that waiting for the stream waits for every upload).

@@ -496,7 +496,9 @@ double Session::train_micro_batch(const Batch& batch, int64_t step, int64_t micr
   }
   // Dropout draws from the global micro-batch index, so every world size draws the same masks.
   executor.run("train", uint64_t(step), uint64_t(micro * world + rank), float(loss_scale), &zero);
-  // The loss is copied (or read) before this micro-batch's reductions are enqueued.
+  // The loss is copied behind the run (or read: the host waits for the run, and for the reductions
+  // its plan waits on), before the reductions that follow the run (optim/device_optimizer.h) are
+  // enqueued.
   double loss = std::numeric_limits<double>::quiet_NaN();
   if (reads_deferred_)  // read at the step's end (finish_step_on_device)
     executor.runner()->keep_value("train", executor.plan("train"), model.losses, int(micro));
