@@ -12,8 +12,8 @@
 //   resident  no offload, any ZeRO stage and world size: the parameters and gradients (ZeRO-3: the
 //             parameters' shard; ZeRO-2/3: the step's sum) stay on the device between steps and the
 //             device optimizer updates them there; the plan's kernels replay on one stream, as CUDA
-//             graphs after the first runs (except plans whose actions gather or reduce-scatter arena
-//             buffers on the device: DevicePlanActions).
+//             graphs after the first runs (a plan whose actions gather or reduce-scatter on the
+//             device, DevicePlanActions: one graph per run of kernels between two actions).
 //   staged    a run with offload: uploads the store's compute-type parameters (ZeRO 0-2) where the
 //             host changed them (parameters_changed; unit by unit on the copy stream, each waited
 //             for by the first node that reads it), replays the plan's nodes and carries out its
@@ -135,7 +135,7 @@ class DeviceRunner {
   // downloads the gradients nor runs the plan's host reductions; the device optimizer reads the
   // gradients and writes the parameters where they are. With `actions` (ZeRO-2/3, or ranks that
   // reduce through a device communicator), the plan's gathers and reduce-scatters run through them
-  // where the plan places them, and a plan that has any replays eagerly rather than as a CUDA graph.
+  // where the plan places them, eagerly between CUDA graphs of the kernels around them.
   virtual void set_resident(bool resident, DevicePlanActions* actions = nullptr) = 0;
   // The unit's compute-type parameters (padded; null at ZeRO-3, whose units are gathered into the
   // arena) and micro-batch gradients (padded; null at ZeRO-2/3, which writes them into the arena).

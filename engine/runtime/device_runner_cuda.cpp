@@ -279,10 +279,13 @@ class CudaRunner final : public DeviceRunner {
       check_cuda(cudaEventRecord(origin, stream_), "event record");
       origin_ns = trace::now_ns();
     }
-    // The device's collectives (NCCL, or staged through the host) are enqueued eagerly: a staged
-    // one blocks the host, and a reduction's overwrite or accumulate follows the micro-batch.
+    // The device's collectives (NCCL, or staged through the host) are enqueued eagerly between the
+    // graphs of the kernels around them: a staged one blocks the host, and a reduction's overwrite
+    // or accumulate follows the micro-batch.
     const bool device_actions = resident_ && plan_actions_ && !plan.actions.empty();
-    if (graphs_.enabled() && resident_ && !device_actions && !op_totals && !traced)
+    if (graphs_.enabled() && resident_ && device_actions && !op_totals && !traced)
+      enqueue_segments(name, plan, ctx);
+    else if (graphs_.enabled() && resident_ && !op_totals && !traced)
       graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr, nullptr); });
     else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr, resident_ ? nullptr : communication);
@@ -464,9 +467,7 @@ class CudaRunner final : public DeviceRunner {
   // (DevicePlanActions: resident ZeRO-2/3).
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events,
                     StepCommunication* communication) {
-    if (plan.training)
-      for (DeviceBlock& g : grads_)
-        if (g.data()) check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+    if (plan.training) zero_gradients();
     for (size_t position = 0; position <= plan.nodes.size(); ++position) {
       if (!plan.actions.empty()) {
         if (communication)
@@ -493,6 +494,37 @@ class CudaRunner final : public DeviceRunner {
         events->emplace_back(start, stop);
       }
     }
+  }
+
+  void zero_gradients() {
+    for (DeviceBlock& g : grads_)
+      if (g.data()) check_cuda(cudaMemsetAsync(g.data(), 0, size_t(g.bytes()), stream_), "zero gradients");
+  }
+
+  // A resident plan whose actions run through the device optimizer (DevicePlanActions): each run of
+  // nodes between two positions with actions replays as a CUDA graph of its own (StreamGraphs: eager
+  // first, captured second), and the actions run eagerly between them, so the collectives stay
+  // outside the graphs while the kernels keep one launch per segment. Segments are numbered in plan
+  // order, the same at every run.
+  void enqueue_segments(const std::string& name, const Plan& plan, KernelContext& ctx) {
+    size_t begin = 0;
+    int segment = 0;
+    auto flush = [&](size_t end) {
+      const bool zeroes = segment == 0 && plan.training;
+      if (end > begin || zeroes)
+        graphs_.run("plan " + name + " segment " + std::to_string(segment), stream_, [&] {
+          if (zeroes) zero_gradients();
+          for (size_t p = begin; p < end; ++p) run_node(graph_.nodes()[plan.nodes[p]], ctx);
+        });
+      ++segment;
+    };
+    for (size_t position = 0; position <= plan.nodes.size(); ++position) {
+      if (plan.actions[position].empty()) continue;
+      flush(position);
+      for (const StepAction& action : plan.actions[position]) run_on_device(plan, action, ctx);
+      begin = position;
+    }
+    flush(plan.nodes.size());
   }
 
   // One of the plan's actions on a resident run (ZeRO-2/3), on the arena's buffers in stream order:
