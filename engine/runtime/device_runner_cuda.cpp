@@ -510,7 +510,8 @@ class CudaRunner final : public DeviceRunner {
     size_t begin = 0;
     int segment = 0;
     auto flush = [&](size_t end) {
-      const bool zeroes = segment == 0 && plan.training;
+      const bool zeroes = segment == 0 && plan.training &&
+                          std::any_of(grads_.begin(), grads_.end(), [](const DeviceBlock& g) { return g.data(); });
       if (end > begin || zeroes)
         graphs_.run("plan " + name + " segment " + std::to_string(segment), stream_, [&] {
           if (zeroes) zero_gradients();
