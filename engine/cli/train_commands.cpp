@@ -311,7 +311,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   if (planned_for_cuda(r)) {
     const DeviceMemoryPlan d = plan_device_memory(session, r, world);
     std::string staged;
-    if (device_resident(r, world, &staged))
+    if (device_resident(r, &staged))
       std::cout << "\ndevice memory per rank (run.device cuda: the step and the update on the GPU"
                 << (uses_device_collectives(r, world) ? ", the gradients reduced there" : "")
                 << "; exact but for cuDNN's attention workspace, which the device sizes, and NCCL's own buffers):\n";

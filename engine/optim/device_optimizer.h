@@ -100,8 +100,9 @@ class DeviceOptimizer {
   };
   virtual StepEnd finish_and_step(double lr, const StepPolicy& policy) = 0;
 
-  // ZeRO-2/3: the gathers and reduce-scatters of the runner's plans, which it carries out through
-  // its collectives (DeviceRunner::set_resident takes them); null at stages 0-1.
+  // The gathers and reduce-scatters of the runner's plans, which it carries out through its
+  // collectives (DeviceRunner::set_resident takes them): at ZeRO-2/3, and at any stage where ranks
+  // reduce through a device communicator; null otherwise.
   virtual DevicePlanActions* plan_actions() = 0;
 
   virtual void use_graphs(bool on) = 0;

@@ -115,23 +115,13 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
 
   void begin_micro_batch(int64_t micro) override { micro_ = micro; }
   void add_micro_batch(int64_t micro) override {
-    // The plan reduced each unit where its backward finished (reduce()), or it has no reductions
-    // (one process accumulating one micro-batch through a named communicator).
     const bool reduced_in_plan = std::exchange(reduced_in_plan_, false);
-    if (stage_ >= 2) return;
-    if (collectives_) {
-      if (!reduced_in_plan) return reduce_micro_batch(micro);
-      // Stage 0 after the last micro-batch: the sums gathered after the plan, so that no wait of the
-      // plan stalls the backward behind them (they queue behind its reduce-scatters).
-      std::vector<Work> works;
-      if (gathers_sums(micro))
-        for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(gather_sum(u));
-      follow(works);
-      return;
-    }
+    if (stage_ >= 2) return;  // the plan reduced each unit where its backward finished (reduce())
+    if (collectives_) return reduce_micro_batch(micro, reduced_in_plan);
     if (accumulation_ == 1) return;  // one micro-batch: the sum is its gradient, where it is
-    graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_,
-                [&] { sum_micro_batch(micro); });
+    graphs_.run(micro == 0 ? "first micro-batch's gradients" : "a micro-batch's gradients", stream_, [&] {
+      for (size_t u = 0; u < grad_sum_.size(); ++u) add_to_sum(u, runner_.gradients(u), micro);
+    });
   }
 
   std::vector<double> finish_gradients() override {
@@ -193,28 +183,31 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     return std::vector<const void*>(buffers.begin(), buffers.end());
   }
 
-  // Accumulation > 1: each unit's sum is a buffer of its own.
-  void sum_micro_batch(int64_t micro) {
-    for (size_t u = 0; u < grad_sum_.size(); ++u) {
-      const int64_t n = store_.range_size(u);
-      if (micro == 0)
-        check_cuda(cudaMemcpyAsync(grad_sum_[u], runner_.gradients(u), size_t(n) * dtype_size(store_.grad_dtype()),
-                                   cudaMemcpyDeviceToDevice, stream_),
-                   "gradient sum");
-      else
-        cuda::accumulate_gradients(grad_sum_[u], runner_.gradients(u), store_.grad_dtype(), n, stream_);
-    }
+  // One process: unit u's micro-batch gradients (the whole unit) copied into its own sum buffer at
+  // the step's first micro-batch, added onto it after.
+  void add_to_sum(size_t u, const std::byte* gradients, int64_t micro) {
+    const int64_t n = store_.range_size(u);
+    if (micro == 0)
+      check_cuda(cudaMemcpyAsync(grad_sum_[u], gradients, size_t(n) * dtype_size(store_.grad_dtype()),
+                                 cudaMemcpyDeviceToDevice, stream_),
+                 "gradient sum");
+    else
+      cuda::accumulate_gradients(grad_sum_[u], gradients, store_.grad_dtype(), n, stream_);
   }
 
-  // Several ranks: each unit's micro-batch gradients reduce-scattered into this rank's shard of the
-  // sum, onto the earlier micro-batches' (rank order within each micro-batch: global micro-batch
-  // order); after the last micro-batch every shard gathered in place, so the sum is whole on every
-  // rank. Enqueued eagerly (outside the phases' graphs: the staged communicator copies through the
-  // host); the runner's stream waits for each collective before its next kernels, so the next
-  // backward writes the gradients only once they are read.
-  void reduce_micro_batch(int64_t micro) {
+  // Several ranks at stages 0-1, after a micro-batch's run: each unit's gradients reduce-scattered
+  // into this rank's shard of the sum (start_reduce), unless the plan did it where each unit's
+  // backward finished (reduce(); a plan has no reductions on one process accumulating one
+  // micro-batch through a named communicator); then, at stage 0 after the last micro-batch, every
+  // shard gathered in place, so the sum is whole on every rank. The gathers come after the plan so
+  // that no wait of the plan stalls the backward behind them (they queue behind its reduce-scatters).
+  // Enqueued eagerly (outside the phases' graphs: the staged communicator copies through the host);
+  // the runner's stream waits for each collective before its next kernels, so the next backward
+  // writes the gradients only once they are read.
+  void reduce_micro_batch(int64_t micro, bool reduced_in_plan) {
     std::vector<Work> works;
-    for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(start_reduce(u, runner_.gradients(u), micro));
+    if (!reduced_in_plan)
+      for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(start_reduce(u, runner_.gradients(u), micro));
     if (gathers_sums(micro))
       for (size_t u = 0; u < grad_sum_.size(); ++u) works.push_back(gather_sum(u));
     follow(works);
@@ -264,19 +257,9 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
   void use_params(int unit, const std::byte* gathered) override { follow_one(gathering_, gathered, unit); }
   void reduce(int unit, const std::byte* gradients) override {
     const auto u = size_t(unit);
-    const DType type = store_.grad_dtype();
-    const bool first = micro_ == 0;
     reduced_in_plan_ = true;
-    if (!gradients) gradients = runner_.gradients(u);  // stages 0-1: the runner's buffer of the unit
-    if (!collectives_) {  // one process: the sum of its micro-batches, as sum_micro_batch adds them
-      if (first)
-        check_cuda(cudaMemcpyAsync(grad_sum_[u], gradients, size_t(store_.range_size(u)) * dtype_size(type),
-                                   cudaMemcpyDeviceToDevice, stream_),
-                   "gradient sum");
-      else
-        cuda::accumulate_gradients(grad_sum_[u], gradients, type, store_.range_size(u), stream_);
-      return;
-    }
+    if (!gradients) gradients = runner_.gradients(u);            // stages 0-1: the runner's buffer of the unit
+    if (!collectives_) return add_to_sum(u, gradients, micro_);  // one process (stages 2-3)
     ENGINE_CHECK(!reducing_.count(unit), unit_name(u) + " is reduced twice before its wait");
     reducing_.emplace(unit, start_reduce(u, gradients, micro_));
   }
@@ -565,7 +548,7 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
   int64_t micro_ = 0;                    // the micro-batch of the step the runs compute (begin_micro_batch)
   Communicator* collectives_ = nullptr;  // several ranks' reductions (null: one process)
   std::vector<Work> in_flight_;          // its operations since the host last waited
-  // ZeRO-2/3: the plan's collectives not yet used (by buffer) or waited for (by unit).
+  // The plan's collectives not yet used (ZeRO-3's gathers, by buffer) or waited for (reductions, by unit).
   std::map<const std::byte*, Work> gathering_;
   std::map<int, Work> reducing_;
   double* chunk_sums_ = nullptr;                // decide_update's

@@ -282,10 +282,10 @@ class CudaRunner final : public DeviceRunner {
     // The device's collectives (NCCL, or staged through the host) are enqueued eagerly between the
     // graphs of the kernels around them: a staged one blocks the host, and a reduction's overwrite
     // or accumulate follows the micro-batch.
-    const bool device_actions = resident_ && plan_actions_ && !plan.actions.empty();
-    if (graphs_.enabled() && resident_ && device_actions && !op_totals && !traced)
+    const bool replayed = graphs_.enabled() && resident_ && !op_totals && !traced;
+    if (replayed && plan_actions_ && !plan.actions.empty())
       enqueue_segments(name, plan, ctx);
-    else if (graphs_.enabled() && resident_ && !op_totals && !traced)
+    else if (replayed)
       graphs_.run("plan " + name, stream_, [&] { enqueue_plan(plan, ctx, nullptr, nullptr); });
     else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr, resident_ ? nullptr : communication);
@@ -464,7 +464,7 @@ class CudaRunner final : public DeviceRunner {
   // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
   // between two events where `events` is given, and the plan's actions between them: with
   // `communication` on the host (staged: below), else through the device optimizer's
-  // (DevicePlanActions: resident ZeRO-2/3).
+  // (DevicePlanActions: a resident run at ZeRO-2/3 or reducing through a device communicator).
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events,
                     StepCommunication* communication) {
     if (plan.training) zero_gradients();
@@ -509,9 +509,9 @@ class CudaRunner final : public DeviceRunner {
   void enqueue_segments(const std::string& name, const Plan& plan, KernelContext& ctx) {
     size_t begin = 0;
     int segment = 0;
+    const bool any_gradients = std::any_of(grads_.begin(), grads_.end(), [](const DeviceBlock& g) { return g.data(); });
     auto flush = [&](size_t end) {
-      const bool zeroes = segment == 0 && plan.training &&
-                          std::any_of(grads_.begin(), grads_.end(), [](const DeviceBlock& g) { return g.data(); });
+      const bool zeroes = segment == 0 && plan.training && any_gradients;
       if (end > begin || zeroes)
         graphs_.run("plan " + name + " segment " + std::to_string(segment), stream_, [&] {
           if (zeroes) zero_gradients();
@@ -528,7 +528,8 @@ class CudaRunner final : public DeviceRunner {
     flush(plan.nodes.size());
   }
 
-  // One of the plan's actions on a resident run (ZeRO-2/3), on the arena's buffers in stream order:
+  // One of the plan's actions on a resident run (ZeRO-2/3's, and every stage's reductions through a
+  // device communicator), on the device's buffers in stream order:
   // the device optimizer starts the gathers and reductions, and the stream waits for each where the
   // plan uses the parameters or reuses the gradients' buffer; in between it computes.
   void run_on_device(const Plan& plan, const StepAction& action, KernelContext& ctx) {
@@ -783,7 +784,7 @@ class CudaRunner final : public DeviceRunner {
   std::vector<cudaEvent_t> uploaded_;          // per unit: its parameters' last upload is done
   std::set<size_t> uploading_;                 // units whose upload the stream has not waited for yet
   bool parameters_uploaded_ = false;           // a staged run's: the store's parameters are on the device as they are
-  DevicePlanActions* plan_actions_ = nullptr;  // a resident ZeRO-2/3 run's (the device optimizer)
+  DevicePlanActions* plan_actions_ = nullptr;  // a resident run's, where it has any (the device optimizer)
   std::vector<std::vector<size_t>> unit_params_;  // per unit, its parameters' indices
   StagingMirrors mirrors_;
   std::map<int, ValueId> reducing_;  // unit -> the buffer its reduce-scatter's mirror holds

@@ -51,8 +51,7 @@ bool planned_for_cuda(const recipe::Recipe& recipe) {
          (recipe.run.device == recipe::RunDevice::auto_detect && cuda_device_count() > 0);
 }
 
-bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) {
-  (void)world;  // every stage is resident at any world size; only offload moves state off the device
+bool device_resident(const recipe::Recipe& recipe, std::string* why) {
   std::string reason;
   if (recipe.offload.optimizer != OffloadTier::none || recipe.offload.parameters != OffloadTier::none)
     reason = std::string("offload.") + (recipe.offload.optimizer != OffloadTier::none ? "optimizer" : "parameters");
@@ -61,7 +60,7 @@ bool device_resident(const recipe::Recipe& recipe, int world, std::string* why) 
 }
 
 bool uses_device_collectives(const recipe::Recipe& recipe, int world) {
-  return device_resident(recipe, world) &&
+  return device_resident(recipe) &&
          (world > 1 || recipe.distributed.gpu_collectives != recipe::GpuCollectives::auto_detect);
 }
 
@@ -140,9 +139,9 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   m.inputs = step.memory.inputs;
   m.workspace = kDeviceWorkspaceBytes;
   const int stage = recipe.distributed.zero_stage;
-  if (!device_resident(recipe, world)) {
+  m.gradients = stage < 2 ? elements * grad : 0;  // stages 2-3 write them into arena buffers
+  if (!device_resident(recipe)) {
     m.parameters = stage < 3 ? elements * param : 0;  // stage 3 gathers each unit into the arena
-    m.gradients = stage < 2 ? elements * grad : 0;    // stages 2-3 write them into arena buffers
     return m;
   }
   // The optimizer's range of each unit: the whole unit, or this rank's shard (stages 1-3 on several
@@ -154,9 +153,8 @@ DeviceMemoryPlan plan_device_memory(const CompiledStep& step, const recipe::Reci
   }
   const bool sharded = range != elements;
   // ZeRO-3 holds the parameters' shard (in fp32 the masters themselves) and gathers each unit into
-  // the arena; ZeRO-2/3 write the micro-batch gradients into arena buffers.
+  // the arena.
   m.parameters = stage < 3 ? elements * param : (param == 4 ? 0 : range * param);
-  m.gradients = stage < 2 ? elements * grad : 0;
   m.masters = param == 4 && stage < 3 ? 0 : range * 4;
   m.optimizer_state = int64_t(optimizer_state_tensors(recipe.optimizer)) * range * 4;
   // The update reads the step's sum in the gradient type (a 16-bit run's fp32 gradients exist only

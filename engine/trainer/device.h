@@ -36,9 +36,9 @@ Device resolve_device(const recipe::Recipe& recipe, int local_rank);
 // on a machine with a GPU. What `engine plan` prints and fits device memory for.
 bool planned_for_cuda(const recipe::Recipe& recipe);
 
-// Whether a GPU run of `recipe` at `world` ranks keeps the model state on the device; when not,
-// `why` says what makes it staged.
-bool device_resident(const recipe::Recipe& recipe, int world, std::string* why = nullptr);
+// Whether a GPU run of `recipe` keeps the model state on the device (at any ZeRO stage and world
+// size); when not, `why` names the offload tier that makes it staged.
+bool device_resident(const recipe::Recipe& recipe, std::string* why = nullptr);
 
 // Whether a resident GPU run of `recipe` at `world` ranks reduces its gradients through a device
 // communicator: several ranks, or distributed.gpu_collectives named on one process.

@@ -94,7 +94,7 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   const CompiledStep& step = *c;  // one stage: a GPU run has no pipeline
   row.device = plan_device_memory(step, r, world).total();
   row.device_needed = row.device * ranks_per_device;
-  if (device_resident(r, world)) return;
+  if (device_resident(r)) return;
   // Staged: each micro-batch uploads the parameters (ZeRO-3: gathered for the forward and again for
   // the backward) and downloads the gradients; the host reduces and updates over its shard.
   const Graph& g = step.model.graph;

@@ -407,7 +407,7 @@ Session::Session(const recipe::Recipe& r, CompiledStep compiled, Communicator* c
   }
   DeviceRunner* runner = executor.runner();
   std::string staged;
-  if (runner && !device_resident(r, world, &staged))
+  if (runner && !device_resident(r, &staged))
     device_note = "run.device cuda with " + staged +
                   ": the step computes on the GPU; gradient reductions, the update and ZeRO's gathers run on the "
                   "host, through page-locked staging";
