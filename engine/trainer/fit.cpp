@@ -95,13 +95,15 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   row.device = plan_device_memory(step, r, world).total();
   row.device_needed = row.device * ranks_per_device;
   if (device_resident(r)) return;
-  // Staged: each micro-batch uploads the parameters (ZeRO-3: gathered for the forward and again for
-  // the backward) and downloads the gradients; the host reduces and updates over its shard.
+  // Staged: the parameters uploaded once a step, after the host's update (ZeRO-3: gathered for the
+  // forward and again for the backward of every micro-batch), and every micro-batch's gradients
+  // downloaded; the host reduces and updates over its shard.
   const Graph& g = step.model.graph;
   const auto elements = double(g.param_count());
-  const double parameters = elements * double(dtype_size(g.param_dtype())) * (row.stage == 3 ? 2 : 1);
+  const double parameters = elements * double(dtype_size(g.param_dtype()));
   const double gradients = elements * double(dtype_size(g.grad_dtype()));
-  row.link_moved = int64_t((parameters + gradients) * double(row.accumulation));
+  const double accumulation = double(row.accumulation);
+  row.link_moved = int64_t((row.stage == 3 ? 2 * parameters * accumulation : parameters) + gradients * accumulation);
   const double shard = elements / (row.stage == 0 ? 1 : world);
   const double update_bytes = shard * 4 * (2 + 2 * double(optimizer_state_tensors(r.optimizer)));
   row.seconds += double(row.link_moved) / cost.link_bytes_per_second + update_bytes / cost.host_update_bytes_per_second;

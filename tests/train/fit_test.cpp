@@ -17,6 +17,7 @@
 #include "../temp_dir.h"
 #include "recipe/load.h"
 #include "trainer/fit.h"
+#include "trainer/session.h"
 
 namespace {
 
@@ -269,6 +270,29 @@ TEST_F(Fit, OnAGpuTheDeviceBudgetPicksTheRowAndThePlanConfirmsIt) {
   EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
   const Result before = run("plan " + kRecipe + " run.device=cuda" + budgets);
   EXPECT_TRUE(contains(before.output, "the recipe as given does not fit:")) << before.output;
+}
+
+// A staged GPU row (offload) moves the parameters up once a step, after the host's update (ZeRO-3
+// gathers them for the forward and again for the backward of every micro-batch), and every
+// micro-batch's gradients down: what the runner does (DeviceRunner::parameters_changed).
+TEST_F(Fit, AStagedGpuRowMovesTheParametersOnceAStepAndTheGradientsEveryMicroBatch) {
+  engine::recipe::LoadOptions options;
+  options.overrides = {"run.output_dir=unused", "run.device=cuda"};
+  const auto loaded = engine::recipe::load_recipe(kSource / kRecipe, options);
+  const engine::FitSearch search = engine::fit_rows(kSource / kRecipe, options, loaded, {});
+  const engine::Graph& g = engine::compile_step(loaded.recipe).model.graph;
+  const auto parameters = double(g.param_count()) * double(engine::dtype_size(g.param_dtype()));
+  const auto gradients = double(g.param_count()) * double(engine::dtype_size(g.grad_dtype()));
+  int accumulating = 0;
+  for (const engine::FitRow& row : search.rows) {
+    if (row.link_moved == 0) continue;  // resident
+    const auto accumulation = double(row.accumulation);
+    const double up = row.stage == 3 ? 2 * parameters * accumulation : parameters;
+    EXPECT_EQ(row.link_moved, int64_t(up + gradients * accumulation))
+        << row.offload_name() << " stage " << row.stage << " accumulating " << row.accumulation;
+    accumulating += row.stage < 3 && row.accumulation > 1;
+  }
+  EXPECT_GT(accumulating, 0) << "a staged row at stages 0-2 that accumulates";
 }
 
 }  // namespace
