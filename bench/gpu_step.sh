@@ -46,13 +46,18 @@ print(f"{statistics.median(rates):.1f}")
 PY
 }
 # Timed without the op table (its events cost the step a little), then without the GPU plan's
-# fusions (run.fusions=false: what they gain), then once more with the op table.
+# fusions (run.fusions=false: what they gain), then with cuDNN's unordered attention backward
+# (run.deterministic=false: what the bit-for-bit promise costs), then once more with the op table.
 "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out" \
   > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
 engine_rate=$(median_rate "$out/$name/metrics.jsonl")
 "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/unfused" run.fusions=false \
   > "$out/engine-unfused.log" 2>&1 || { cat "$out/engine-unfused.log"; exit 1; }
 unfused_rate=$(median_rate "$out/unfused/$name/metrics.jsonl")
+"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/unordered" run.deterministic=false \
+  > "$out/engine-unordered.log" 2>&1 || { cat "$out/engine-unordered.log"; exit 1; }
+unordered_rate=$(median_rate "$out/unordered/$name/metrics.jsonl")
+unordered_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unordered.log" | head -1 | sed 's/device memory peak //' || true)
 unfused_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unfused.log" | head -1 | sed 's/device memory peak //' || true)
 "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/op-table" \
   telemetry.op_table=true > "$out/engine-op-table.log" 2>&1 || { cat "$out/engine-op-table.log"; exit 1; }
@@ -76,6 +81,7 @@ echo "| run                    |  tokens/s  |  MFU  | MFU measured | peak memory
 echo "|------------------------|------------|-------|--------------|--------------|"
 row engine "$engine_rate" "${engine_peak:-?}"
 row "engine, fusions off" "$unfused_rate" "${unfused_peak:-?}"
+row "engine, unordered attn" "$unordered_rate" "${unordered_peak:-?}"
 row "pytorch eager" "$(value tokens_per_second "$eager")" "$(( $(value peak_memory_bytes "$eager") >> 20 )) MiB"
 row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(( $(value peak_memory_bytes "$compiled") >> 20 )) MiB"
 echo

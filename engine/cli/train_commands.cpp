@@ -262,6 +262,11 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
         "them (run.fusions)\n",
         session.fusions.gelu.forward, session.fusions.gelu.backward, session.fusions.gradient_copies,
         session.fusions.residual_norms);
+  if (session.fusions.unordered_attention > 0)
+    std::printf(
+        "  nondeterministic %d attention backwards may sum their query gradients in any order on cuDNN "
+        "(run.deterministic: false): the same values within rounding, not the same bits at every run\n",
+        session.fusions.unordered_attention);
 
   std::cout << "\nprecision (" << dtype_name(compute_dtype(r)) << "; master weights and optimizer state fp32):\n"
             << "  op                         nodes  stores    computes\n"

@@ -67,6 +67,18 @@ std::vector<Cluster> read_clusters(const Graph& g, const std::vector<size_t>& no
 
 }  // namespace
 
+std::vector<GradientWrites> gradient_writes(const Graph& graph, const std::vector<size_t>& nodes) {
+  std::vector<GradientWrites> writes(graph.units().size());
+  for (size_t p = 0; p < nodes.size(); ++p)
+    for (ValueId id : graph.nodes()[nodes[p]].outputs)
+      if (int u = unit_of(graph, id, Placement::gradient); u >= 0) {
+        GradientWrites& w = writes[size_t(u)];
+        if (w.first < 0) w.first = int(p);
+        w.last = int(p);
+      }
+  return writes;
+}
+
 Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t> nodes,
                     const std::vector<ValueId>& keep, const ZeroPlanSpec& spec, bool training) {
   const int end = int(nodes.size());
@@ -90,15 +102,14 @@ Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t>
 
   if (training && spec.reduce) {
     const size_t units = graph.units().size();
+    // A unit no node writes is reduced at the end (its zeros, as every rank's).
     std::vector<int> first_write(units, end), last_write(units, end - 1);
-    std::vector<bool> written(units, false);
-    for (size_t p = 0; p < nodes.size(); ++p)
-      for (ValueId id : graph.nodes()[nodes[p]].outputs)
-        if (int u = unit_of(graph, id, Placement::gradient); u >= 0) {
-          if (!written[size_t(u)]) first_write[size_t(u)] = int(p);
-          written[size_t(u)] = true;
-          last_write[size_t(u)] = int(p);
-        }
+    const std::vector<GradientWrites> writes = gradient_writes(graph, nodes);
+    for (size_t u = 0; u < units; ++u)
+      if (writes[u].last >= 0) {
+        first_write[u] = writes[u].first;
+        last_write[u] = writes[u].last;
+      }
     std::vector<int> by_completion(units);
     std::iota(by_completion.begin(), by_completion.end(), 0);
     std::stable_sort(by_completion.begin(), by_completion.end(),

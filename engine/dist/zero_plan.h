@@ -32,6 +32,14 @@ struct ZeroPlanSpec {
   int64_t prefetch = 1;
 };
 
+// Where each wrap unit's gradients are written in `nodes` (positions into it): the first and the
+// last node that writes them, -1 for both where no node does. After the last, the unit's gradients
+// of the micro-batch are complete: the plan reduces them there, and a staged run downloads them.
+struct GradientWrites {
+  int first = -1, last = -1;
+};
+std::vector<GradientWrites> gradient_writes(const Graph& graph, const std::vector<size_t>& nodes);
+
 Plan plan_zero_step(Graph& graph, const ShardLayout& layout, std::vector<size_t> nodes,
                     const std::vector<ValueId>& keep, const ZeroPlanSpec& spec, bool training);
 

@@ -25,9 +25,10 @@ struct RunSection {
   std::string name;        // defaults to the recipe file's stem
   std::string output_dir;  // runs are written to <output_dir>/<name>
   int64_t seed;
-  RunDevice device;  // auto: cuda when the build has CUDA and a device is present, else cpu
-  bool cuda_graphs;  // replay each plan as a CUDA graph after one eager run (cuda only)
-  bool fusions;      // fuse op pairs into one kernel where the GPU plan has a fused kernel (cuda only)
+  RunDevice device;    // auto: cuda when the build has CUDA and a device is present, else cpu
+  bool cuda_graphs;    // replay each plan as a CUDA graph after one eager run (cuda only)
+  bool fusions;        // fuse op pairs into one kernel where the GPU plan has a fused kernel (cuda only)
+  bool deterministic;  // every GPU kernel gives the same bits at every run (false: cuDNN attention's unordered sums)
 };
 
 enum class Arch { gpt, llama, mlp };

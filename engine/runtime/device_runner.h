@@ -18,11 +18,13 @@
 //             host changed them (parameters_changed; unit by unit on the copy stream, each waited
 //             for by the first node that reads it), replays the plan's nodes and carries out its
 //             actions on the host between them through page-locked mirrors of the arena's buffers:
-//             ZeRO-3's gathers are uploaded where the plan uses them, ZeRO-2/3's gradient buffers
-//             downloaded on the stream where the plan reduce-scatters them (the host hands each to
-//             the collective at the next reduce or the unit's wait, having enqueued the kernels
-//             in between, so the device computes while the host waits and reduces),
-//             and the store's gradients (ZeRO 0-1) downloaded at the end and reduced in plan order.
+//             ZeRO-3's gathers are uploaded where the plan uses them. Gradients go to the host on
+//             a download stream of their own, each behind the kernels that wrote it, while the
+//             backward goes on: ZeRO-2/3's buffers where the plan reduce-scatters them (the host
+//             hands each to the collective at the next reduce or the unit's wait, having enqueued
+//             the kernels in between, so the device computes while the host waits and reduces),
+//             the store's gradients (ZeRO 0-1) unit by unit after the last node that writes each,
+//             reduced in plan order after the run.
 //             The host then reduces, updates (offloaded or not) and gathers as on a CPU run, so a
 //             staged run gives the bits of the same run on one process.
 // Each node runs its CUDA kernel, with its 16-bit values widened into the scratch and rounded back

@@ -14,6 +14,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "cuda_convert.h"
+#include "dist/zero_plan.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
@@ -168,8 +169,11 @@ class CudaRunner final : public DeviceRunner {
     name_ = prop.name;
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
+    check_cuda(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking), "download stream");
     check_cuda(cudaEventCreateWithFlags(&inputs_consumed_, cudaEventDisableTiming), "event");
     check_cuda(cudaEventCreateWithFlags(&downloaded_, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventCreateWithFlags(&gradients_written_, cudaEventDisableTiming), "event");
+    check_cuda(cudaEventCreateWithFlags(&downloads_done_, cudaEventDisableTiming), "event");
     for (cudaEvent_t& copied : staging_copied_)
       check_cuda(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "event");
     step_scalars_ = DeviceBlock(sizeof(StepScalars), tally_, "the step's scalars");
@@ -200,6 +204,7 @@ class CudaRunner final : public DeviceRunner {
 
   ~CudaRunner() override {
     cudaStreamSynchronize(copy_stream_);
+    cudaStreamSynchronize(download_stream_);
     cudaStreamSynchronize(stream_);
     for (auto& [slot, kept] : kept_)
       if (kept.copied) cudaEventDestroy(kept.copied);
@@ -210,8 +215,11 @@ class CudaRunner final : public DeviceRunner {
     for (cudaEvent_t copied : staging_copied_) cudaEventDestroy(copied);
     for (cudaEvent_t e : uploaded_) cudaEventDestroy(e);
     cudaEventDestroy(downloaded_);
+    cudaEventDestroy(gradients_written_);
+    cudaEventDestroy(downloads_done_);
     cudaEventDestroy(inputs_consumed_);
     cudaStreamDestroy(copy_stream_);
+    cudaStreamDestroy(download_stream_);
     cudaStreamDestroy(stream_);
   }
 
@@ -290,7 +298,7 @@ class CudaRunner final : public DeviceRunner {
     else
       enqueue_plan(plan, ctx, op_totals || traced ? &events : nullptr, resident_ ? nullptr : communication);
     check_cuda(cudaEventRecord(inputs_consumed_, stream_), "event record");
-    if (plan.training && !resident_) download_gradients();
+    if (plan.training && !resident_) finish_downloads();
     const auto enqueued = std::chrono::steady_clock::now();
     times_.runs += 1;
     times_.enqueue_seconds += std::chrono::duration<double>(enqueued - began).count();
@@ -451,14 +459,40 @@ class CudaRunner final : public DeviceRunner {
         wait_for(size_t(graph_.params()[size_t(v.param)].unit));
   }
 
-  void download_gradients() {
+  // A staged run's downloads run on a stream of their own, each behind the kernels that wrote its
+  // gradients (an event on the compute stream), so the backward goes on while they copy.
+  void download(std::byte* host, const std::byte* device, int64_t bytes) {
+    check_cuda(cudaEventRecord(gradients_written_, stream_), "event record");
+    check_cuda(cudaStreamWaitEvent(download_stream_, gradients_written_, 0), "wait for the gradients");
+    check_cuda(cudaMemcpyAsync(host, device, size_t(bytes), cudaMemcpyDeviceToHost, download_stream_),
+               "gradient download");
+  }
+  // The store's micro-batch gradients of unit `u` (ZeRO 0-1; ZeRO-2/3's are reduced from the arena
+  // where the plan says), once.
+  void download_unit(size_t u) {
+    if (!grads_[u].data() || !downloads_pending_.erase(u)) return;
+    std::byte* host = store_.micro_grad(u);
+    register_once(host, grads_[u].bytes());
+    download(host, grads_[u].data(), grads_[u].bytes());
+  }
+  // A staged training run's downloads start as the backward finishes each unit (ZeRO 0-1: after
+  // the last node that writes the unit's gradients, gradient_writes); the units no node wrote go
+  // at the end, and the stream waits for them all, so waiting for the stream waits for the host's
+  // copies, and the next run's zeroing follows them.
+  void start_downloads(const Plan& plan) {
+    downloads_pending_.clear();
+    finished_at_.assign(plan.nodes.size(), {});
+    const std::vector<GradientWrites> writes = gradient_writes(graph_, plan.nodes);
     for (size_t u = 0; u < grads_.size(); ++u) {
-      if (!grads_[u].data()) continue;  // ZeRO-2/3: reduced from the arena where the plan says
-      std::byte* host = store_.micro_grad(u);
-      register_once(host, grads_[u].bytes());
-      check_cuda(cudaMemcpyAsync(host, grads_[u].data(), size_t(grads_[u].bytes()), cudaMemcpyDeviceToHost, stream_),
-                 "gradient download");
+      if (!grads_[u].data()) continue;
+      downloads_pending_.insert(u);
+      if (writes[u].last >= 0) finished_at_[size_t(writes[u].last)].push_back(u);
     }
+  }
+  void finish_downloads() {
+    while (!downloads_pending_.empty()) download_unit(*downloads_pending_.begin());
+    check_cuda(cudaEventRecord(downloads_done_, download_stream_), "event record");
+    check_cuda(cudaStreamWaitEvent(stream_, downloads_done_, 0), "wait for the gradients' downloads");
   }
 
   // The plan's work on the stream: the gradients zeroed (training), then each node's kernel, each
@@ -468,6 +502,8 @@ class CudaRunner final : public DeviceRunner {
   void enqueue_plan(const Plan& plan, KernelContext& ctx, std::vector<std::pair<cudaEvent_t, cudaEvent_t>>* events,
                     StepCommunication* communication) {
     if (plan.training) zero_gradients();
+    const bool downloads = plan.training && !resident_;
+    if (downloads) start_downloads(plan);
     for (size_t position = 0; position <= plan.nodes.size(); ++position) {
       if (!plan.actions.empty()) {
         if (communication)
@@ -493,6 +529,8 @@ class CudaRunner final : public DeviceRunner {
         check_cuda(cudaEventRecord(stop, stream_), "event record");
         events->emplace_back(start, stop);
       }
+      if (downloads)
+        for (size_t u : finished_at_[position]) download_unit(u);
     }
   }
 
@@ -601,9 +639,8 @@ class CudaRunner final : public DeviceRunner {
       case Kind::reduce: {
         start_downloaded_reductions(comm, -1);
         std::byte* mirror = mirrors_.acquire(action.buffer, bytes, tally_);
-        check_cuda(cudaMemcpyAsync(mirror, device, size_t(bytes), cudaMemcpyDeviceToHost, stream_),
-                   "gradient download");
-        check_cuda(cudaEventRecord(downloaded_, stream_), "event record");
+        download(mirror, device, bytes);
+        check_cuda(cudaEventRecord(downloaded_, download_stream_), "event record");
         downloading_ = Download{action, mirror};
         break;
       }
@@ -793,8 +830,14 @@ class CudaRunner final : public DeviceRunner {
     std::byte* mirror;
   };
   std::optional<Download> downloading_;
-  cudaEvent_t downloaded_ = nullptr;  // recorded on the stream after its copy
-  std::vector<StepAction> deferred_;  // the store's reductions and their waits, run after the plan
+  cudaEvent_t downloaded_ = nullptr;  // recorded on the download stream after its copy
+  // A staged run's gradient downloads (download()): their stream, the compute stream's event each
+  // waits for, and the event the compute stream waits for at the run's end.
+  cudaStream_t download_stream_ = nullptr;
+  cudaEvent_t gradients_written_ = nullptr, downloads_done_ = nullptr;
+  std::set<size_t> downloads_pending_;            // ZeRO 0-1: units not downloaded yet this run
+  std::vector<std::vector<size_t>> finished_at_;  // per plan position: the units whose gradients are complete after it
+  std::vector<StepAction> deferred_;              // the store's reductions and their waits, run after the plan
   std::set<int> deferred_units_;
   DeviceTimes times_;
   F32Copies copies_;

@@ -29,6 +29,7 @@
 #include "models/model.h"
 #include "models/pipeline_stage.h"
 #include "nn/add_norm.h"
+#include "nn/attention.h"
 #include "nn/layernorm.h"
 #include "offload/offloaded_state.h"
 #include "optim/device_optimizer.h"
@@ -86,6 +87,7 @@ struct FusionReport {
   ops::GeluFusions gelu;
   int gradient_copies = 0;
   int residual_norms = 0;
+  int unordered_attention = 0;  // attention backwards allowed cuDNN's unordered sums (run.deterministic: false)
   int total() const { return gelu.forward + gelu.backward + gradient_copies + residual_norms; }
 };
 

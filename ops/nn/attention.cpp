@@ -224,4 +224,17 @@ ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::strin
   return out;
 }
 
+int allow_unordered_attention_sums(Graph& g) {
+  int marked = 0;
+  for (Node& node : g.mutable_nodes()) {
+    if (node.op != &kCausalAttentionBackward) continue;
+    node.attrs.ints.resize(3);
+    node.attrs.ints[2] = 1;
+    ++marked;
+  }
+  return marked;
+}
+
+bool attention_sums_unordered(const Node& node) { return node.attrs.ints.size() > 2 && node.attrs.ints[2] != 0; }
+
 }  // namespace engine::ops

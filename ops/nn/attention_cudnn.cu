@@ -39,9 +39,10 @@ int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; 
 bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 std::string describe(const SdpaProblem& p) {
-  return std::string(p.backward ? "backward" : "forward") + ", " + std::string(dtype_name(p.type)) + ", B " +
-         std::to_string(p.batch) + " T " + std::to_string(p.time) + " heads " + std::to_string(p.heads) + " kv_heads " +
-         std::to_string(p.kv_heads) + " head size " + std::to_string(p.head_size);
+  return std::string(p.backward ? (p.deterministic ? "backward" : "backward (unordered sums)") : "forward") + ", " +
+         std::string(dtype_name(p.type)) + ", B " + std::to_string(p.batch) + " T " + std::to_string(p.time) +
+         " heads " + std::to_string(p.heads) + " kv_heads " + std::to_string(p.kv_heads) + " head size " +
+         std::to_string(p.head_size);
 }
 
 [[noreturn]] void fail(const SdpaProblem& p, const std::string& step, const std::string& message) {
@@ -87,6 +88,7 @@ SdpaProblem problem_of(const Graph& graph, const Node& node) {
   p.heads = heads;
   p.kv_heads = kv_heads;
   p.head_size = s[2] / (heads + 2 * kv_heads);
+  p.deterministic = !(p.backward && ops::attention_sums_unordered(node));
   // cuDNN's fp16/bf16 surface on sm_80 to sm_100: head size a multiple of 8 (16-byte rows, which
   // also keeps every view's offset and stride 16-byte aligned), up to 128 on every architecture; a
   // backward of s_q = s_kv = 1 is refused, so T >= 2 both ways.
@@ -143,7 +145,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const SdpaProblem& p, int sm_versio
                        .set_name("causal_attention_backward")
                        .set_causal_mask(true)
                        .set_attn_scale(scale)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(p.deterministic);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim({B, H, T, hd}).set_stride(qkv_strides(p));
     dk->set_output(true).set_uid(kDK).set_dim({B, KV, T, hd}).set_stride(qkv_strides(p));
@@ -184,12 +186,12 @@ struct Built {
   int64_t workspace = 0;
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, DType, bool>;
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, DType, bool, bool>;
 
 const Built& built_for(const SdpaProblem& p, int device) {
   static std::mutex mutex;
   static std::map<Key, std::unique_ptr<Built>> cache;
-  const Key key{device, p.batch, p.time, p.heads, p.kv_heads, p.head_size, p.type, p.backward};
+  const Key key{device, p.batch, p.time, p.heads, p.kv_heads, p.head_size, p.type, p.backward, p.deterministic};
   std::lock_guard<std::mutex> guard(mutex);
   auto& slot = cache[key];
   if (slot) return *slot;

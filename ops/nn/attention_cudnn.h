@@ -13,9 +13,10 @@
 //
 // Frontend graphs are built once per (device, direction, dtype, shape) on first use and cached with
 // their workspace size; each call sets the device's cuDNN handle to ctx.stream. The backward uses
-// cuDNN's deterministic algorithm. A backward whose dqkv accumulates (autodiff adds into an existing
-// gradient: qkv with several consumers, or a parameter) writes into workspace scratch and adds it
-// in fp32, rounding once.
+// cuDNN's deterministic algorithm, or its faster non-deterministic one where the node allows
+// unordered sums (nn/attention.h allow_unordered_attention_sums, run.deterministic: false). A backward whose dqkv
+// accumulates (autodiff adds into an existing gradient: qkv with several consumers, or a parameter) writes into
+// workspace scratch and adds it in fp32, rounding once.
 //
 // A build without cuDNN defines these inline: nothing is supported and the engine's kernels run.
 #pragma once
@@ -35,6 +36,7 @@ struct SdpaProblem {
   int64_t batch = 0, time = 0, heads = 0, kv_heads = 0, head_size = 0;
   DType type = DType::bf16;  // bf16 or f16
   bool backward = false;
+  bool deterministic = true;  // backward: dq summed in a fixed order (false: run.deterministic false)
 };
 
 #if defined(ENGINE_HAVE_CUDNN) && ENGINE_HAVE_CUDNN

@@ -7,11 +7,13 @@
 
 #include "../equivalence/run_util.h"
 #include "core/device_info.h"
+#include "dist/zero_plan.h"
 #include "elementwise/add.h"
 #include "graph/autodiff.h"
 #include "linalg/linear_gelu.h"
 #include "nn/activation.h"
 #include "nn/add_norm.h"
+#include "nn/attention.h"
 #include "nn/layernorm.h"
 #include "recipe/diagnostic.h"
 #include "trainer/device.h"
@@ -296,6 +298,66 @@ TEST(DeviceSelection, FusedPlansReduceEachUnitAfterEveryWriteOfItsGradients) {
           const int unit = g.params()[size_t(g.value(v).param)].unit;
           EXPECT_GT(reduced_at[size_t(unit)], int(p)) << arch << ": " << g.value(v).name;
         }
+  }
+}
+
+// run.deterministic: false lets every attention backward of a GPU plan take cuDNN's unordered sums
+// (nn/attention.h); the default, and any CPU plan, keep every one in a fixed order.
+TEST(DeviceSelection, OnlyAGpuPlanWithDeterministicFalseSumsAttentionUnordered) {
+  for (const char* arch : {"gpt", "llama"}) {
+    auto marked = [&](const char* device, const char* deterministic) {
+      const CompiledStep step = compile_step(
+          quickstart({std::string("model.arch=") + arch, "precision.mode=bf16", std::string("run.device=") + device,
+                      std::string("run.deterministic=") + deterministic})
+              .recipe);
+      int backwards = 0, unordered = 0;
+      for (const Node& node : step.model.graph.nodes())
+        if (node.op == &ops::kCausalAttentionBackward) {
+          ++backwards;
+          unordered += ops::attention_sums_unordered(node);
+        }
+      EXPECT_EQ(step.fusions.unordered_attention, unordered) << arch << " " << device << " " << deterministic;
+      return std::make_pair(backwards, unordered);
+    };
+    const auto [backwards, unordered] = marked("cuda", "false");
+    EXPECT_EQ(backwards, 2) << arch << ": one per layer";
+    EXPECT_EQ(unordered, backwards) << arch;
+    EXPECT_EQ(marked("cuda", "true").second, 0) << arch;
+    EXPECT_EQ(marked("cpu", "false").second, 0) << arch;
+  }
+}
+
+// A staged run (offload) downloads each unit's micro-batch gradients behind the last node that
+// writes them (dist/zero_plan.h gradient_writes), on a stream of its own while the backward goes
+// on: where the plan reduces the unit, and for most units well before the end of the backward.
+TEST(DeviceSelection, AStagedRunDownloadsEachUnitWhereTheBackwardFinishesIt) {
+  for (const char* arch : {"gpt", "llama"}) {
+    const CompiledStep step =
+        compile_step(quickstart({std::string("model.arch=") + arch, "precision.mode=bf16", "run.device=cuda",
+                                 "model.n_layer=6", "offload.optimizer=cpu", "train.gradient_accumulation_steps=2"})
+                         .recipe);
+    const Graph& g = step.model.graph;
+    const Plan& plan = step.train;
+    const std::vector<GradientWrites> writes = gradient_writes(g, plan.nodes);
+    ASSERT_EQ(writes.size(), g.units().size()) << arch;
+    ASSERT_EQ(plan.actions.size(), plan.nodes.size() + 1) << arch << ": accumulation reduces each unit";
+    for (size_t p = 0; p < plan.actions.size(); ++p)
+      for (const StepAction& a : plan.actions[p])
+        if (a.kind == StepAction::Kind::reduce)
+          EXPECT_EQ(int(p), writes[size_t(a.unit)].last + 1) << arch << ": " << g.units()[size_t(a.unit)].name;
+    for (size_t p = 0; p < plan.nodes.size(); ++p)
+      for (ValueId v : g.nodes()[plan.nodes[p]].outputs)
+        if (g.value(v).placement == Placement::gradient) {
+          const GradientWrites& w = writes[size_t(g.params()[size_t(g.value(v).param)].unit)];
+          EXPECT_LE(w.first, int(p)) << arch << ": " << g.value(v).name;
+          EXPECT_GE(w.last, int(p)) << arch << ": " << g.value(v).name;
+        }
+    size_t early = 0;
+    for (const GradientWrites& w : writes) {
+      EXPECT_GE(w.first, 0) << arch << ": every unit has gradients";
+      early += w.last < int(plan.nodes.size()) * 9 / 10;
+    }
+    EXPECT_GT(early, writes.size() / 2) << arch << ": most units' downloads start within the backward";
   }
 }
 

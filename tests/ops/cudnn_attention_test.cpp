@@ -5,7 +5,8 @@
 //     20 is refused there and by cudnn_attention_supports, as are f32 values and T = 1.
 //   CudnnAttentionGpu (label cuda, skips without a device): cuDNN's forward and backward against
 //     the engine's fp32 CUDA kernels on the same 16-bit-rounded inputs, within 16-bit tolerances;
-//     the deterministic backward twice gives the same bits; an accumulating backward adds.
+//     the deterministic backward twice gives the same bits; an accumulating backward adds; the
+//     backward with unordered sums (run.deterministic: false) within the same tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,27 +59,33 @@ AttentionGraph attention_graph(const SdpaProblem& p, DType type) {
       Node{&ops::kCausalAttentionBackward, {a.dout, a.qkv, a.out, a.lse}, {a.dqkv}, attrs, false, true, "attn"};
   g.add_node(a.forward);
   g.add_node(a.backward);
+  if (!p.deterministic) {
+    EXPECT_EQ(ops::allow_unordered_attention_sums(g), 1);
+    a.backward = g.nodes().back();
+  }
   return a;
 }
 
 std::string name(const SdpaProblem& p) {
-  return std::string(p.backward ? "backward " : "forward ") + std::string(dtype_name(p.type)) + " B" +
-         std::to_string(p.batch) + " T" + std::to_string(p.time) + " H" + std::to_string(p.heads) + " KV" +
-         std::to_string(p.kv_heads) + " hd" + std::to_string(p.head_size);
+  return std::string(p.backward ? (p.deterministic ? "backward " : "unordered backward ") : "forward ") +
+         std::string(dtype_name(p.type)) + " B" + std::to_string(p.batch) + " T" + std::to_string(p.time) + " H" +
+         std::to_string(p.heads) + " KV" + std::to_string(p.kv_heads) + " hd" + std::to_string(p.head_size);
 }
 
 TEST(CudnnAttention, OurLayoutsValidateForHopper) {
   if (!cuda::kHaveCudnnAttention) GTEST_SKIP() << kNoCudnn;
   for (int64_t kv_heads : {12, 4})  // GPT-2 (12 heads), Llama-style GQA (12 query, 4 key/value heads)
     for (DType type : {DType::bf16, DType::f16})
-      for (bool backward : {false, true}) {
+      for (int variant : {0, 1, 2}) {  // forward, backward, backward with unordered sums
+        const bool backward = variant > 0;
         const SdpaProblem p{.batch = 4,
                             .time = 1024,
                             .heads = 12,
                             .kv_heads = kv_heads,
                             .head_size = 64,
                             .type = type,
-                            .backward = backward};
+                            .backward = backward,
+                            .deterministic = variant < 2};
         EXPECT_EQ(cuda::cudnn_attention_validate(p, 90), "") << name(p);
         const AttentionGraph a = attention_graph(p, type);
         EXPECT_TRUE(cuda::cudnn_attention_supports(a.graph, backward ? a.backward : a.forward)) << name(p);
@@ -280,7 +287,8 @@ TEST_P(CudnnAttentionGpu, MatchesTheFp32KernelWithin16BitTolerance) {
   EXPECT_LT(dq, 2 * tolerance);
   EXPECT_LT(dk, 2 * tolerance);
   EXPECT_LT(dv, 2 * tolerance);
-  EXPECT_TRUE(again == fast.dqkv) << "the deterministic backward gave different bits on a second run";
+  if (p.deterministic)
+    EXPECT_TRUE(again == fast.dqkv) << "the deterministic backward gave different bits on a second run";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -288,6 +296,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         GpuCase{{.batch = 4, .time = 1024, .heads = 12, .kv_heads = 12, .head_size = 64, .type = DType::bf16}},
         GpuCase{{.batch = 4, .time = 1024, .heads = 12, .kv_heads = 4, .head_size = 64, .type = DType::bf16}},
+        GpuCase{{.batch = 4,
+                 .time = 1024,
+                 .heads = 12,
+                 .kv_heads = 12,
+                 .head_size = 64,
+                 .type = DType::bf16,
+                 .deterministic = false}},
         GpuCase{{.batch = 2, .time = 200, .heads = 12, .kv_heads = 4, .head_size = 64, .type = DType::f16}},
         GpuCase{{.batch = 2, .time = 77, .heads = 4, .kv_heads = 2, .head_size = 128, .type = DType::bf16}},
         GpuCase{{.batch = 2, .time = 130, .heads = 4, .kv_heads = 1, .head_size = 32, .type = DType::bf16}, true}),
@@ -295,7 +310,7 @@ INSTANTIATE_TEST_SUITE_P(
       const GpuCase& c = test.param;
       return std::string(dtype_name(c.p.type)) + "_T" + std::to_string(c.p.time) + "_H" + std::to_string(c.p.heads) +
              "_KV" + std::to_string(c.p.kv_heads) + "_hd" + std::to_string(c.p.head_size) +
-             (c.accumulate ? "_accumulate" : "");
+             (c.accumulate ? "_accumulate" : "") + (c.p.deterministic ? "" : "_unordered");
     });
 
 #endif

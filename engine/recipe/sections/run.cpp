@@ -22,10 +22,11 @@ void declare_run(Schema& schema) {
       .def(RunDevice::auto_detect)
       .help(
           "Where the step runs: cpu, cuda (a GPU per rank of the machine; an error where the build has no CUDA or "
-          "the machine no GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda one "
-          "process at ZeRO stage 0-1 without offload runs the whole step on the GPU and keeps the model state there; "
-          "several ranks, ZeRO-2/3 and offload compute on the GPU and reduce, update and gather on the host, with "
-          "the same bits. Checkpoints hold the same host record on either device, so a run resumes on the other.");
+          "the machine no GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda a "
+          "run without offload, at any ZeRO stage and world size, runs the whole step on the GPU and keeps the model "
+          "state (its shard) there, reducing and gathering on the device; with offload the GPU computes the forward "
+          "and backward and the host reduces, updates and gathers, with the same bits. Checkpoints hold the same "
+          "host record on either device, so a run resumes on the other.");
   run.key("cuda_graphs", &RunSection::cuda_graphs)
       .def(true)
       .help(
@@ -43,6 +44,15 @@ void declare_run(Schema& schema) {
           "and one pass over memory fewer each; cuBLASLt's GELU rounds in its own order, so the bits differ from "
           "the unfused kernels' (the norm fusions keep them). false runs every op as its own kernel. A CPU plan has "
           "no fused kernels, so on cpu this changes nothing. engine plan counts the fused nodes.");
+  run.key("deterministic", &RunSection::deterministic)
+      .def(true)
+      .help(
+          "On cuda, whether every kernel gives the same bits at every run. true (the default): only algorithms "
+          "whose sums run in a fixed order, so a run repeats bit for bit and ZeRO stages and world sizes agree "
+          "as on cpu. false: cuDNN's attention backward may sum the query gradient in the order its blocks finish "
+          "(its faster non-deterministic algorithm, as PyTorch's attention backward does): the same values within "
+          "rounding, different bits from run to run. The cpu kernels always sum in a fixed order, so on cpu this "
+          "changes nothing. engine plan says which attention backward a GPU plan runs.");
 }
 
 }  // namespace engine::recipe
