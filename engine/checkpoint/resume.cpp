@@ -61,7 +61,7 @@ Change classify(const std::string& key) {
        {"train.steps", "train.gradient_clipping", "scheduler.", "optimizer.lr", "optimizer.weight_decay",
         "distributed.", "offload.", "activation_checkpointing.", "plugins", "precision.growth_interval",
         "precision.scale_factor", "precision.hysteresis", "precision.min_scale", "precision.on_min_scale", "run.device",
-        "run.fusions"})  // a checkpoint is the host's record: it resumes on either device
+        "run.fusions", "run.deterministic"})  // a checkpoint is the host's record: it resumes on either device
     if (starts_with(key, k)) return Change::noted;
   return Change::refused;
 }

@@ -264,6 +264,9 @@ class CudaRunner final : public DeviceRunner {
     // leaves them behind, and they must not leak into this run's collectives.
     ENGINE_CHECK(deferred_.empty() && deferred_units_.empty() && reducing_.empty() && !downloading_ && mirrors_.idle(),
                  "a staged run left collectives behind (an earlier run failed part-way)");
+    // A staged run's downloads are done when it returns; one that threw may have left some on their
+    // way, which must not overlap this run's zeroing (nothing to wait for otherwise).
+    if (!resident_) check_cuda(cudaStreamSynchronize(download_stream_), "an earlier run's gradient downloads");
     if (!resident_ && !parameters_uploaded_) {
       if (upload_parameters()) times_.parameter_uploads += 1;
       parameters_uploaded_ = true;
@@ -602,8 +605,8 @@ class CudaRunner final : public DeviceRunner {
   //   gather      into a mirror; use_params waits for it, copies it into the arena buffer on the
   //               stream and points the unit's parameters there;
   //   grads_into  zeroes the arena buffer on the stream and points the unit's gradients there;
-  //   reduce      from an arena buffer: copied into a mirror on the stream behind the kernels that
-  //               wrote it, and reduce-scattered from there once the host reaches the plan's next
+  //   reduce      from an arena buffer: copied into a mirror on the download stream behind the
+  //               kernels that wrote it, and reduce-scattered from there once the host reaches the plan's next
   //               reduce or the unit's wait (start_downloaded_reductions), so the host enqueues the
   //               backward in between before it waits for the copy: the device computes the next
   //               units while the host reduces this one. From the store's gradients (ZeRO 0-1):

@@ -132,6 +132,7 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
     m.optimizer_state = 0;  // the moments; offloaded masters were never in m.parameters
     if (o.optimizer == OffloadTier::cpu) {
       m.optimizer_state = bytes;
+      if (!r.checkpoint.async) m.checkpoint_snapshot = kStreamPieceElements * 4;  // streamed through one piece
     } else if (kinds > 0) {
       m.swap += bytes;
       m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + ChunkStore::kBounceBytes;
@@ -242,7 +243,9 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   if (c.model.stage_input != kNoValue)
     m.host += value_bytes(g.value(c.model.stage_input)) * *r.train.gradient_accumulation_steps;
   if (c.model.stage_output != kNoValue) m.host += value_bytes(g.value(c.model.stage_output));
-  m.checkpoint_snapshot = rank_file_bytes(g, world, size_t(1 + optimizer_state_tensors(r.optimizer)));
+  // An asynchronous checkpoint's snapshot (one rank's file); a synchronous one streams the state.
+  m.checkpoint_snapshot =
+      r.checkpoint.async ? rank_file_bytes(g, world, size_t(1 + optimizer_state_tensors(r.optimizer))) : 0;
   // A host communicator receives every peer's chunk of a reduce-scatter before summing them in
   // rank order (dist/communicator.h): one buffer, as large as the largest unit's gradient.
   if (world > 1)

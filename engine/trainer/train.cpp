@@ -480,7 +480,9 @@ class TrainingRun {
     else
       m.step = steps_done;
     manifest_event.reset();
-    if (session.offload.optimizer == OffloadTier::nvme)  // streamed from the swap file, never staged
+    // Streamed from the state while the step waits: from the swap file (never staged), or without
+    // checkpoint.async (no snapshot held); else snapshotted and written behind the next steps.
+    if (session.offload.optimizer == OffloadTier::nvme || !r_.checkpoint.async)
       checkpoints_->start_streamed(std::move(m),
                                    [&](const Checkpointer::Sink& sink) { stream_rank(session.store, kinds, sink); });
     else

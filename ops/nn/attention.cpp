@@ -227,7 +227,7 @@ ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::strin
 int allow_unordered_attention_sums(Graph& g) {
   int marked = 0;
   for (Node& node : g.mutable_nodes()) {
-    if (node.op != &kCausalAttentionBackward) continue;
+    if (node.op != &kCausalAttentionBackward || !cuda::cudnn_attention_supports(g, node)) continue;
     node.attrs.ints.resize(3);
     node.attrs.ints[2] = 1;
     ++marked;

@@ -32,10 +32,11 @@ ValueId causal_attention(Graph& g, ValueId qkv, int64_t n_head, const std::strin
 
 extern const OpDef kCausalAttention, kCausalAttentionBackward;
 
-// run.deterministic: false on a GPU plan: every causal_attention_backward node may sum its query
-// gradient in the order cuDNN's blocks finish (cuDNN SDPA's non-deterministic backward), marked in
-// the node's attrs.ints[2]. Returns how many nodes it marked. The engine's own attention kernels
-// (fp32, the CPU, head sizes cuDNN refuses) sum in a fixed order whatever the mark says.
+// run.deterministic: false on a GPU plan: every causal_attention_backward node that runs on cuDNN
+// (nn/attention_cudnn.h cudnn_attention_supports: 16-bit values, a build with cuDNN, head sizes it
+// takes) may sum its query gradient in the order cuDNN's blocks finish (cuDNN SDPA's
+// non-deterministic backward), marked in the node's attrs.ints[2]. Returns how many nodes it
+// marked. The engine's own attention kernels (fp32, the CPU, the rest) sum in a fixed order.
 int allow_unordered_attention_sums(Graph& g);
 bool attention_sums_unordered(const Node& node);
 

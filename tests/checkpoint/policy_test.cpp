@@ -4,7 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/manifest.h"
@@ -199,6 +202,41 @@ TEST(CheckpointPlan, TheSnapshotIsOneRanksFile) {
   const std::pair<int, int64_t> expected[] = {{1, 7168 * 3 * 4}, {2, 4096 * 3 * 4}};
   for (const auto& [world, bytes] : expected)
     EXPECT_EQ(compile_step(r, world).memory.checkpoint_snapshot, bytes) << "world " << world;
+  // checkpoint.async: false writes the state straight to the file: no snapshot is held (with the
+  // optimizer offloaded to host memory, one piece of it at a time).
+  EXPECT_EQ(compile_step(tiny(scratch.path(), {"checkpoint.async=false"}).recipe).memory.checkpoint_snapshot, 0);
+  EXPECT_EQ(compile_step(tiny(scratch.path(), {"checkpoint.async=false", "offload.optimizer=cpu"}).recipe)
+                .memory.checkpoint_snapshot,
+            kStreamPieceElements * 4);
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A synchronous checkpoint streams the state into the file; an asynchronous one writes a snapshot
+// of it: the same bytes, as a resume reads them.
+TEST(CheckpointPolicy, ASynchronousCheckpointWritesTheSnapshotsBytes) {
+  for (const char* offload : {"none", "cpu"}) {
+    const testing::TempDir sync("policy"), async("policy");
+    std::ostringstream out;
+    const std::vector<std::string> common{"train.steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=0",
+                                          std::string("offload.optimizer=") + offload};
+    auto with = [&](std::vector<std::string> overrides, const char* async_value) {
+      overrides.push_back(std::string("checkpoint.async=") + async_value);
+      return overrides;
+    };
+    train(tiny(sync.path(), with(common, "false")), out);
+    train(tiny(async.path(), with(common, "true")), out);
+    for (const char* step : {"step-2", "step-4"}) {
+      const fs::path a = sync.path() / "t" / "checkpoints" / step / "rank-00000.bin";
+      const fs::path b = async.path() / "t" / "checkpoints" / step / "rank-00000.bin";
+      ASSERT_TRUE(fs::exists(a) && fs::exists(b)) << offload << " " << step;
+      EXPECT_GT(fs::file_size(a), 0u);
+      EXPECT_TRUE(file_bytes(a) == file_bytes(b)) << offload << " " << step;
+    }
+  }
 }
 
 }  // namespace

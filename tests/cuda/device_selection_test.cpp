@@ -14,6 +14,7 @@
 #include "nn/activation.h"
 #include "nn/add_norm.h"
 #include "nn/attention.h"
+#include "nn/attention_cudnn.h"
 #include "nn/layernorm.h"
 #include "recipe/diagnostic.h"
 #include "trainer/device.h"
@@ -301,14 +302,15 @@ TEST(DeviceSelection, FusedPlansReduceEachUnitAfterEveryWriteOfItsGradients) {
   }
 }
 
-// run.deterministic: false lets every attention backward of a GPU plan take cuDNN's unordered sums
-// (nn/attention.h); the default, and any CPU plan, keep every one in a fixed order.
+// run.deterministic: false lets every attention backward of a GPU plan that runs on cuDNN take its
+// unordered sums (nn/attention.h); the default, fp32 (the engine's own kernels) and any CPU plan
+// keep every one in a fixed order.
 TEST(DeviceSelection, OnlyAGpuPlanWithDeterministicFalseSumsAttentionUnordered) {
   for (const char* arch : {"gpt", "llama"}) {
-    auto marked = [&](const char* device, const char* deterministic) {
+    auto marked = [&](const char* device, const char* deterministic, const char* precision = "bf16") {
       const CompiledStep step = compile_step(
-          quickstart({std::string("model.arch=") + arch, "precision.mode=bf16", std::string("run.device=") + device,
-                      std::string("run.deterministic=") + deterministic})
+          quickstart({std::string("model.arch=") + arch, std::string("precision.mode=") + precision,
+                      std::string("run.device=") + device, std::string("run.deterministic=") + deterministic})
               .recipe);
       int backwards = 0, unordered = 0;
       for (const Node& node : step.model.graph.nodes())
@@ -321,8 +323,9 @@ TEST(DeviceSelection, OnlyAGpuPlanWithDeterministicFalseSumsAttentionUnordered) 
     };
     const auto [backwards, unordered] = marked("cuda", "false");
     EXPECT_EQ(backwards, 2) << arch << ": one per layer";
-    EXPECT_EQ(unordered, backwards) << arch;
+    EXPECT_EQ(unordered, cuda::kHaveCudnnAttention ? backwards : 0) << arch;
     EXPECT_EQ(marked("cuda", "true").second, 0) << arch;
+    EXPECT_EQ(marked("cuda", "false", "fp32").second, 0) << arch << ": the engine's own kernels";
     EXPECT_EQ(marked("cpu", "false").second, 0) << arch;
   }
 }

@@ -36,8 +36,10 @@ void declare_checkpoint(Schema& schema) {
   section.key("async", &CheckpointSection::async)
       .def(true)
       .help(
-          "Write from a snapshot on a background thread while training continues (the snapshot's memory is in "
-          "the plan); false: the step waits until the checkpoint is durable.");
+          "Write from a snapshot on a background thread while training continues (the snapshot, one rank's file, "
+          "is host memory the plan counts); false: the step waits while its state is written straight to the file "
+          "and made durable, and no snapshot memory is held (what lets a host-bound run, ZeRO-Offload's, train "
+          "the largest model).");
   section.key("at_end", &CheckpointSection::at_end)
       .def(false)
       .help("Also write a checkpoint after the last step, so the run can later be extended (train.steps raised).");

@@ -24,7 +24,8 @@ void declare_run(Schema& schema) {
           "Where the step runs: cpu, cuda (a GPU per rank of the machine; an error where the build has no CUDA or "
           "the machine no GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda a "
           "run without offload, at any ZeRO stage and world size, runs the whole step on the GPU and keeps the model "
-          "state (its shard) there, reducing and gathering on the device; with offload the GPU computes the forward "
+          "state (its shard) there, reducing and gathering through its device collectives; with offload the GPU "
+          "computes the forward "
           "and backward and the host reduces, updates and gathers, with the same bits. Checkpoints hold the same "
           "host record on either device, so a run resumes on the other.");
   run.key("cuda_graphs", &RunSection::cuda_graphs)
