@@ -113,7 +113,12 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
 
   DevicePlanActions* plan_actions() override { return stage_ >= 2 || collectives_ ? this : nullptr; }
 
-  void begin_micro_batch(int64_t micro) override { micro_ = micro; }
+  void begin_micro_batch(int64_t micro) override {
+    micro_ = micro;
+    // A step that skipped its update (an overflow, a plugin's veto) never read the gradients a hook
+    // uploaded: this step's update reads its own sums.
+    if (micro == 0) update_from_f32_ = false;
+  }
   void add_micro_batch(int64_t micro) override {
     const bool reduced_in_plan = std::exchange(reduced_in_plan_, false);
     if (stage_ >= 2) return;  // the plan reduced each unit where its backward finished (reduce())

@@ -633,7 +633,10 @@ class TrainingRun {
     if (step == 0 && !options_.first_gradients.empty()) files.push_back(options_.first_gradients);
     if (auto it = options_.gradients_at.find(step + 1); it != options_.gradients_at.end()) files.push_back(it->second);
     const bool split = groups_->tensor_size() > 1 || groups_->stages() > 1;
-    if (files.empty() || (!lead_ && !split)) return {};
+    if (files.empty()) return {};
+    // Rank 0 alone writes them, but every rank takes a hook, so every rank's step reads its losses
+    // and decides its update at the same point, its collectives in the same order.
+    if (!lead_ && !split) return [] {};
     return [this, files] {
       const ParameterStore& store = session_->store;
       const WholeValues gradients =
