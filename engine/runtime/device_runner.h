@@ -155,7 +155,7 @@ class DeviceRunner {
   // reset_graphs() drops them: anything a kernel chose at enqueue time (a value's type) changed.
   virtual void use_graphs(bool on) = 0;
   virtual void reset_graphs() = 0;
-  virtual int64_t graph_replays() const = 0;  // runs served by a captured graph so far
+  virtual int64_t graph_replays() const = 0;  // captured graphs launched so far (a segmented plan: one a segment)
   // Device memory counted in memory(), for state that lives beside the runner's.
   virtual std::byte* allocate(int64_t bytes, const std::string& what) = 0;
 };

@@ -9,8 +9,9 @@ void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::f
   if (!enabled_) return enqueue();
   Entry& entry = entries_[key];
   if (!entry.exec && entry.eager_runs == 0) {
+    enqueue();  // counted once it enqueued: a first run that threw is not the eager run a capture follows
     ++entry.eager_runs;
-    return enqueue();
+    return;
   }
   if (!entry.exec) {
     // Nothing runs while capturing; the launch below runs what was captured.
@@ -25,9 +26,11 @@ void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::f
       throw;
     }
     check_cuda(cudaStreamEndCapture(stream, &graph), "capture of " + key);
-    const cudaError_t status = cudaGraphInstantiate(&entry.exec, graph, 0);
+    cudaGraphExec_t exec = nullptr;  // kept only once instantiated: a failed one is never launched
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     check_cuda(status, "graph of " + key);
+    entry.exec = exec;
   }
   check_cuda(cudaGraphLaunch(entry.exec, stream), "graph launch of " + key);
   ++replays_;
