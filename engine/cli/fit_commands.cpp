@@ -35,6 +35,7 @@ std::string shell_word(const std::string& word) {
 
 std::string fits_text(const FitRow& row, const FitBudgets& b) {
   if (row.fits(b)) return "yes";
+  if (row.fits_when_streamed(b)) return "with checkpoint.async=false";
   std::string missed;
   for (auto [fits, name] : {std::pair{row.fits_host(b), "host"}, std::pair{row.fits_device(b), "device"},
                             std::pair{row.fits_nvme(b), "nvme"}})
@@ -50,8 +51,12 @@ std::string describe(const FitRow& row, bool layouts) {
   return text;
 }
 
-std::string needs(const FitRow& row, const FitBudgets& b) {
-  return format_bytes(row.host_needed) + " of host memory (budget " + budget_text(b.host) + ")" +
+// What `row` needs; a proposal (`proposed`) that fits only with checkpoint.async=false, with it.
+std::string needs(const FitRow& row, const FitBudgets& b, bool proposed = false) {
+  const bool streamed = proposed && row.needs_streamed_checkpoints(b);
+  return format_bytes(streamed ? row.host_needed_streamed : row.host_needed) + " of host memory" +
+         (streamed ? " with checkpoint.async=false, no checkpoint snapshot held" : "") + " (budget " +
+         budget_text(b.host) + ")" +
          (row.device
               ? ", " + format_bytes(row.device) + " of device memory per GPU (budget " + budget_text(b.device) + ")"
               : "") +
@@ -195,9 +200,10 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
   std::string command = "engine train " + shell_word(args.recipe.string());
   for (const std::string& o : args.overrides) command += " " + shell_word(o);
   if (const FitRow* best = fastest_fit(search.rows, b)) {
-    std::cout << "fastest that fits: " << describe(*best, search.layouts) << "; " << needs(*best, b) << "; predicted "
-              << format_fixed(best->seconds, 3) << " s per step\n";
+    std::cout << "fastest that fits: " << describe(*best, search.layouts) << "; " << needs(*best, b, true)
+              << "; predicted " << format_fixed(best->seconds, 3) << " s per step\n";
     for (const std::string& o : best->overrides) command += " " + shell_word(o);
+    if (best->needs_streamed_checkpoints(b)) command += " checkpoint.async=false";
     std::cout << "  " << command << "\n";
     if (best->swap_needed && !search.nvme_path_given)
       std::cout << "  (offload.nvme_path: any directory on a fast local disk with room for the swap files)\n";

@@ -14,8 +14,8 @@ namespace engine {
 namespace fs = std::filesystem;
 using recipe::CheckpointPolicy;
 
-int64_t host_bytes_needed(const MemoryPlan& memory, int ranks) {
-  return (memory.total() + memory.checkpoint_snapshot) * ranks;
+int64_t host_bytes_needed(const MemoryPlan& memory, int ranks, bool streamed) {
+  return (memory.total() + (streamed ? memory.streamed_checkpoint : memory.checkpoint_snapshot)) * ranks;
 }
 
 double FitRow::overshoot(const FitBudgets& b) const {
@@ -73,6 +73,7 @@ void plan_row(FitRow& row, const fs::path& path, const recipe::LoadOptions& opti
   for (const CompiledStep& stage : stages) {
     if (stage.memory.total() > c->memory.total()) c = &stage;
     row.host_needed += host_bytes_needed(stage.memory, row.tensor * row.data);
+    row.host_needed_streamed += host_bytes_needed(stage.memory, row.tensor * row.data, true);
     row.swap_needed += stage.memory.swap * row.tensor * row.data;
     row.flops = std::max(row.flops, stage.flops_per_micro_batch * double(*r.train.gradient_accumulation_steps));
     row.sent = std::max(row.sent, stage.traffic.total());
@@ -216,10 +217,12 @@ FitSearch fit_rows(const fs::path& path, const recipe::LoadOptions& options, con
 
 namespace {
 
-// Among equally fast rows: fewer changes from the recipe, then the larger micro-batch (the cost
-// model counts FLOPs, not how much faster larger matmuls run them), then less memory.
-auto preference(const FitRow& row) {
-  return std::make_tuple(row.seconds, row.overrides.size(), -row.micro, row.host_needed, row.swap_needed, row.device);
+// Among equally fast rows: fewer changes from the recipe (checkpoint.async=false where the row
+// needs it is one), then the larger micro-batch (the cost model counts FLOPs, not how much faster
+// larger matmuls run them), then less memory.
+auto preference(const FitRow& row, const FitBudgets& budgets) {
+  return std::make_tuple(row.seconds, row.overrides.size() + (row.needs_streamed_checkpoints(budgets) ? 1 : 0),
+                         -row.micro, row.host_needed, row.swap_needed, row.device);
 }
 
 }  // namespace
@@ -227,15 +230,16 @@ auto preference(const FitRow& row) {
 const FitRow* fastest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets) {
   const FitRow* best = nullptr;
   for (const FitRow& row : rows)
-    if (row.fits(budgets) && (!best || preference(row) < preference(*best))) best = &row;
+    if (row.fits_when_streamed(budgets) && (!best || preference(row, budgets) < preference(*best, budgets)))
+      best = &row;
   return best;
 }
 
 const FitRow* closest_fit(const std::vector<FitRow>& rows, const FitBudgets& budgets) {
   const FitRow* best = nullptr;
   for (const FitRow& row : rows)
-    if (!best || std::make_tuple(row.overshoot(budgets), preference(row)) <
-                     std::make_tuple(best->overshoot(budgets), preference(*best)))
+    if (!best || std::make_tuple(row.overshoot(budgets), preference(row, budgets)) <
+                     std::make_tuple(best->overshoot(budgets), preference(*best, budgets)))
       best = &row;
   return best;
 }

@@ -38,8 +38,9 @@
 namespace engine {
 
 // What `engine train` needs in host memory: `ranks` ranks of this plan, each with its checkpoint
-// snapshot (check_memory_available refuses a run when this exceeds the memory limit).
-int64_t host_bytes_needed(const MemoryPlan& memory, int ranks);
+// snapshot (check_memory_available refuses a run when this exceeds the memory limit); `streamed`:
+// the same run with checkpoint.async false, whose checkpoints hold no snapshot.
+int64_t host_bytes_needed(const MemoryPlan& memory, int ranks, bool streamed = false);
 
 struct FitBudgets {
   int64_t host = kUnlimitedBytes;  // for all the ranks on this machine
@@ -71,23 +72,30 @@ struct FitRow {
   std::vector<std::string> overrides;
   bool is_recipe = false;  // the recipe as given
 
-  int64_t host = 0;           // MemoryPlan::total() per rank
-  int64_t host_needed = 0;    // host_bytes_needed for the world's ranks (checkpoint snapshot included)
-  int64_t swap = 0;           // per rank
-  int64_t swap_needed = 0;    // all ranks
-  int64_t swap_moved = 0;     // bytes read and written per step, per rank
-  int64_t device = 0;         // a GPU run's device memory per rank (plan_device_memory), else 0
-  int64_t device_needed = 0;  // per GPU: device x the ranks that share one (local ranks over GPUs)
-  int64_t link_moved = 0;     // a staged GPU run's bytes between host and device per step and rank
-  int64_t sent = 0;           // bytes the busiest rank sends per step (gradients, parameters, activations)
-  double flops = 0;           // per step, of the busiest rank, recompute included
-  double extra_flops = 0;     // of which recompute
-  double seconds = 0;         // the cost model's step time
+  int64_t host = 0;                  // MemoryPlan::total() per rank
+  int64_t host_needed = 0;           // host_bytes_needed for the world's ranks (checkpoint snapshot included)
+  int64_t host_needed_streamed = 0;  // the same with checkpoint.async false (no snapshot held)
+  int64_t swap = 0;                  // per rank
+  int64_t swap_needed = 0;           // all ranks
+  int64_t swap_moved = 0;            // bytes read and written per step, per rank
+  int64_t device = 0;                // a GPU run's device memory per rank (plan_device_memory), else 0
+  int64_t device_needed = 0;         // per GPU: device x the ranks that share one (local ranks over GPUs)
+  int64_t link_moved = 0;            // a staged GPU run's bytes between host and device per step and rank
+  int64_t sent = 0;                  // bytes the busiest rank sends per step (gradients, parameters, activations)
+  double flops = 0;                  // per step, of the busiest rank, recompute included
+  double extra_flops = 0;            // of which recompute
+  double seconds = 0;                // the cost model's step time
 
   bool fits_host(const FitBudgets& b) const { return host_needed <= b.host; }
   bool fits_nvme(const FitBudgets& b) const { return swap_needed <= b.nvme; }
   bool fits_device(const FitBudgets& b) const { return device_needed <= b.device; }
   bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b) && fits_device(b); }
+  // Fits host memory only once its checkpoints are written straight from the state: the search
+  // proposes the row with checkpoint.async=false (docs/checkpoints.md).
+  bool needs_streamed_checkpoints(const FitBudgets& b) const { return !fits_host(b) && host_needed_streamed <= b.host; }
+  bool fits_when_streamed(const FitBudgets& b) const {
+    return (fits_host(b) || needs_streamed_checkpoints(b)) && fits_nvme(b) && fits_device(b);
+  }
   // How far over the budgets the row is: the larger of need / budget (<= 1: it fits).
   double overshoot(const FitBudgets& b) const;
   std::string offload_name() const;  // "none", "optimizer nvme", "optimizer+parameters cpu", ...

@@ -132,13 +132,15 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
     m.optimizer_state = 0;  // the moments; offloaded masters were never in m.parameters
     if (o.optimizer == OffloadTier::cpu) {
       m.optimizer_state = bytes;
-      if (!r.checkpoint.async) m.checkpoint_snapshot = kStreamPieceElements * 4;  // streamed through one piece
+      m.streamed_checkpoint = kStreamPieceElements * 4;  // streamed through one piece
+      if (!r.checkpoint.async) m.checkpoint_snapshot = m.streamed_checkpoint;
     } else if (kinds > 0) {
       m.swap += bytes;
       m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + ChunkStore::kBounceBytes;
       c.traffic.swap_read += bytes;
       c.traffic.swap_written += bytes;
-      m.checkpoint_snapshot = kStreamPieceElements * 4;  // streamed from the swap file, not snapshotted
+      m.streamed_checkpoint = kStreamPieceElements * 4;  // streamed from the swap file, not snapshotted
+      m.checkpoint_snapshot = m.streamed_checkpoint;
     }
   }
   if (stage == 3 && o.parameters != OffloadTier::none) {
@@ -243,7 +245,8 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   if (c.model.stage_input != kNoValue)
     m.host += value_bytes(g.value(c.model.stage_input)) * *r.train.gradient_accumulation_steps;
   if (c.model.stage_output != kNoValue) m.host += value_bytes(g.value(c.model.stage_output));
-  // An asynchronous checkpoint's snapshot (one rank's file); a synchronous one streams the state.
+  // An asynchronous checkpoint's snapshot (one rank's file); a synchronous one streams the state
+  // (plan_offload: through a piece of the offloaded state).
   m.checkpoint_snapshot =
       r.checkpoint.async ? rank_file_bytes(g, world, size_t(1 + optimizer_state_tensors(r.optimizer))) : 0;
   // A host communicator receives every peer's chunk of a reduce-scatter before summing them in

@@ -55,8 +55,11 @@ struct MemoryPlan {
   int64_t host = 0;          // activations held in host memory (cpu_checkpointing)
   int64_t staging = 0;       // the communicator's buffer for the peers' chunks of a reduce-scatter
   // This rank's checkpoint file, snapshotted while a checkpoint is written (not in total(): it
-  // exists only then; check_memory_available counts it).
+  // exists only then; check_memory_available counts it). With checkpoint.async false (or the
+  // optimizer state on nvme) the state is streamed instead, through streamed_checkpoint: one
+  // piece of the offloaded state at a time, or nothing.
   int64_t checkpoint_snapshot = 0;
+  int64_t streamed_checkpoint = 0;
   // Offload (offload section): the chunks of the streamed optimizer step, the shard reads ahead of
   // the gathers and the bounce buffer, in memory; the swap files, on disk (not in total()). State
   // offloaded to cpu stays in host memory and is counted where it would be without offload.

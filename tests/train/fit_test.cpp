@@ -145,6 +145,26 @@ TEST_F(Fit, ABudgetOnlyOffloadToNvmeFitsGetsItProposedAndThePlanConfirmsIt) {
   EXPECT_TRUE(contains(before.output, "the recipe as given does not fit:")) << before.output;
 }
 
+// A budget the recipe fits only without its checkpoint snapshot: the proposal keeps the recipe and
+// writes its checkpoints straight from the state (checkpoint.async=false), which `engine plan`
+// then confirms.
+TEST_F(Fit, ABudgetOnlyTheSnapshotExceedsProposesSynchronousCheckpoints) {
+  const engine::FitRow& recipe = rows_->front();
+  ASSERT_TRUE(recipe.is_recipe);
+  ASSERT_LT(recipe.host_needed_streamed, recipe.host_needed) << "the snapshot is in the recipe's need";
+  const std::string budgets = " --host-memory " + std::to_string(recipe.host_needed_streamed) + " --nvme 1TiB";
+  const Result fit = run("plan " + kRecipe + " --fit" + budgets);
+  ASSERT_EQ(fit.status, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "with checkpoint.async=false, no checkpoint snapshot held")) << fit.output;
+  const std::string command = proposed_command(fit.output);
+  EXPECT_EQ(command, "engine train " + kRecipe + " checkpoint.async=false") << fit.output;
+  const Result confirm = run("plan" + command.substr(std::string("engine train").size()) + budgets);
+  ASSERT_EQ(confirm.status, 0) << confirm.output;
+  EXPECT_TRUE(contains(confirm.output, "the recipe as given fits:")) << confirm.output;
+  const Result before = run("plan " + kRecipe + budgets);
+  EXPECT_TRUE(contains(before.output, "the recipe as given does not fit:")) << before.output;
+}
+
 TEST_F(Fit, ABudgetNothingFitsSaysSoAndNamesTheClosest) {
   const Result r = run("plan " + kRecipe + " --fit --host-memory 1MiB --nvme 1TiB");
   ASSERT_EQ(r.status, 0) << r.output;
