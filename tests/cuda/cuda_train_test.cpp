@@ -255,21 +255,29 @@ TEST(CudaTraining, Bf16SummedInBf16StaysWithinItsBand) {
 // A step whose hook reads and writes back the gradients (a gradient dump, a plugin) decides on the
 // host and updates from an fp32 copy of them; one without decides on the device and updates from
 // the sums where they are. The same bits either way: the copy is exact, and the norm, the decision
-// and the element math are the same functions. Hooks on every other step, so the paths alternate.
+// and the element math are the same functions. Hooks on every other step, so the paths alternate;
+// in fp16 from a loss scale that overflows the first steps (on the CPU: steps 0-2), so hooked steps
+// skip their update and the next step that updates must read its own sums, not the copy the
+// skipped step never read.
 TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
   REQUIRE_CUDA_DEVICE();
-  for (const char* sum : {"fp32", "bf16"}) {
-    const recipe::Recipe r = quickstart(with({"precision.mode=bf16", std::string("precision.accumulation_dtype=") + sum,
-                                              "train.gradient_accumulation_steps=2", "run.device=cuda"}))
-                                 .recipe;
+  const std::pair<const char*, std::vector<std::string>> cases[] = {
+      {"bf16 summed in fp32", {"precision.mode=bf16", "precision.accumulation_dtype=fp32"}},
+      {"bf16 summed in bf16", {"precision.mode=bf16", "precision.accumulation_dtype=bf16"}},
+      {"fp16 overflowing", {"precision.mode=fp16", "precision.initial_scale_power=28", "precision.hysteresis=1"}}};
+  for (const auto& [name, precision] : cases) {
+    std::vector<std::string> overrides = precision;
+    overrides.insert(overrides.end(), {"train.gradient_accumulation_steps=2", "run.device=cuda"});
+    const recipe::Recipe r = quickstart(with(overrides)).recipe;
     std::vector<double> losses[2], norms[2];
+    std::vector<bool> skipped[2];
     std::vector<std::vector<float>> weights[2];
     for (int hooked = 0; hooked < 2; ++hooked) {
       Session session(r);
       session.store.initialize(1);
-      for (int64_t step = 0; step < 6; ++step) {
+      for (int64_t step = 0; step < 16; ++step) {
         Session::StepHooks hooks;
-        if (hooked && step % 2 == 1) hooks.after_backward = [] {};
+        if (hooked && step % 2 == 0) hooks.after_backward = [] {};
         const Session::StepResult result = session.train_step(
             step,
             [&, micro = int64_t(0)]() mutable {
@@ -280,6 +288,7 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
             hooks);
         losses[hooked].push_back(result.loss);
         norms[hooked].push_back(result.grad_norm);
+        skipped[hooked].push_back(result.skipped);
       }
       session.sync_host();
       for (size_t i = 0; i < session.model.graph.params().size(); ++i) {
@@ -287,9 +296,16 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
         weights[hooked].emplace_back(w, w + session.store.numel(int(i)));
       }
     }
-    EXPECT_EQ(losses[0], losses[1]) << sum;
-    EXPECT_EQ(norms[0], norms[1]) << sum;
-    EXPECT_EQ(weights[0], weights[1]) << sum;
+    EXPECT_EQ(losses[0], losses[1]) << name;
+    EXPECT_EQ(skipped[0], skipped[1]) << name;
+    for (size_t step = 0; step < norms[0].size(); ++step)  // an overflowed step's norm may be NaN on both
+      if (std::isfinite(norms[0][step]) || std::isfinite(norms[1][step]))
+        EXPECT_EQ(norms[0][step], norms[1][step]) << name << " step " << step;
+    EXPECT_EQ(weights[0], weights[1]) << name;
+    if (std::string(name) == "fp16 overflowing") {  // a hooked step skipped, and updates after it
+      EXPECT_TRUE(skipped[1][0] && skipped[1][2]) << name << ": raise initial_scale_power until steps 0-2 overflow";
+      EXPECT_FALSE(skipped[1].back()) << name << ": lower initial_scale_power until the last steps update";
+    }
   }
 }
 
