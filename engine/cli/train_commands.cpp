@@ -287,6 +287,8 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   row("inputs", m.inputs);
   if (m.zero_buffers) row("  of which ZeRO buffers", m.zero_buffers);
   if (m.scratch) row("fp32 scratch", m.scratch);
+  if (m.on_device) row("held by the GPU", m.on_device);
+  if (m.mirrors) row("ZeRO mirrors", m.mirrors);
   if (m.host) row("host activations", m.host);
   if (m.staging) row("reduce staging", m.staging);
   if (m.offload_buffers) row("offload buffers", m.offload_buffers);
@@ -297,6 +299,11 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
       "  (activations without reuse would take %s; the checkpoint snapshot is this rank's checkpoint file,\n"
       "   held only while a checkpoint is written)\n",
       format_bytes(train_plan.unplaced_bytes).c_str());
+  if (m.on_device)
+    std::printf(
+        "  (the total is host memory: on a GPU the activation peak and the fp32 scratch are the device's, in its plan\n"
+        "   below%s)\n",
+        m.mirrors ? "; the host holds page-locked mirrors of the ZeRO buffers in flight" : "");
   if (world > 1 || session.traffic.tensor > 0) {
     std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s",
                 format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),

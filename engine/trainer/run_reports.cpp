@@ -17,8 +17,9 @@ void report_start(std::ostream& out, const Session& session, const Communicator&
     out << "ranks: " << comm.size() << " (" << comm.backend() << "), ZeRO stage "
         << session.recipe.distributed.zero_stage << "; each rank sends " << format_bytes(traffic.total())
         << " per step\n";
-  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total()) << " (activations "
-      << format_bytes(memory.activations) << "; + " << format_bytes(memory.checkpoint_snapshot)
+  out << "memory plan" << (comm.size() > 1 ? " per rank: " : ": ") << format_bytes(memory.total())
+      << (memory.on_device ? " of host memory" : "") << " (activations " << format_bytes(memory.activations)
+      << (memory.on_device ? " on the GPU" : "") << "; + " << format_bytes(memory.checkpoint_snapshot)
       << " while a checkpoint is written)\n";
   if (session.offloaded) describe_offload(out, session, traffic);
 }

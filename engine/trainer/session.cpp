@@ -262,6 +262,10 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
       c.model_flops_per_micro_batch += (reads_frozen_weight(g, node) ? 2 : 3) * node.op->flops(g, node);
   }
   plan_offload(r, g, layout, c);
+  if (planned_for_cuda(r)) {
+    m.on_device = m.activations + m.scratch;
+    if (!device_resident(r)) m.mirrors = m.zero_buffers;
+  }
   return c;
 }
 

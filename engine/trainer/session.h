@@ -65,8 +65,14 @@ struct MemoryPlan {
   // offloaded to cpu stays in host memory and is counted where it would be without offload.
   int64_t offload_buffers = 0;
   int64_t swap = 0;
-  int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging + offload_buffers;
+  // A GPU run (run.device cuda): the arena and the f32 scratch above are the device's
+  // (plan_device_memory), not the host's, and not in total(); a run staged through the host holds
+  // page-locked mirrors of ZeRO's buffers in flight instead (the plan's ZeRO buffers: the mirrors'
+  // pool grows to the most buffers in flight at once).
+  int64_t on_device = 0, mirrors = 0;
+  int64_t total() const {  // host memory
+    return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging +
+           offload_buffers - on_device + mirrors;
   }
   int64_t model_states() const { return parameters + gradients + optimizer_state; }
 };

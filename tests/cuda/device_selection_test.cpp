@@ -302,6 +302,26 @@ TEST(DeviceSelection, FusedPlansReduceEachUnitAfterEveryWriteOfItsGradients) {
   }
 }
 
+// A GPU run's host memory (MemoryPlan::total(), what engine train and engine plan --fit check)
+// leaves out the activation arena and the f32 scratch, which are the device's; a run staged
+// through the host (offload) adds the page-locked mirrors of ZeRO's buffers. A CPU plan holds both.
+TEST(DeviceSelection, AGpuRunsHostPlanLeavesTheActivationsToTheDevice) {
+  for (const char* setting : {"distributed.zero_stage=0", "offload.optimizer=cpu"}) {
+    for (const char* device : {"cuda", "cpu"}) {
+      const CompiledStep step = compile_step(
+          quickstart({"precision.mode=bf16", "distributed.zero_stage=2", setting, std::string("run.device=") + device})
+              .recipe);
+      const MemoryPlan& m = step.memory;
+      const bool gpu = std::string(device) == "cuda", staged = std::string(setting) == "offload.optimizer=cpu";
+      const int64_t model_and_buffers =
+          m.parameters + m.gradients + m.optimizer_state + m.inputs + m.host + m.staging + m.offload_buffers;
+      EXPECT_EQ(m.total(), model_and_buffers + (gpu ? (staged ? m.zero_buffers : 0) : m.activations + m.scratch))
+          << setting << " " << device;
+      EXPECT_EQ(m.on_device, gpu ? m.activations + m.scratch : 0) << setting << " " << device;
+    }
+  }
+}
+
 // run.deterministic: false lets every attention backward of a GPU plan that runs on cuDNN take its
 // unordered sums (nn/attention.h); the default, fp32 (the engine's own kernels) and any CPU plan
 // keep every one in a fixed order.
