@@ -52,9 +52,9 @@ class Checkpointer {
   // file image (a buffer kept between checkpoints: no allocation, no page faults after the first),
   // and starts writing it as checkpoint `manifest.step`. `manifest` needs no files: they are added.
   void start(Manifest manifest, const std::function<void(std::vector<std::byte>&)>& snapshot);
-  // The same for state that must not be staged in memory (offloaded to a swap file): `produce` hands
-  // the rank file's bytes to its sink in order, and the write is synchronous (the state changes at
-  // the next step), whatever checkpoint.async says.
+  // The same for state that must not be staged in memory (offloaded to a swap file) or need not be
+  // (checkpoint.async false: no snapshot held): `produce` hands the rank file's bytes to its sink
+  // in order, and the write is synchronous (the state changes at the next step).
   using Sink = std::function<void(const std::byte*, size_t)>;
   void start_streamed(Manifest manifest, const std::function<void(const Sink&)>& produce);
   bool in_flight() const { return writer_.joinable() || pending_; }

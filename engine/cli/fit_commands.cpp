@@ -37,7 +37,7 @@ std::string fits_text(const FitRow& row, const FitBudgets& b) {
   if (row.fits(b)) return "yes";
   if (row.fits_when_streamed(b)) return "with checkpoint.async=false";
   std::string missed;
-  for (auto [fits, name] : {std::pair{row.fits_host(b), "host"}, std::pair{row.fits_device(b), "device"},
+  for (auto [fits, name] : {std::pair{row.host_proposed(b) <= b.host, "host"}, std::pair{row.fits_device(b), "device"},
                             std::pair{row.fits_nvme(b), "nvme"}})
     if (!fits) missed += std::string(missed.empty() ? "" : ", ") + name;
   return "no: " + missed;
@@ -53,7 +53,7 @@ std::string describe(const FitRow& row, bool layouts) {
 
 // What `row` needs; a proposal (`proposed`) that fits only with checkpoint.async=false, with it.
 std::string needs(const FitRow& row, const FitBudgets& b, bool proposed = false) {
-  const bool streamed = proposed && row.needs_streamed_checkpoints(b);
+  const bool streamed = proposed && row.proposes_streamed_checkpoints(b);
   return format_bytes(streamed ? row.host_needed_streamed : row.host_needed) + " of host memory" +
          (streamed ? " with checkpoint.async=false, no checkpoint snapshot held" : "") + " (budget " +
          budget_text(b.host) + ")" +
@@ -203,7 +203,7 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
     std::cout << "fastest that fits: " << describe(*best, search.layouts) << "; " << needs(*best, b, true)
               << "; predicted " << format_fixed(best->seconds, 3) << " s per step\n";
     for (const std::string& o : best->overrides) command += " " + shell_word(o);
-    if (best->needs_streamed_checkpoints(b)) command += " checkpoint.async=false";
+    if (best->proposes_streamed_checkpoints(b)) command += " checkpoint.async=false";
     std::cout << "  " << command << "\n";
     if (best->swap_needed && !search.nvme_path_given)
       std::cout << "  (offload.nvme_path: any directory on a fast local disk with room for the swap files)\n";
@@ -211,8 +211,9 @@ void print_fit(const RecipeArgs& args, const FitArgs& fit, const LoadedRecipe& l
   }
   const FitRow* closest = closest_fit(search.rows, b);
   std::cout << "nothing fits these budgets. The closest is " << describe(*closest, search.layouts) << ", which needs "
-            << needs(*closest, b) << "\n";
+            << needs(*closest, b, true) << "\n";
   for (const std::string& o : closest->overrides) command += " " + shell_word(o);
+  if (closest->proposes_streamed_checkpoints(b)) command += " checkpoint.async=false";
   std::cout << "  " << command << "\n";
 }
 

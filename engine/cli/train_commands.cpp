@@ -113,7 +113,7 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
                 stage == r.distributed.zero_stage ? "*" : " ", stage, format_bytes(m.parameters).c_str(),
                 format_bytes(m.gradients).c_str(), format_bytes(m.optimizer_state).c_str(),
                 format_bytes(m.model_states()).c_str(), format_bytes(int64_t(paper[stage])).c_str(),
-                format_bytes(m.zero_buffers).c_str(), format_bytes(m.activations).c_str(),
+                format_bytes(m.zero_buffers).c_str(), format_bytes(m.activations - m.on_device).c_str(),
                 format_bytes(m.total()).c_str(), format_bytes(c.traffic.total()).c_str());
   }
   std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
@@ -288,7 +288,7 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   if (m.zero_buffers) row("  of which ZeRO buffers", m.zero_buffers);
   if (m.scratch) row("fp32 scratch", m.scratch);
   if (m.on_device) row("held by the GPU", m.on_device);
-  if (m.mirrors) row("ZeRO mirrors", m.mirrors);
+  if (m.pinned) row("page-locked", m.pinned);
   if (m.host) row("host activations", m.host);
   if (m.staging) row("reduce staging", m.staging);
   if (m.offload_buffers) row("offload buffers", m.offload_buffers);
@@ -302,8 +302,8 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
   if (m.on_device)
     std::printf(
         "  (the total is host memory: on a GPU the activation peak and the fp32 scratch are the device's, in its plan\n"
-        "   below%s)\n",
-        m.mirrors ? "; the host holds page-locked mirrors of the ZeRO buffers in flight" : "");
+        "   below; the host holds page-locked staging: the inputs' two slots%s)\n",
+        device_resident(r) ? "" : " and the mirrors of the ZeRO buffers in flight");
   if (world > 1 || session.traffic.tensor > 0) {
     std::printf("\ncommunication per rank and optimizer step: %s (gradients %s, parameters %s",
                 format_bytes(session.traffic.total()).c_str(), format_bytes(session.traffic.gradients).c_str(),

@@ -23,7 +23,7 @@ double FitRow::overshoot(const FitBudgets& b) const {
     if (need <= budget) return need == 0 ? 0.0 : double(need) / double(std::max<int64_t>(budget, 1));
     return budget <= 0 ? HUGE_VAL : double(need) / double(budget);
   };
-  return std::max({ratio(host_needed, b.host), ratio(swap_needed, b.nvme), ratio(device_needed, b.device)});
+  return std::max({ratio(host_proposed(b), b.host), ratio(swap_needed, b.nvme), ratio(device_needed, b.device)});
 }
 
 std::string FitRow::layout_name() const {
@@ -221,7 +221,7 @@ namespace {
 // needs it is one), then the larger micro-batch (the cost model counts FLOPs, not how much faster
 // larger matmuls run them), then less memory.
 auto preference(const FitRow& row, const FitBudgets& budgets) {
-  return std::make_tuple(row.seconds, row.overrides.size() + (row.needs_streamed_checkpoints(budgets) ? 1 : 0),
+  return std::make_tuple(row.seconds, row.overrides.size() + (row.proposes_streamed_checkpoints(budgets) ? 1 : 0),
                          -row.micro, row.host_needed, row.swap_needed, row.device);
 }
 

@@ -90,9 +90,18 @@ struct FitRow {
   bool fits_nvme(const FitBudgets& b) const { return swap_needed <= b.nvme; }
   bool fits_device(const FitBudgets& b) const { return device_needed <= b.device; }
   bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b) && fits_device(b); }
-  // Fits host memory only once its checkpoints are written straight from the state: the search
-  // proposes the row with checkpoint.async=false (docs/checkpoints.md).
-  bool needs_streamed_checkpoints(const FitBudgets& b) const { return !fits_host(b) && host_needed_streamed <= b.host; }
+  // Over the host budget with its snapshot, and needing less without: a proposal of the row adds
+  // checkpoint.async=false, whose checkpoints are written straight from the state
+  // (docs/checkpoints.md); needs_streamed_checkpoints: and then fits the host budget.
+  bool proposes_streamed_checkpoints(const FitBudgets& b) const {
+    return !fits_host(b) && host_needed_streamed < host_needed;
+  }
+  bool needs_streamed_checkpoints(const FitBudgets& b) const {
+    return proposes_streamed_checkpoints(b) && host_needed_streamed <= b.host;
+  }
+  int64_t host_proposed(const FitBudgets& b) const {  // host_needed as the row would be proposed
+    return proposes_streamed_checkpoints(b) ? host_needed_streamed : host_needed;
+  }
   bool fits_when_streamed(const FitBudgets& b) const {
     return (fits_host(b) || needs_streamed_checkpoints(b)) && fits_nvme(b) && fits_device(b);
   }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "checkpoint/sharded_state.h"
@@ -130,17 +131,17 @@ void plan_offload(const recipe::Recipe& r, const Graph& g, const ShardLayout& la
     const auto kinds = int64_t(offloaded_kinds(r.optimizer, o.masters_offloaded(g.param_dtype(), stage)).size());
     const int64_t bytes = chunks * kinds * o.chunk_size * 4;
     m.optimizer_state = 0;  // the moments; offloaded masters were never in m.parameters
+    // A streamed checkpoint reads the offloaded kinds through one piece (stream_rank); with the
+    // optimizer on nvme every checkpoint streams (write_checkpoint), never snapshotted.
+    m.streamed_checkpoint = kinds > 0 ? kStreamPieceElements * 4 : 0;
+    if (o.optimizer == OffloadTier::nvme || !r.checkpoint.async) m.checkpoint_snapshot = m.streamed_checkpoint;
     if (o.optimizer == OffloadTier::cpu) {
       m.optimizer_state = bytes;
-      m.streamed_checkpoint = kStreamPieceElements * 4;  // streamed through one piece
-      if (!r.checkpoint.async) m.checkpoint_snapshot = m.streamed_checkpoint;
     } else if (kinds > 0) {
       m.swap += bytes;
       m.offload_buffers += kChunkSlots * kinds * o.chunk_size * 4 + ChunkStore::kBounceBytes;
       c.traffic.swap_read += bytes;
       c.traffic.swap_written += bytes;
-      m.streamed_checkpoint = kStreamPieceElements * 4;  // streamed from the swap file, not snapshotted
-      m.checkpoint_snapshot = m.streamed_checkpoint;
     }
   }
   if (stage == 3 && o.parameters != OffloadTier::none) {
@@ -264,9 +265,54 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
   plan_offload(r, g, layout, c);
   if (planned_for_cuda(r)) {
     m.on_device = m.activations + m.scratch;
-    if (!device_resident(r)) m.mirrors = m.zero_buffers;
+    m.pinned = 2 * m.inputs + m.host + (device_resident(r) ? 0 : staged_mirror_bytes(g, {&c.train, &c.eval}));
   }
   return c;
+}
+
+int64_t staged_mirror_bytes(const Graph& g, const std::vector<const Plan*>& plans) {
+  using Kind = StepAction::Kind;
+  struct Block {
+    int64_t bytes;
+    bool busy;
+  };
+  std::vector<Block> pool;
+  std::map<ValueId, size_t> held;
+  std::map<int, ValueId> reducing;  // unit -> the buffer its reduce-scatter's mirror holds
+  auto acquire = [&](ValueId buffer) {
+    const int64_t bytes = value_bytes(g.value(buffer));
+    size_t best = pool.size();
+    for (size_t i = 0; i < pool.size(); ++i)
+      if (!pool[i].busy && pool[i].bytes >= bytes && (best == pool.size() || pool[i].bytes < pool[best].bytes))
+        best = i;
+    if (best == pool.size()) pool.push_back({bytes, false});
+    pool[best].busy = true;
+    held[buffer] = best;
+  };
+  auto release = [&](ValueId buffer) {
+    pool[held.at(buffer)].busy = false;
+    held.erase(buffer);
+  };
+  // The pool persists across runs: the training plan, the evaluation plan, then training again.
+  for (int round = 0; round < 2; ++round)
+    for (const Plan* plan : plans)
+      for (const auto& list : plan->actions)
+        for (const StepAction& a : list) {
+          if (a.kind == Kind::gather) acquire(a.buffer);
+          if (a.kind == Kind::use_params) release(a.buffer);
+          if (a.kind == Kind::reduce && a.buffer != kNoValue) {
+            acquire(a.buffer);
+            reducing[a.unit] = a.buffer;
+          }
+          if (a.kind == Kind::wait)
+            if (auto found = reducing.find(a.unit); found != reducing.end()) {
+              release(found->second);
+              reducing.erase(found);
+            }
+        }
+  int64_t bytes = 0;
+  for (const Block& b : pool) bytes += b.bytes;
+  return bytes;
 }
 
 bool is_matmul(const OpDef& op) { return op.matmul; }
@@ -289,9 +335,12 @@ void check_memory_available(const MemoryPlan& memory, int local_ranks) {
   line("parameters", memory.parameters);
   line("gradients", memory.gradients);
   line("optimizer state", memory.optimizer_state);
-  line("activations", memory.activations);
+  if (!memory.on_device) {  // a GPU run's are the device's
+    line("activations", memory.activations);
+    line("fp32 scratch", memory.scratch);
+  }
   line("inputs", memory.inputs);
-  line("fp32 scratch", memory.scratch);
+  line("page-locked staging", memory.pinned);
   line("host activations", memory.host);
   line("reduce staging", memory.staging);
   line("offload buffers", memory.offload_buffers);

@@ -66,13 +66,13 @@ struct MemoryPlan {
   int64_t offload_buffers = 0;
   int64_t swap = 0;
   // A GPU run (run.device cuda): the arena and the f32 scratch above are the device's
-  // (plan_device_memory), not the host's, and not in total(); a run staged through the host holds
-  // page-locked mirrors of ZeRO's buffers in flight instead (the plan's ZeRO buffers: the mirrors'
-  // pool grows to the most buffers in flight at once).
-  int64_t on_device = 0, mirrors = 0;
+  // (plan_device_memory), not the host's, and not in total(); the host holds page-locked staging
+  // instead (`pinned`): the inputs' two slots, the host activations' page-locked copies, and a run
+  // staged through the host its mirrors of ZeRO's buffers (staged_mirror_bytes).
+  int64_t on_device = 0, pinned = 0;
   int64_t total() const {  // host memory
     return parameters + gradients + optimizer_state + activations + inputs + scratch + host + staging +
-           offload_buffers - on_device + mirrors;
+           offload_buffers - on_device + pinned;
   }
   int64_t model_states() const { return parameters + gradients + optimizer_state; }
 };
@@ -133,6 +133,12 @@ bool reads_frozen_weight(const Graph& g, const Node& node);
 
 // The type the step computes in: f32, or the 16-bit type of precision.mode.
 DType compute_dtype(const recipe::Recipe& recipe);
+
+// The page-locked mirrors a GPU run staged through the host holds for ZeRO's buffers
+// (runtime/device_runner_cuda.cpp StagingMirrors): a buffer takes the smallest free block that holds
+// it, or a new one, from its gather to its use and from its reduce-scatter to the unit's wait, and
+// blocks are kept; replayed over `plans` twice (the pool outlives a run), the pool's bytes.
+int64_t staged_mirror_bytes(const Graph& g, const std::vector<const Plan*>& plans);
 
 // Throws UserError when `local_ranks` ranks of this plan need more memory than the machine has available.
 void check_memory_available(const MemoryPlan& memory, int local_ranks = 1);

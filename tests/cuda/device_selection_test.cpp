@@ -303,23 +303,41 @@ TEST(DeviceSelection, FusedPlansReduceEachUnitAfterEveryWriteOfItsGradients) {
 }
 
 // A GPU run's host memory (MemoryPlan::total(), what engine train and engine plan --fit check)
-// leaves out the activation arena and the f32 scratch, which are the device's; a run staged
-// through the host (offload) adds the page-locked mirrors of ZeRO's buffers. A CPU plan holds both.
+// leaves out the activation arena and the f32 scratch, which are the device's, and holds
+// page-locked staging instead: the inputs' two slots, and for a run staged through the host
+// (offload) the mirrors of ZeRO's buffers, at least the largest and at most one block for each of
+// the plan's buffers. A CPU plan holds the arena and the scratch itself.
 TEST(DeviceSelection, AGpuRunsHostPlanLeavesTheActivationsToTheDevice) {
-  for (const char* setting : {"distributed.zero_stage=0", "offload.optimizer=cpu"}) {
-    for (const char* device : {"cuda", "cpu"}) {
-      const CompiledStep step = compile_step(
-          quickstart({"precision.mode=bf16", "distributed.zero_stage=2", setting, std::string("run.device=") + device})
-              .recipe);
-      const MemoryPlan& m = step.memory;
-      const bool gpu = std::string(device) == "cuda", staged = std::string(setting) == "offload.optimizer=cpu";
-      const int64_t model_and_buffers =
-          m.parameters + m.gradients + m.optimizer_state + m.inputs + m.host + m.staging + m.offload_buffers;
-      EXPECT_EQ(m.total(), model_and_buffers + (gpu ? (staged ? m.zero_buffers : 0) : m.activations + m.scratch))
-          << setting << " " << device;
-      EXPECT_EQ(m.on_device, gpu ? m.activations + m.scratch : 0) << setting << " " << device;
+  for (const char* stage : {"distributed.zero_stage=2", "distributed.zero_stage=3"})
+    for (const char* setting : {"offload.optimizer=none", "offload.optimizer=cpu"}) {
+      for (const char* device : {"cuda", "cpu"}) {
+        const std::string what = std::string(stage) + " " + setting + " " + device;
+        const CompiledStep step = compile_step(
+            quickstart({"precision.mode=bf16", stage, setting, std::string("run.device=") + device}).recipe);
+        const MemoryPlan& m = step.memory;
+        const bool gpu = std::string(device) == "cuda", staged = std::string(setting) == "offload.optimizer=cpu";
+        const int64_t model_and_buffers =
+            m.parameters + m.gradients + m.optimizer_state + m.inputs + m.host + m.staging + m.offload_buffers;
+        const int64_t mirrors = staged_mirror_bytes(step.model.graph, {&step.train, &step.eval});
+        EXPECT_EQ(m.total(), model_and_buffers +
+                                 (gpu ? 2 * m.inputs + m.host + (staged ? mirrors : 0) : m.activations + m.scratch))
+            << what;
+        EXPECT_EQ(m.on_device, gpu ? m.activations + m.scratch : 0) << what;
+        int64_t largest = 0, every = 0;
+        std::set<ValueId> buffers;
+        for (const Plan* plan : {&step.train, &step.eval})
+          for (const auto& list : plan->actions)
+            for (const StepAction& a : list)
+              if (a.buffer != kNoValue && buffers.insert(a.buffer).second) {
+                const int64_t bytes = value_bytes(step.model.graph.value(a.buffer));
+                largest = std::max(largest, bytes);
+                every += bytes;
+              }
+        EXPECT_GT(largest, 0) << what << ": ZeRO's buffers";
+        EXPECT_GE(mirrors, largest) << what;
+        EXPECT_LE(mirrors, every) << what;
+      }
     }
-  }
 }
 
 // run.deterministic: false lets every attention backward of a GPU plan that runs on cuDNN take its
