@@ -18,6 +18,7 @@
 #include "runtime/cuda_check.h"
 #include "runtime/device_runner.h"
 #include "runtime/executor.h"
+#include "runtime/mirror_pool.h"
 #include "runtime/planned_casts.h"
 #include "runtime/stream_graphs.h"
 #include "runtime/value_binding.h"
@@ -102,56 +103,39 @@ class PinnedBlock {
 };
 
 // Page-locked copies of arena buffers for the host's collectives (a run that is not resident):
-// a buffer holds one from its gather or reduce-scatter until its use or wait, then the block goes
-// back to the pool, free for reuse once the stream's copy out of it (recorded as an event) is done.
-// The pool grows to the most buffers in flight at once, not to the model.
+// MirrorPool (runtime/mirror_pool.h) says which block mirrors a buffer; each block is free for
+// reuse once the stream's copy out of it (recorded as an event) is done.
 class StagingMirrors {
  public:
   ~StagingMirrors() {
-    for (Entry& e : pool_)
+    for (Entry& e : blocks_)
       if (e.copied) cudaEventDestroy(e.copied);
   }
   std::byte* acquire(ValueId buffer, int64_t bytes, Tally& tally) {
-    ENGINE_CHECK(!held_.count(buffer), "a staged buffer is reused before it was released");
-    size_t best = pool_.size();
-    for (size_t i = 0; i < pool_.size(); ++i)
-      if (!pool_[i].busy && pool_[i].block->bytes() >= bytes &&
-          (best == pool_.size() || pool_[i].block->bytes() < pool_[best].block->bytes()))
-        best = i;
-    if (best == pool_.size()) {
-      pool_.push_back(Entry{std::make_unique<PinnedBlock>(bytes, tally)});
-      check_cuda(cudaEventCreateWithFlags(&pool_.back().copied, cudaEventDisableTiming), "event");
+    const MirrorPool::Taken taken = pool_.acquire(buffer, bytes);
+    if (taken.added) {
+      blocks_.push_back(Entry{std::make_unique<PinnedBlock>(bytes, tally)});
+      check_cuda(cudaEventCreateWithFlags(&blocks_.back().copied, cudaEventDisableTiming), "event");
     } else {
-      check_cuda(cudaEventSynchronize(pool_[best].copied), "a staging copy");
+      check_cuda(cudaEventSynchronize(blocks_[taken.block].copied), "a staging copy");
     }
-    pool_[best].busy = true;
-    held_[buffer] = best;
-    return pool_[best].block->data();
+    return blocks_[taken.block].block->data();
   }
-  bool idle() const { return held_.empty(); }
-  std::byte* held(ValueId buffer) const {
-    const auto found = held_.find(buffer);
-    ENGINE_CHECK(found != held_.end(), "a staged buffer is used before it was gathered");
-    return pool_[found->second].block->data();
-  }
+  bool idle() const { return pool_.idle(); }
+  std::byte* held(ValueId buffer) const { return blocks_[pool_.held(buffer)].block->data(); }
   // After the last copy out of the buffer's mirror was enqueued on `stream` (or none: null).
   void release(ValueId buffer, cudaStream_t stream) {
-    const auto found = held_.find(buffer);
-    ENGINE_CHECK(found != held_.end(), "a staged buffer is released twice");
-    Entry& e = pool_[found->second];
-    if (stream) check_cuda(cudaEventRecord(e.copied, stream), "event record");
-    e.busy = false;
-    held_.erase(found);
+    if (stream) check_cuda(cudaEventRecord(blocks_[pool_.held(buffer)].copied, stream), "event record");
+    pool_.release(buffer);
   }
 
  private:
   struct Entry {
     std::unique_ptr<PinnedBlock> block;
     cudaEvent_t copied = nullptr;
-    bool busy = false;
   };
-  std::vector<Entry> pool_;
-  std::map<ValueId, size_t> held_;
+  MirrorPool pool_;
+  std::vector<Entry> blocks_;  // by MirrorPool's block index
 };
 
 class CudaRunner final : public DeviceRunner {

@@ -92,18 +92,15 @@ struct FitRow {
   bool fits(const FitBudgets& b) const { return fits_host(b) && fits_nvme(b) && fits_device(b); }
   // Over the host budget with its snapshot, and needing less without: a proposal of the row adds
   // checkpoint.async=false, whose checkpoints are written straight from the state
-  // (docs/checkpoints.md); needs_streamed_checkpoints: and then fits the host budget.
+  // (docs/checkpoints.md); fits_when_streamed: the row fits as it would be proposed.
   bool proposes_streamed_checkpoints(const FitBudgets& b) const {
     return !fits_host(b) && host_needed_streamed < host_needed;
-  }
-  bool needs_streamed_checkpoints(const FitBudgets& b) const {
-    return proposes_streamed_checkpoints(b) && host_needed_streamed <= b.host;
   }
   int64_t host_proposed(const FitBudgets& b) const {  // host_needed as the row would be proposed
     return proposes_streamed_checkpoints(b) ? host_needed_streamed : host_needed;
   }
   bool fits_when_streamed(const FitBudgets& b) const {
-    return (fits_host(b) || needs_streamed_checkpoints(b)) && fits_nvme(b) && fits_device(b);
+    return host_proposed(b) <= b.host && fits_nvme(b) && fits_device(b);
   }
   // How far over the budgets the row is: the larger of need / budget (<= 1: it fits).
   double overshoot(const FitBudgets& b) const;

@@ -20,6 +20,7 @@
 #include "offload/offloaded_optimizer.h"
 #include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
+#include "runtime/mirror_pool.h"
 #include "trainer/fit.h"
 #include "trainer/progress_line.h"
 
@@ -272,47 +273,26 @@ CompiledStep compile_step(const recipe::Recipe& r, int world, TensorLayout tenso
 
 int64_t staged_mirror_bytes(const Graph& g, const std::vector<const Plan*>& plans) {
   using Kind = StepAction::Kind;
-  struct Block {
-    int64_t bytes;
-    bool busy;
-  };
-  std::vector<Block> pool;
-  std::map<ValueId, size_t> held;
+  MirrorPool pool;
   std::map<int, ValueId> reducing;  // unit -> the buffer its reduce-scatter's mirror holds
-  auto acquire = [&](ValueId buffer) {
-    const int64_t bytes = value_bytes(g.value(buffer));
-    size_t best = pool.size();
-    for (size_t i = 0; i < pool.size(); ++i)
-      if (!pool[i].busy && pool[i].bytes >= bytes && (best == pool.size() || pool[i].bytes < pool[best].bytes))
-        best = i;
-    if (best == pool.size()) pool.push_back({bytes, false});
-    pool[best].busy = true;
-    held[buffer] = best;
-  };
-  auto release = [&](ValueId buffer) {
-    pool[held.at(buffer)].busy = false;
-    held.erase(buffer);
-  };
   // The pool persists across runs: the training plan, the evaluation plan, then training again.
   for (int round = 0; round < 2; ++round)
     for (const Plan* plan : plans)
       for (const auto& list : plan->actions)
         for (const StepAction& a : list) {
-          if (a.kind == Kind::gather) acquire(a.buffer);
-          if (a.kind == Kind::use_params) release(a.buffer);
+          if (a.kind == Kind::gather) pool.acquire(a.buffer, value_bytes(g.value(a.buffer)));
+          if (a.kind == Kind::use_params) pool.release(a.buffer);
           if (a.kind == Kind::reduce && a.buffer != kNoValue) {
-            acquire(a.buffer);
+            pool.acquire(a.buffer, value_bytes(g.value(a.buffer)));
             reducing[a.unit] = a.buffer;
           }
           if (a.kind == Kind::wait)
             if (auto found = reducing.find(a.unit); found != reducing.end()) {
-              release(found->second);
+              pool.release(found->second);
               reducing.erase(found);
             }
         }
-  int64_t bytes = 0;
-  for (const Block& b : pool) bytes += b.bytes;
-  return bytes;
+  return pool.bytes();
 }
 
 bool is_matmul(const OpDef& op) { return op.matmul; }

@@ -134,10 +134,9 @@ bool reads_frozen_weight(const Graph& g, const Node& node);
 // The type the step computes in: f32, or the 16-bit type of precision.mode.
 DType compute_dtype(const recipe::Recipe& recipe);
 
-// The page-locked mirrors a GPU run staged through the host holds for ZeRO's buffers
-// (runtime/device_runner_cuda.cpp StagingMirrors): a buffer takes the smallest free block that holds
-// it, or a new one, from its gather to its use and from its reduce-scatter to the unit's wait, and
-// blocks are kept; replayed over `plans` twice (the pool outlives a run), the pool's bytes.
+// The page-locked mirrors a GPU run staged through the host holds for ZeRO's buffers: `plans`'
+// actions replayed twice (the pool outlives a run) through the runner's MirrorPool
+// (runtime/mirror_pool.h), the pool's bytes.
 int64_t staged_mirror_bytes(const Graph& g, const std::vector<const Plan*>& plans);
 
 // Throws UserError when `local_ranks` ranks of this plan need more memory than the machine has available.

@@ -25,9 +25,8 @@ void declare_run(Schema& schema) {
           "the machine no GPU) or auto (cuda when the build has CUDA and a GPU is present, else cpu). On cuda a "
           "run without offload, at any ZeRO stage and world size, runs the whole step on the GPU and keeps the model "
           "state (its shard) there, reducing and gathering through its device collectives; with offload the GPU "
-          "computes the forward "
-          "and backward and the host reduces, updates and gathers, with the same bits. Checkpoints hold the same "
-          "host record on either device, so a run resumes on the other.");
+          "computes the forward and backward and the host reduces, updates and gathers, with the same bits. "
+          "Checkpoints hold the same host record on either device, so a run resumes on the other.");
   run.key("cuda_graphs", &RunSection::cuda_graphs)
       .def(true)
       .help(
