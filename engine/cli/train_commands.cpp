@@ -113,10 +113,11 @@ void print_stage_table(const Recipe& r, int world, int64_t parameters) {
                 stage == r.distributed.zero_stage ? "*" : " ", stage, format_bytes(m.parameters).c_str(),
                 format_bytes(m.gradients).c_str(), format_bytes(m.optimizer_state).c_str(),
                 format_bytes(m.model_states()).c_str(), format_bytes(int64_t(paper[stage])).c_str(),
-                format_bytes(m.zero_buffers).c_str(), format_bytes(m.activations - m.on_device).c_str(),
+                format_bytes(m.zero_buffers).c_str(), format_bytes(m.host_activations()).c_str(),
                 format_bytes(m.total()).c_str(), format_bytes(c.traffic.total()).c_str());
   }
-  std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step)\n");
+  std::printf("  (* the recipe's stage; sent/step: bytes each rank sends in one optimizer step%s)\n",
+              planned_for_cuda(r) ? "; activations, total: the host's" : "");
 }
 
 // Every layout of `ranks` as tensor-parallel T x pipeline stages P x data-parallel D that the model

@@ -75,6 +75,8 @@ struct MemoryPlan {
            offload_buffers - on_device + pinned;
   }
   int64_t model_states() const { return parameters + gradients + optimizer_state; }
+  // The activations the host holds: none of the arena's on a GPU run.
+  int64_t host_activations() const { return on_device > 0 ? 0 : activations; }
 };
 
 // Bytes each rank sends per optimizer step, from the plan's collectives.

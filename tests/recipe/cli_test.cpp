@@ -371,6 +371,18 @@ TEST(Cli, PlanSizesEveryZeroStagePerRank) {
   for (const char* row : {"\n   0 ", "\n   1 ", "\n  *2 ", "\n   3 "}) EXPECT_TRUE(contains(r.output, row)) << row;
 }
 
+// On a GPU plan the arena is the device's: the stage table's host columns hold no negative bytes
+// (they once showed the f32 scratch subtracted from no host activations).
+TEST(Cli, AGpuPlansStageTableCountsNoNegativeBytes) {
+  Result r = run("plan recipes/quickstart.yaml run.device=cuda precision.mode=bf16");  // with f32 scratch
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t table = r.output.find("ZeRO stages per rank");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  const std::string rows = r.output.substr(table, r.output.find("(* the recipe's stage", table) - table);
+  EXPECT_FALSE(contains(rows, " -")) << rows;
+  EXPECT_TRUE(contains(r.output, "activations, total: the host's")) << r.output;
+}
+
 }  // namespace
 
 namespace {
