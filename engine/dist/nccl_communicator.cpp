@@ -54,6 +54,30 @@ struct NcclShared {
     abort();
     throw CommunicationError("rank " + std::to_string(rank) + ": " + message);
   }
+  // The communicator is non-blocking (config.blocking = 0): initialisation, a group's end and a
+  // collective return ncclInProgress while NCCL still connects or enqueues in the background, which
+  // a stopped peer would otherwise keep this host inside forever. Polls the communicator's state
+  // until that work is done (enqueued on the stream, not complete), within the timeout; fails on
+  // an error or past the timeout, naming `what`.
+  void settle(const std::string& what) {
+    const auto began = std::chrono::steady_clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      if (!comm) fail(what + ": the NCCL communicator was aborted after an earlier failure");
+      const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+      if (queried != ncclSuccess) fail(what + ": NCCL's state: " + ncclGetErrorString(queried));
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const char* detail = ncclGetLastError(comm);
+        fail(what + " failed: " + ncclGetErrorString(state) + " (" + std::string(detail ? detail : "") + ")");
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      if (waited > timeout_seconds)
+        fail(what + " did not start within " + std::to_string(int(timeout_seconds)) +
+             " s (distributed.timeout): a peer did not reach it");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   // Blocks until `event` is recorded, polling NCCL's asynchronous error; past the timeout, on an
   // NCCL error or on a CUDA error, fails.
   void wait_for(cudaEvent_t event, const std::string& what) {
@@ -114,11 +138,19 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(&unique, id.data(), sizeof unique);
     check_cuda_call(cudaSetDevice(device), "set device");
     check_cuda_call(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-    const ncclResult_t result = ncclCommInitRank(&shared_->comm, bootstrap.size(), unique, bootstrap.rank());
-    if (result != ncclSuccess) {
+    // Non-blocking, so that a peer that never joins is named within the timeout (settle) rather
+    // than leaving this rank inside the initialisation.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t result =
+        ncclCommInitRankConfig(&shared_->comm, bootstrap.size(), unique, bootstrap.rank(), &config);
+    try {
+      if (result != ncclSuccess && result != ncclInProgress)
+        shared_->fail(std::string("NCCL initialisation: ") + ncclGetErrorString(result));
+      shared_->settle("NCCL initialisation");
+    } catch (...) {
       cudaStreamDestroy(stream_);
-      throw CommunicationError("rank " + std::to_string(bootstrap.rank()) +
-                               ": NCCL initialisation: " + ncclGetErrorString(result));
+      throw;
     }
   }
 
@@ -149,13 +181,25 @@ class NcclCommunicator final : public Communicator {
     return start(std::move(what), stream, [&] {
       std::byte* chunks = staging(chunk * world);
       check(ncclGroupStart(), "group");
+      // A failed call inside the group is reported after the group's end: the group is always
+      // closed before the communicator is aborted.
+      ncclResult_t first_error = ncclSuccess;
+      const char* failed_call = "";
+      const auto note = [&](ncclResult_t result, const char* call) {
+        if (first_error == ncclSuccess && result != ncclSuccess && result != ncclInProgress) {
+          first_error = result;
+          failed_call = call;
+        }
+      };
       for (int peer = 0; peer < world; ++peer) {
-        check(ncclSend(static_cast<const std::byte*>(send) + peer * chunk, size_t(count), type, peer, shared_->comm,
-                       stream_),
-              "send");
-        check(ncclRecv(chunks + peer * chunk, size_t(count), type, peer, shared_->comm, stream_), "receive");
+        note(ncclSend(static_cast<const std::byte*>(send) + peer * chunk, size_t(count), type, peer, shared_->comm,
+                      stream_),
+             "send");
+        note(ncclRecv(chunks + peer * chunk, size_t(count), type, peer, shared_->comm, stream_), "receive");
       }
-      check(ncclGroupEnd(), "group");
+      const ncclResult_t ended = ncclGroupEnd();
+      check(first_error, failed_call);
+      check(ended, "group");
       // ((chunk_0 + chunk_1) + chunk_2) + ..., or recv + chunk_0 + ... when accumulating.
       int first = 0;
       if (reduction == Reduction::overwrite) {
@@ -225,6 +269,7 @@ class NcclCommunicator final : public Communicator {
     auto work = std::make_shared<NcclWork>(shared_, what);
     current_ = what;
     enqueue();
+    shared_->settle(what);  // everything enqueued before the event that says it is done
     check_cuda_call(cudaEventRecord(work->event(), stream_), what);
     return Work(work);
   }
@@ -256,8 +301,11 @@ class NcclCommunicator final : public Communicator {
     return static_cast<std::byte*>(staging_);
   }
 
+  // A call's result: in progress, it is settled (the work enqueued on the stream) before anything
+  // else is enqueued there; an error aborts and throws.
   void check(ncclResult_t result, const std::string& what) {
-    if (result == ncclSuccess || result == ncclInProgress) return;
+    if (result == ncclInProgress) return shared_->settle(current_ + ": NCCL " + what);
+    if (result == ncclSuccess) return;
     const char* detail = ncclGetLastError(shared_->comm);
     shared_->fail(current_ + ": NCCL " + what + ": " + ncclGetErrorString(result) + " (" +
                   std::string(detail ? detail : "") + ")");

@@ -20,7 +20,10 @@
 //
 // Failure: an operation not complete within the timeout, or one NCCL reports failed (its
 // asynchronous error query), aborts the NCCL communicator and throws CommunicationError naming
-// this rank and the operation.
+// this rank and the operation. The NCCL communicator is non-blocking (config.blocking = 0), so
+// that its initialisation and a collective's connection to its peers, which NCCL makes on first
+// use, never hold the host past the timeout either. Unlike the MPI communicator's, the message
+// cannot name the peers that did not arrive (NCCL does not say which): it says a peer did not.
 //
 // A build without NCCL links a stub whose every entry point throws UserError saying why.
 #pragma once

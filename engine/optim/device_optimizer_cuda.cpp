@@ -32,7 +32,8 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     const int world = store.layout().world();
     ENGINE_CHECK(!store.masters_offloaded() && !store.shard_offloaded() && (world == 1 || collectives),
                  "the device optimizer runs without offload, several ranks reducing through a device communicator");
-    ENGINE_CHECK(!collectives || collectives->size() == world, "the device communicator spans the data-parallel ranks");
+    ENGINE_CHECK(!collectives || (collectives->size() == world && collectives->rank() == store.layout().rank()),
+                 "the device communicator spans the data-parallel ranks, in the shard layout's order");
     const size_t units = store.graph().units().size();
     const size_t tensors = host.state().size();
     state_.resize(tensors);
@@ -118,6 +119,16 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     // A step that skipped its update (an overflow, a plugin's veto) never read the gradients a hook
     // uploaded: this step's update reads its own sums.
     if (micro == 0) update_from_f32_ = false;
+    // A step that threw part-way may have left the plan's collectives started but never used or
+    // waited for: drain them, so this step starts from none and reduces every micro-batch.
+    if (micro == 0 && (!gathering_.empty() || !reducing_.empty() || reduced_in_plan_)) {
+      for (auto& [buffer, work] : gathering_) in_flight_.push_back(work);
+      for (auto& [unit, work] : reducing_) in_flight_.push_back(work);
+      gathering_.clear();
+      reducing_.clear();
+      reduced_in_plan_ = false;
+      wait_for_collectives();
+    }
   }
   void add_micro_batch(int64_t micro) override {
     const bool reduced_in_plan = std::exchange(reduced_in_plan_, false);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "core/convert.h"
@@ -339,8 +340,31 @@ class CudaRunner final : public DeviceRunner {
     return kept.values.data();
   }
 
+  // Where the event lies behind device collectives (a plan with actions), a peer that never reaches
+  // one would keep the event from happening and the host blocked here past distributed.timeout,
+  // naming nobody. So the host polls the event, and if it has not happened within
+  // kCollectivePollSeconds, waits for the collectives in flight through their handles first (which
+  // name such a peer within the timeout) before it blocks. A prompt event keeps the host's run-ahead.
   void wait(void* event, const std::string& what) override {
-    counted_wait([&] { return cudaEventSynchronize(static_cast<cudaEvent_t>(event)); }, what);
+    const auto e = static_cast<cudaEvent_t>(event);
+    counted_wait(
+        [&] {
+          if (plan_actions_ && !happens_within(e, kCollectivePollSeconds, what)) plan_actions_->wait_for_collectives();
+          return cudaEventSynchronize(e);
+        },
+        what);
+  }
+  static constexpr double kCollectivePollSeconds = 1.0;
+  // Whether `event` happens within `seconds`, polled.
+  static bool happens_within(cudaEvent_t event, double seconds, const std::string& what) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) return true;
+      if (status != cudaErrorNotReady) check_cuda(status, what);
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
   void synchronize(const std::string& what) override {
     counted_wait([&] { return cudaStreamSynchronize(stream_); }, what);
