@@ -70,8 +70,19 @@ struct Product {
   size_t workspace_bytes = 0;  // of the context's workspace cuBLASLt may use (0: all of it)
 };
 
+// The product's shape, types and epilogue, with the alignments of A, B and C/D and the workspace
+// the algorithm may use: everything the heuristic's choice depends on.
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int, int64_t, int64_t, int64_t, bool, bool,
-                           int64_t, bool, int>;
+                           int64_t, bool, int, uint32_t, uint32_t, uint32_t, uint64_t>;
+
+// The alignment cuBLASLt may assume of a matrix at `data` (every batch's, `stride_bytes` apart):
+// the lowest set bit of the address, up to the 256 bytes its heuristic assumes unless told less.
+// The arena aligns its values to 64 bytes only, and a view may start anywhere in a row.
+uint32_t matrix_alignment(const void* data, int64_t batch, int64_t stride_bytes) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(data) | 256u;
+  if (batch > 1) bits |= uint64_t(stride_bytes);
+  return uint32_t(bits & (~bits + 1));
+}
 
 // Choices measured once per card and library: for a product where bench/cublaslt_candidates found
 // a candidate the heuristic offers clearly faster than its first (1.15x or more), that candidate's
@@ -211,7 +222,11 @@ bool run_product(const KernelContext& ctx, const Product& p) {
                     p.beta != 0,
                     p.batch,
                     p.bias_gradient != nullptr,
-                    int(p.gelu)};
+                    int(p.gelu),
+                    matrix_alignment(p.a, p.batch, p.stride_a * int64_t(dtype_size(p.a_type))),
+                    matrix_alignment(p.b, p.batch, p.stride_b * int64_t(dtype_size(p.b_type))),
+                    matrix_alignment(p.c, p.batch, p.stride_c * int64_t(dtype_size(p.c_type))),
+                    uint64_t(p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes)};
   auto& cache = algorithm_cache();
   auto found = cache.find(key);
   if (found == cache.end()) {
@@ -220,6 +235,16 @@ bool run_product(const KernelContext& ctx, const Product& p) {
     const uint64_t workspace = p.workspace_bytes ? p.workspace_bytes : ctx.workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                          sizeof(workspace));
+    // Only algorithms that work at the operands' real alignment (C and D are one matrix here).
+    const uint32_t align_a = std::get<16>(key), align_b = std::get<17>(key), align_c = std::get<18>(key);
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                         sizeof(align_a));
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                         sizeof(align_b));
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                         sizeof(align_c));
+    cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                         sizeof(align_c));
     constexpr int kOffers = 8;
     const int candidate = measured_candidate(p);
     cublasLtMatmulHeuristicResult_t results[kOffers]{};

@@ -9,6 +9,8 @@
 // - table: the token ids are sorted (CUB's radix sort is stable: equal ids keep their order) with
 //   their positions, in the workspace; then one block per run of equal ids, each thread a channel,
 //   adds the run's dout rows in position order to its table row.
+// A token id outside [0, V) reads a zero row and adds to no row, as on the CPU (the data loader
+// refuses such ids; this keeps other sources from reading or writing outside the table).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_kernels.h"
@@ -24,10 +26,11 @@ __global__ void embedding_kernel(const int32_t* tokens,    // (B T)
                                  FloatArray<T> table,      // (V, C)
                                  FloatArray<T> positions,  // (P, C) or null
                                  FloatArray<T> out,        // (B T, C)
-                                 int64_t rows, int64_t time, int64_t channels) {
+                                 int64_t rows, int64_t time, int64_t channels, int64_t vocab) {
   for (int64_t i = thread_index(); i < rows * channels; i += thread_stride()) {
     const int64_t bt = i / channels, c = i % channels;
-    const float v = table.load(int64_t(tokens[bt]) * channels + c);
+    const int64_t token = tokens[bt];
+    const float v = token >= 0 && token < vocab ? table.load(token * channels + c) : 0.0f;
     out.store(i, positions ? v + positions.load((bt % time) * channels + c) : v);
   }
 }
@@ -55,10 +58,10 @@ __global__ void table_gradient_kernel(const uint32_t* sorted_ids,  // (N)
                                       const int32_t* sorted_rows,  // (N) positions of the ids in dout
                                       FloatArray<D> dout,          // (N, C)
                                       FloatArray<G> dtable,        // (V, C) added to
-                                      int64_t n, int64_t channels) {
+                                      int64_t n, int64_t channels, int64_t vocab) {
   const int64_t first = blockIdx.x;
   const uint32_t id = sorted_ids[first];
-  if (first > 0 && sorted_ids[first - 1] == id) return;
+  if (int64_t(id) >= vocab || (first > 0 && sorted_ids[first - 1] == id)) return;  // negative ids are >= vocab here
   int64_t end = first + 1;
   while (end < n && sorted_ids[end] == id) ++end;
   const FloatArray<G> row = dtable + int64_t(id) * channels;
@@ -86,7 +89,7 @@ void embedding(const Node& node, const KernelContext& ctx) {
     embedding_kernel<T><<<blocks_for(rows * channels), kThreads, 0, stream(ctx)>>>(
         ctx.i32(node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
         has_positions ? float_array<T>(ctx, node.inputs[2]) : FloatArray<T>{}, float_array<T>(ctx, node.outputs[0]),
-        rows, time, channels);
+        rows, time, channels, ctx.shape(node.inputs[1])[0]);
   });
   check_launch("embedding_kernel");
 }
@@ -113,8 +116,9 @@ void embedding_backward(const Node& node, const KernelContext& ctx) {
     check_launch("position_gradient_kernel");
   }
   if (n > INT32_MAX) throw InternalError("embedding_backward: more than 2^31 tokens");
-  int end_bit = 1;
-  while (end_bit < 32 && (uint64_t(1) << end_bit) < uint64_t(vocab)) ++end_bit;
+  // Every bit of the ids: an id outside the table (which the gradient skips) must not sort among
+  // the ids that share its low bits and split their runs.
+  const int end_bit = 32;
   // Workspace: sorted ids, positions before and after the sort, then CUB's scratch.
   const auto* ids = reinterpret_cast<const uint32_t*>(ctx.i32(node.inputs[1]));
   size_t sort_bytes = 0;
@@ -144,7 +148,7 @@ void embedding_backward(const Node& node, const KernelContext& ctx) {
     using G = typename decltype(grad_tag)::type;
     table_gradient_kernel<D, G>
         <<<unsigned(n), threads, 0, stream(ctx)>>>(sorted_ids, sorted_rows, float_array<D>(ctx, node.inputs[0]),
-                                                   float_array<G>(ctx, node.outputs[0]), n, channels);
+                                                   float_array<G>(ctx, node.outputs[0]), n, channels, vocab);
   });
   check_launch("table_gradient_kernel");
 }
