@@ -179,9 +179,12 @@ class CudaOptimizer final : public DeviceOptimizer, public DevicePlanActions {
     ChunkTable out{.count = int64_t(table.size())};
     const size_t bytes = std::max<size_t>(table.size(), 1) * sizeof(UpdateChunk);
     out.chunks = reinterpret_cast<UpdateChunk*>(runner_.allocate(int64_t(bytes), "the update's chunk table"));
-    // Synchronous, on the legacy stream, after the block's zeroing there (and `table` is pageable).
+    // On the legacy stream, after the block's zeroing there. From pageable memory the call may
+    // return before the copy lands, and the runner's stream is not ordered after the legacy one:
+    // the legacy stream is synchronised before any update reads the table.
     check_cuda(cudaMemcpy(out.chunks, table.data(), table.size() * sizeof(UpdateChunk), cudaMemcpyHostToDevice),
                "the update's chunk table");
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "the update's chunk table");
     return out;
   }
 

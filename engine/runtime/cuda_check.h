@@ -12,8 +12,12 @@
 
 namespace engine {
 
+// The runtime's last error is cleared first, so that a caught failure is not reported again by
+// the next kernel launch's check (check_launch reads it).
 inline void check_cuda(cudaError_t status, const std::string& what) {
-  if (status != cudaSuccess) throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  throw InternalError("CUDA " + what + ": " + cudaGetErrorString(status));
 }
 
 }  // namespace engine
