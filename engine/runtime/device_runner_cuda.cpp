@@ -252,15 +252,17 @@ class CudaRunner final : public DeviceRunner {
     // A staged run's downloads are done when it returns; one that threw may have left some on their
     // way, which must not overlap this run's zeroing (nothing to wait for otherwise).
     if (!resident_) check_cuda(cudaStreamSynchronize(download_stream_), "an earlier run's gradient downloads");
-    if (!resident_ && !parameters_uploaded_) {
-      if (upload_parameters()) times_.parameter_uploads += 1;
-      parameters_uploaded_ = true;
-    }
+    // Inputs not staged ahead go first on the copy stream, so that the first node waits for them
+    // and not behind every unit's parameter upload.
     if (staged_)
       times_.staged_ahead += 1;
     else
       stage_inputs(inputs);
     staged_ = false;
+    if (!resident_ && !parameters_uploaded_) {
+      if (upload_parameters()) times_.parameter_uploads += 1;
+      parameters_uploaded_ = true;
+    }
     // The last staged slot's copy holds this run's inputs.
     check_cuda(cudaStreamWaitEvent(stream_, staging_copied_[1 - staging_slot_], 0), "wait for the inputs");
     write_step_scalars(ctx);
