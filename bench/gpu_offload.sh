@@ -30,11 +30,14 @@ names=("stage 0 (resident)" "ZeRO-Offload (cpu)" "ZeRO-Infinity (nvme)")
 settings=("distributed.zero_stage=0"
   "distributed.zero_stage=2 offload.optimizer=cpu"
   "distributed.zero_stage=3 offload.optimizer=nvme offload.parameters=nvme offload.nvme_path=$swap")
-host_budget=$(awk '/MemAvailable/ {printf "%d", $2 * 1024}' /proc/meminfo)
+# In the shell's 64-bit arithmetic: some awks print integers through a 32-bit int.
+host_budget=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024 ))
 nvme_budget=$(df -B1 --output=avail "$swap" | tail -1 | tr -d ' ')
 
 device_budget=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | head -1 || echo 0)
-device_budget=$(( ${device_budget:-0} << 20 ))
+# Less what the plan does not count: the CUDA context and cuDNN's attention workspace.
+device_headroom=$(( 2 << 30 ))
+device_budget=$(( (${device_budget:-0} << 20) - device_headroom ))
 
 plan_numbers() {  # layers setting -> "parameters host_needed device swap" in bytes, from `engine plan`
   # shellcheck disable=SC2086
@@ -46,7 +49,7 @@ def total(after):
     return int(re.search(r"^  total\s+(\d+)", section, re.M).group(1))
 snapshot = int(re.search(r"^  checkpoint snapshot\s+(\d+)", text, re.M).group(1))
 swap = re.search(r"swap files ([0-9.]+) ([KMGT]?B) per rank", text)
-scale = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+scale = {"B": 1, "KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}  # engine plan prints binary units
 swap_bytes = int(float(swap.group(1)) * scale[swap.group(2)]) if swap else 0
 print(total("parameters by wrap unit"), total("memory per rank") + snapshot, total("device memory per rank"), swap_bytes)'
 }
@@ -79,7 +82,7 @@ PY
 }
 say() { echo "[$(date +%T)] $*" >&2; }
 
-echo "budgets: device $((device_budget >> 20)) MiB free, host $((host_budget >> 30)) GiB available (MemAvailable)," \
+echo "budgets: device $((device_budget >> 20)) MiB free (less $((device_headroom >> 20)) MiB for the context and cuDNN), host $((host_budget >> 30)) GiB available (MemAvailable)," \
   "swap $((nvme_budget >> 30)) GiB free in $swap"
 largest_rows=()
 for i in "${!names[@]}"; do

@@ -48,30 +48,36 @@ PY
 # Timed without the op table (its events cost the step a little), then without the GPU plan's
 # fusions (run.fusions=false: what they gain), then with cuDNN's unordered attention backward
 # (run.deterministic=false: what the bit-for-bit promise costs), then once more with the op table.
-"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out" \
-  > "$out/engine.log" 2>&1 || { cat "$out/engine.log"; exit 1; }
-engine_rate=$(median_rate "$out/$name/metrics.jsonl")
-"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/unfused" run.fusions=false \
-  > "$out/engine-unfused.log" 2>&1 || { cat "$out/engine-unfused.log"; exit 1; }
-unfused_rate=$(median_rate "$out/unfused/$name/metrics.jsonl")
-"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/unordered" run.deterministic=false \
-  > "$out/engine-unordered.log" 2>&1 || { cat "$out/engine-unordered.log"; exit 1; }
-unordered_rate=$(median_rate "$out/unordered/$name/metrics.jsonl")
-unordered_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unordered.log" | head -1 | sed 's/device memory peak //' || true)
-unfused_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-unfused.log" | head -1 | sed 's/device memory peak //' || true)
-"${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$out/op-table" \
-  telemetry.op_table=true > "$out/engine-op-table.log" 2>&1 || { cat "$out/engine-op-table.log"; exit 1; }
-engine_peak=$(grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine.log" | head -1 | sed 's/device memory peak //' || true)
+# The first run must succeed; a variant or a peer that fails shows its log's end and a rate of 0,
+# so the rows that ran still print.
+engine_run() {  # label directory overrides... -> the run's median tokens/s (0: it failed)
+  local label=$1 dir=$2
+  shift 2
+  if "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$dir" "$@" > "$out/engine-$label.log" 2>&1; then
+    median_rate "$dir/$name/metrics.jsonl"
+    rm -f "$dir/$name/model.safetensors"  # the exported weights (4.4 GB for the Llama): not needed here
+  else
+    tail -20 "$out/engine-$label.log" >&2
+    echo 0
+  fi
+}
+peak_of() { grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-$1.log" | head -1 | sed 's/device memory peak //' || true; }
+engine_rate=$(engine_run main "$out/main")
+[ "$engine_rate" != 0 ] || { echo "gpu_step.sh: the engine's run failed" >&2; exit 1; }
+unfused_rate=$(engine_run unfused "$out/unfused" run.fusions=false)
+unordered_rate=$(engine_run unordered "$out/unordered" run.deterministic=false)
+engine_run op-table "$out/op-table" telemetry.op_table=true > /dev/null
+engine_peak=$(peak_of main) unfused_peak=$(peak_of unfused) unordered_peak=$(peak_of unordered)
 run_torch() {
   (cd bench && "$python" pytorch_lm_cuda.py $arch $vocab $context $layers $heads $width $batch "$steps" "$1" \
     ${torch_extra[@]+"${torch_extra[@]}"}) \
-    2> "$out/torch_$1.log" || { cat "$out/torch_$1.log"; return 1; }
+    2> "$out/torch_$1.log" || { tail -20 "$out/torch_$1.log" >&2; printf 'tokens_per_second=0\npeak_memory_bytes=0\n'; }
 }
 eager=$(run_torch eager)
 compiled=$(run_torch compile)
 value() { sed -n "s/^$1=//p" <<< "$2"; }
 # The card's measured bf16 matmul rate, as the engine's run printed it ("MFU against N GFLOP/s").
-measured=$(grep -o 'MFU against [0-9.]* GFLOP/s' "$out/engine.log" | head -1 | grep -o '[0-9.]*' | head -1)
+measured=$(grep -o 'MFU against [0-9.]* GFLOP/s' "$out/engine-main.log" | head -1 | grep -o '[0-9.]*' | head -1)
 row() {  # name tokens/s peak
   python3 -c "import sys; r=float(sys.argv[2]); m=float('${measured:-0}')*1e9 or float('nan'); f=r*$flops_per_token; print(f'| {sys.argv[1]:<22} | {r/1e3:9.1f}K | {100*f/989e12:5.1f}% | {100*f/m:11.1f}% | {sys.argv[3]:>12} |')" "$@"
 }
@@ -82,9 +88,11 @@ echo "|------------------------|------------|-------|--------------|------------
 row engine "$engine_rate" "${engine_peak:-?}"
 row "engine, fusions off" "$unfused_rate" "${unfused_peak:-?}"
 row "engine, unordered attn" "$unordered_rate" "${unordered_peak:-?}"
-row "pytorch eager" "$(value tokens_per_second "$eager")" "$(( $(value peak_memory_bytes "$eager") >> 20 )) MiB"
-row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(( $(value peak_memory_bytes "$compiled") >> 20 )) MiB"
+gib() { python3 -c "import sys; print(f'{int(sys.argv[1]) / 2**30:.1f} GB')" "$1"; }  # the engine's units
+row "pytorch eager" "$(value tokens_per_second "$eager")" "$(gib "$(value peak_memory_bytes "$eager")")"
+row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(gib "$(value peak_memory_bytes "$compiled")")"
+echo "(peak memory in GB of 2^30 bytes; a rate of 0: that run failed, its log's end is above)"
 echo
 echo "engine: the ten most expensive ops"
-sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | head -14
-grep -E '^(host time per step|device memory peak)' "$out/engine.log" || true
+sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | head -12  # its title, the header, ten ops
+grep -E '^(host time per step|device memory peak)' "$out/engine-main.log" || true
