@@ -484,6 +484,7 @@ void Session::ensure_device_current() {
 
 void Session::host_changed() {
   device_current_ = false;
+  host_current_ = true;  // what was written is the state now, whatever the device held
   if (DeviceRunner* runner = executor.runner()) runner->parameters_changed();  // a staged run uploads them anew
 }
 

@@ -290,7 +290,8 @@ class Session {
   // A GPU run keeps the model state on the device between steps (optim/device_optimizer.h): the
   // host store and optimizer are brought up to date by sync_host() before anything reads them
   // (checkpoints, exports, digests, tests), and host_changed() says they were written (a restored
-  // checkpoint, loaded weights), so the next step starts from them. Both are no-ops on the CPU.
+  // checkpoint, loaded weights: all of the state), so the next step starts from them, whatever
+  // the device held. A caller changing part of the state syncs first. Both are no-ops on the CPU.
   void sync_host();
   void host_changed();
   std::unique_ptr<DeviceOptimizer> device_optimizer;  // null on the CPU and on staged runs

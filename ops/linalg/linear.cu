@@ -77,7 +77,8 @@ using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int, int, int,
 
 // The alignment cuBLASLt may assume of a matrix at `data` (every batch's, `stride_bytes` apart):
 // the lowest set bit of the address, up to the 256 bytes its heuristic assumes unless told less.
-// The arena aligns its values to 64 bytes only, and a view may start anywhere in a row.
+// Every device block and arena value starts 256-aligned (kArenaAlignment); a parameter inside a
+// unit's flat buffer, or a view, may start anywhere, alike in every layout.
 uint32_t matrix_alignment(const void* data, int64_t batch, int64_t stride_bytes) {
   uint64_t bits = reinterpret_cast<uintptr_t>(data) | 256u;
   if (batch > 1) bits |= uint64_t(stride_bytes);

@@ -255,10 +255,11 @@ TEST(CudaTraining, Bf16SummedInBf16StaysWithinItsBand) {
 // A step whose hook reads and writes back the gradients (a gradient dump, a plugin) decides on the
 // host and updates from an fp32 copy of them; one without decides on the device and updates from
 // the sums where they are. The same bits either way: the copy is exact, and the norm, the decision
-// and the element math are the same functions. Hooks on every other step, so the paths alternate;
-// in fp16 from a loss scale that overflows the first steps (on the CPU: steps 0-2), so hooked steps
-// skip their update and the next step that updates must read its own sums, not the copy the
-// skipped step never read.
+// and the element math are the same functions. Hooks on every other step (even ones in one run,
+// odd ones in another), so the paths alternate;
+// in fp16 from a loss scale that overflows the first steps (on the CPU: steps 0-2), so a hooked
+// step skips its update and the unhooked step after it, which updates, must read its own sums, not
+// the copy the skipped step never read.
 TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
   REQUIRE_CUDA_DEVICE();
   const std::pair<const char*, std::vector<std::string>> cases[] = {
@@ -269,15 +270,18 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
     std::vector<std::string> overrides = precision;
     overrides.insert(overrides.end(), {"train.gradient_accumulation_steps=2", "run.device=cuda"});
     const recipe::Recipe r = quickstart(with(overrides)).recipe;
-    std::vector<double> losses[2], norms[2];
-    std::vector<bool> skipped[2];
-    std::vector<std::vector<float>> weights[2];
-    for (int hooked = 0; hooked < 2; ++hooked) {
+    // Run 0 without hooks, run 1 with them on even steps, run 2 on odd ones: whichever step
+    // overflows last, one of the hooked runs skips it with its hook and updates at the next.
+    std::vector<double> losses[3], norms[3];
+    std::vector<bool> skipped[3];
+    std::vector<std::vector<float>> weights[3];
+    const auto hooked_at = [](int run, int64_t step) { return run > 0 && step % 2 == run - 1; };
+    for (int hooked = 0; hooked < 3; ++hooked) {
       Session session(r);
       session.store.initialize(1);
       for (int64_t step = 0; step < 16; ++step) {
         Session::StepHooks hooks;
-        if (hooked && step % 2 == 0) hooks.after_backward = [] {};
+        if (hooked_at(hooked, step)) hooks.after_backward = [] {};
         const Session::StepResult result = session.train_step(
             step,
             [&, micro = int64_t(0)]() mutable {
@@ -296,15 +300,22 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
         weights[hooked].emplace_back(w, w + session.store.numel(int(i)));
       }
     }
-    EXPECT_EQ(losses[0], losses[1]) << name;
-    EXPECT_EQ(skipped[0], skipped[1]) << name;
-    for (size_t step = 0; step < norms[0].size(); ++step)  // an overflowed step's norm may be NaN on both
-      if (std::isfinite(norms[0][step]) || std::isfinite(norms[1][step]))
-        EXPECT_EQ(norms[0][step], norms[1][step]) << name << " step " << step;
-    EXPECT_EQ(weights[0], weights[1]) << name;
-    if (std::string(name) == "fp16 overflowing") {  // a hooked step skipped, and updates after it
-      EXPECT_TRUE(skipped[1][0] && skipped[1][2]) << name << ": raise initial_scale_power until steps 0-2 overflow";
-      EXPECT_FALSE(skipped[1].back()) << name << ": lower initial_scale_power until the last steps update";
+    for (int hooked = 1; hooked < 3; ++hooked) {
+      EXPECT_EQ(losses[0], losses[hooked]) << name << " run " << hooked;
+      EXPECT_EQ(skipped[0], skipped[hooked]) << name << " run " << hooked;
+      for (size_t step = 0; step < norms[0].size(); ++step)  // an overflowed step's norm may be NaN on both
+        if (std::isfinite(norms[0][step]) || std::isfinite(norms[hooked][step]))
+          EXPECT_EQ(norms[0][step], norms[hooked][step]) << name << " run " << hooked << " step " << step;
+      EXPECT_EQ(weights[0], weights[hooked]) << name << " run " << hooked;
+    }
+    if (std::string(name) == "fp16 overflowing") {  // a hooked step skipped, and the next one updated
+      bool hooked_skip_then_update = false;
+      for (int hooked = 1; hooked < 3; ++hooked)
+        for (size_t step = 0; step + 1 < skipped[hooked].size(); ++step)
+          if (hooked_at(hooked, int64_t(step)) && skipped[hooked][step] && !skipped[hooked][step + 1])
+            hooked_skip_then_update = true;
+      EXPECT_TRUE(hooked_skip_then_update) << name << ": raise initial_scale_power until the first steps overflow";
+      EXPECT_FALSE(skipped[0].back()) << name << ": lower initial_scale_power until the last steps update";
     }
   }
 }
