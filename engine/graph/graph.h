@@ -36,6 +36,13 @@
 
 namespace engine {
 
+// Every arena value, f32 scratch copy (graph/op.h conversion_bytes, runtime/planned_casts.h) and
+// device block starts on a multiple of this: 256 bytes is what cuBLASLt's
+// heuristic assumes of a matrix unless told less (ops/linalg/linear.cu), so that a product's
+// operands are aligned alike wherever a layout (a ZeRO stage, a world size) places them, and its
+// algorithm, and so its bits, do not follow the layout.
+inline constexpr int64_t kArenaAlignment = 256;
+
 struct OpDef;
 using ValueId = int32_t;
 inline constexpr ValueId kNoValue = -1;

@@ -17,12 +17,6 @@
 
 namespace engine {
 
-// Every arena value (and device block) starts on a multiple of this: 256 bytes is what cuBLASLt's
-// heuristic assumes of a matrix unless told less (ops/linalg/linear.cu), so that a product's
-// operands are aligned alike wherever a layout (a ZeRO stage, a world size) places them, and its
-// algorithm, and so its bits, do not follow the layout.
-inline constexpr int64_t kArenaAlignment = 256;
-
 // Work between nodes that is not a kernel: a collective started or waited for, or a unit's
 // parameters or gradients pointed at an arena buffer (dist/zero_plan.h places them).
 struct StepAction {

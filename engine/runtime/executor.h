@@ -72,6 +72,12 @@ class Executor {
   // Plans share one arena, sized for the largest.
   void add_plan(const std::string& name, Plan plan);
   const Plan& plan(const std::string& name) const { return plans_.at(name); }
+  // The graph's values changed type (fp16 to bf16, the same sizes): the device's kernels size their
+  // workspace and scratch for the new types, and its captured graphs go.
+  void values_retyped() {
+    if (runner_)
+      for (const auto& [name, plan] : plans_) runner_->add_plan(name, plan);
+  }
   void* input(ValueId id) { return inputs_.at(id).data(); }
   // The inputs as written so far start for the device now (DeviceRunner::stage_inputs), ahead of
   // the run() that reads them; nothing to do on the CPU.

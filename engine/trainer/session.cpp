@@ -669,7 +669,7 @@ void Session::fall_back_to_bf16() {
   host_changed();
   for (size_t i = 0; i < model.graph.values().size(); ++i)
     if (model.graph.values()[i].dtype == DType::f16) model.graph.mutable_value(ValueId(i)).dtype = DType::bf16;
-  if (DeviceRunner* runner = executor.runner()) runner->reset_graphs();  // their kernels read f16
+  executor.values_retyped();  // the graphs' kernels read f16, cuDNN's bf16 plans may want more workspace
   if (device_optimizer) device_optimizer->reset_graphs();
   store.retype(DType::f16, DType::bf16);  // rounds this rank's masters anew ...
   zero.gather_parameters();               // ... and the other ranks' slices arrive (every rank falls back)

@@ -292,6 +292,12 @@ void allow_shared(KernelFn kernel, size_t bytes, std::atomic<uint64_t>& done) {
   check(cudaGetDevice(&device), "cudaGetDevice");
   const uint64_t bit = uint64_t(1) << (device & 63);
   if (done.load(std::memory_order_acquire) & bit) return;
+  int most = 0;  // an sm_86/89 card allows 99 KiB a block, an H100 227 KiB
+  check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+  if (size_t(most) < bytes)
+    throw UserError("causal_attention in fp32 at this head size needs " + std::to_string(bytes >> 10) +
+                    " KiB of shared memory a block, and this GPU allows " + std::to_string(most >> 10) +
+                    " KiB: use precision.mode bf16 or fp16 (cuDNN's attention), or a head size of 64 or less");
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
         "attention: cudaFuncSetAttribute");
   done.fetch_or(bit, std::memory_order_acq_rel);
