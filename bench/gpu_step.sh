@@ -54,7 +54,7 @@ engine_run() {  # label directory overrides... -> the run's median tokens/s (0: 
   local label=$1 dir=$2
   shift 2
   if "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$dir" "$@" > "$out/engine-$label.log" 2>&1; then
-    median_rate "$dir/$name/metrics.jsonl"
+    median_rate "$dir/$name/metrics.jsonl" || echo 0  # no timed step (STEPS <= 3), or no metrics
     rm -f "$dir/$name/model.safetensors"  # the exported weights (4.4 GB for the Llama): not needed here
   else
     tail -20 "$out/engine-$label.log" >&2
@@ -94,5 +94,5 @@ row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(gib "$(v
 echo "(peak memory in GB of 2^30 bytes; a rate of 0: that run failed, its log's end is above)"
 echo
 echo "engine: the ten most expensive ops"
-sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | head -12  # its title, the header, ten ops
+sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | sed -n 1,12p  # its title, the header, ten ops
 grep -E '^(host time per step|device memory peak)' "$out/engine-main.log" || true

@@ -42,9 +42,22 @@ class F32Copies {
       ctx.pointers[size_t(id)] = f32;
       ctx.dtypes[size_t(id)] = DType::f32;
     };
-    for (size_t i = 0; i < node.inputs.size(); ++i) copy(node.inputs[i], overwrites_input(node, i), true);
-    for (size_t i = 0; i < node.outputs.size(); ++i) copy(node.outputs[i], true, ctx.accumulates(node, i));
-    kernel(node, ctx);
+    // A widening or the kernel that throws leaves the context pointing at the value's own memory,
+    // as it found it (a caller may run the node again with it: a failed CUDA graph capture).
+    const auto restore = [&] {
+      for (const Slot& slot : slots_) {
+        ctx.pointers[size_t(slot.id)] = slot.original;
+        ctx.dtypes[size_t(slot.id)] = graph.value(slot.id).dtype;
+      }
+    };
+    try {
+      for (size_t i = 0; i < node.inputs.size(); ++i) copy(node.inputs[i], overwrites_input(node, i), true);
+      for (size_t i = 0; i < node.outputs.size(); ++i) copy(node.outputs[i], true, ctx.accumulates(node, i));
+      kernel(node, ctx);
+    } catch (...) {
+      restore();
+      throw;
+    }
     for (const Slot& slot : slots_) {
       const Value& v = graph.value(slot.id);
       if (slot.round_back)

@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "runtime/cuda_check.h"
 
 namespace engine {
@@ -37,17 +39,19 @@ std::string StreamGraphs::capture(const std::string& key, cudaStream_t stream, c
                                   Entry& entry) {
   check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture of " + key);
   cudaGraph_t graph = nullptr;
-  std::string thrown;
+  std::optional<std::string> thrown;  // whatever the enqueue threw ends the capture first
   try {
     enqueue();
   } catch (const std::exception& e) {
-    thrown = e.what();
+    thrown = std::string("the enqueue threw: ") + e.what();
+  } catch (...) {
+    thrown = "the enqueue threw";
   }
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   cudaGetLastError();  // an invalidated capture's error is this function's answer, not the next launch's
-  if (!thrown.empty() || ended != cudaSuccess) {
+  if (thrown || ended != cudaSuccess) {
     if (graph) cudaGraphDestroy(graph);
-    return thrown.empty() ? std::string(cudaGetErrorString(ended)) : thrown;
+    return thrown ? *thrown : std::string(cudaGetErrorString(ended));
   }
   cudaGraphExec_t exec = nullptr;  // kept only once instantiated: a failed one is never launched
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
