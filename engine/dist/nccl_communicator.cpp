@@ -54,37 +54,43 @@ struct NcclShared {
     abort();
     throw CommunicationError("rank " + std::to_string(rank) + ": " + message);
   }
+  // Calls `ready` (which fails on an error) every 50 us until it says yes; past the timeout, fails:
+  // `what` did not `happen` within it.
+  template <class Ready>
+  void poll(const std::string& what, const char* happen, Ready ready) {
+    const auto began = std::chrono::steady_clock::now();
+    while (!ready()) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      if (waited > timeout_seconds)
+        fail(what + " did not " + happen + " within " + std::to_string(int(timeout_seconds)) +
+             " s (distributed.timeout): a peer did not reach it");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   // The communicator is non-blocking (config.blocking = 0): initialisation, a group's end and a
   // collective return ncclInProgress while NCCL still connects or enqueues in the background, which
   // a stopped peer would otherwise keep this host inside forever. Polls the communicator's state
   // until that work is done (enqueued on the stream, not complete), within the timeout; fails on
   // an error or past the timeout, naming `what`.
   void settle(const std::string& what) {
-    const auto began = std::chrono::steady_clock::now();
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
+    poll(what, "start", [&] {
       if (!comm) fail(what + ": the NCCL communicator was aborted after an earlier failure");
+      ncclResult_t state = ncclSuccess;
       const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
       if (queried != ncclSuccess) fail(what + ": NCCL's state: " + ncclGetErrorString(queried));
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) {
+      if (state != ncclSuccess && state != ncclInProgress) {
         const char* detail = ncclGetLastError(comm);
         fail(what + " failed: " + ncclGetErrorString(state) + " (" + std::string(detail ? detail : "") + ")");
       }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-      if (waited > timeout_seconds)
-        fail(what + " did not start within " + std::to_string(int(timeout_seconds)) +
-             " s (distributed.timeout): a peer did not reach it");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+      return state == ncclSuccess;
+    });
   }
   // Blocks until `event` is recorded, polling NCCL's asynchronous error; past the timeout, on an
   // NCCL error or on a CUDA error, fails.
   void wait_for(cudaEvent_t event, const std::string& what) {
-    const auto began = std::chrono::steady_clock::now();
-    for (;;) {
+    poll(what, "complete", [&] {
       const cudaError_t status = cudaEventQuery(event);
-      if (status == cudaSuccess) return;
+      if (status == cudaSuccess) return true;
       if (status != cudaErrorNotReady) {
         cudaGetLastError();
         fail(what + ": " + cudaGetErrorString(status));
@@ -92,12 +98,8 @@ struct NcclShared {
       ncclResult_t async = ncclSuccess;
       if (comm && ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
         fail(what + " failed: " + ncclGetErrorString(async));
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-      if (waited > timeout_seconds)
-        fail(what + " did not complete within " + std::to_string(int(timeout_seconds)) +
-             " s (distributed.timeout): a peer did not reach it");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+      return false;
+    });
   }
 };
 

@@ -42,6 +42,10 @@ namespace engine {
 // operands are aligned alike wherever a layout (a ZeRO stage, a world size) places them, and its
 // algorithm, and so its bits, do not follow the layout.
 inline constexpr int64_t kArenaAlignment = 256;
+// `bytes` rounded up to a multiple of kArenaAlignment: what one such value or copy takes.
+inline constexpr int64_t arena_aligned(int64_t bytes) {
+  return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
 
 struct OpDef;
 using ValueId = int32_t;

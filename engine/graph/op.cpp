@@ -50,9 +50,7 @@ bool needs_conversion(const Graph& graph, const Node& node, Device::Kind device)
 int64_t conversion_bytes(const Graph& graph, const Node& node, Device::Kind device) {
   if (!needs_conversion(graph, node, device)) return 0;
   int64_t bytes = 0;
-  for_each_16bit_value(graph, node, [&](ValueId id) {
-    bytes += (graph.value(id).shape.numel() * 4 + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
-  });
+  for_each_16bit_value(graph, node, [&](ValueId id) { bytes += arena_aligned(graph.value(id).shape.numel() * 4); });
   return bytes;
 }
 

@@ -63,7 +63,7 @@ Plan plan_step(const Graph& graph, std::vector<size_t> nodes, const std::vector<
   };
   std::vector<Placed> placed;
   for (size_t i : order) {
-    int64_t bytes = (value_bytes(values[i]) + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    int64_t bytes = arena_aligned(value_bytes(values[i]));
     plan.unplaced_bytes += bytes;
     std::vector<std::pair<int64_t, int64_t>> busy;
     for (const Placed& p : placed)

@@ -39,7 +39,7 @@ class DeviceBlock {
   DeviceBlock() = default;
   DeviceBlock(int64_t bytes, Tally& tally, const std::string& what) : bytes_(bytes), tally_(&tally) {
     if (bytes <= 0) return;
-    const size_t rounded = size_t(bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+    const size_t rounded = size_t(arena_aligned(bytes));
     const cudaError_t status = cudaMalloc(&data_, rounded);
     if (status != cudaSuccess) {
       cudaGetLastError();

@@ -36,14 +36,14 @@ class F32Copies {
         }
       const int64_t n = graph.value(id).shape.numel();
       auto* f32 = reinterpret_cast<float*>(next);
-      next += (n * 4 + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+      next += arena_aligned(n * 4);
       if (load) widen(ctx.pointers[size_t(id)], type, f32, n);
       slots_.push_back({id, ctx.pointers[size_t(id)], round_back});
       ctx.pointers[size_t(id)] = f32;
       ctx.dtypes[size_t(id)] = DType::f32;
     };
-    // A widening or the kernel that throws leaves the context pointing at the value's own memory,
-    // as it found it (a caller may run the node again with it: a failed CUDA graph capture).
+    // The context points at the values' own memory again after the kernel, and also where a
+    // widening or the kernel throws (a caller may run the node again with it: a failed capture).
     const auto restore = [&] {
       for (const Slot& slot : slots_) {
         ctx.pointers[size_t(slot.id)] = slot.original;
@@ -62,9 +62,8 @@ class F32Copies {
       const Value& v = graph.value(slot.id);
       if (slot.round_back)
         narrow(static_cast<const float*>(ctx.pointers[size_t(slot.id)]), slot.original, v.dtype, v.shape.numel());
-      ctx.pointers[size_t(slot.id)] = slot.original;
-      ctx.dtypes[size_t(slot.id)] = v.dtype;
     }
+    restore();
   }
 
  private:

@@ -32,8 +32,7 @@ class StreamGraphs {
   void set_enabled(bool on);
   bool enabled() const { return enabled_; }
   void reset();
-  int64_t replays() const { return replays_; }        // runs a graph served so far
-  int64_t eager_only() const { return eager_only_; }  // keys whose capture failed since the last reset
+  int64_t replays() const { return replays_; }  // runs a graph served so far
 
  private:
   struct Entry {
@@ -46,7 +45,6 @@ class StreamGraphs {
   bool enabled_ = false;
   std::map<std::string, Entry> entries_;
   int64_t replays_ = 0;
-  int64_t eager_only_ = 0;
 };
 
 }  // namespace engine

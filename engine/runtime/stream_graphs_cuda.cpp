@@ -25,7 +25,6 @@ void StreamGraphs::run(const std::string& key, cudaStream_t stream, const std::f
       // ending the run. Nothing enqueued while capturing ran.
       spdlog::warn("{} cannot be captured as a CUDA graph ({}): it runs eagerly", key, failure);
       entry.eager_only = true;
-      ++eager_only_;
       enqueue();
       ++entry.eager_runs;
       return;
@@ -73,7 +72,6 @@ void StreamGraphs::reset() {
   for (auto& [key, entry] : entries_)
     if (entry.exec) cudaGraphExecDestroy(entry.exec);
   entries_.clear();
-  eager_only_ = 0;
 }
 
 }  // namespace engine
