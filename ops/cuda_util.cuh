@@ -154,6 +154,22 @@ template <class T>
 __device__ inline void row_store(const FloatArray<T>& a, int64_t i, float v) {
   a.store(i, v);
 }
+// What a.store(i, v) leaves, read back: v rounded to the array's type, in registers.
+template <class T>
+__device__ inline float row_stored(const FloatArray<T>& a, float v) {
+  if constexpr (std::is_void_v<T>) {
+    switch (a.type) {
+      case DType::bf16:
+        return to_float(from_float<__nv_bfloat16>(v));
+      case DType::f16:
+        return to_float(from_float<__half>(v));
+      default:
+        return v;
+    }
+  } else {
+    return to_float(from_float<T>(v));
+  }
+}
 
 // Value `id` of the context as a FloatArray<T> (T void: typed by ctx.dtype(id)); a null array for
 // kNoValue-like absent operands is FloatArray<T>{}.

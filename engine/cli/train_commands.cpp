@@ -260,9 +260,9 @@ int plan(const RecipeArgs& args, const FitArgs& fit) {
     std::printf(
         "  fused            %d products with the GELU after them, %d input gradients with GELU's backward, "
         "%d gradient copies into the norm backward that adds to them, %d residual adds into the norm after "
-        "them (run.fusions)\n",
+        "them, %d bias gradients into the norm backward that writes their output gradient (run.fusions)\n",
         session.fusions.gelu.forward, session.fusions.gelu.backward, session.fusions.gradient_copies,
-        session.fusions.residual_norms);
+        session.fusions.residual_norms, session.fusions.bias_gradients);
   if (session.fusions.unordered_attention > 0)
     std::printf(
         "  nondeterministic %d attention backwards may sum their query gradients in any order on cuDNN "

@@ -79,6 +79,7 @@ ModelGraph build_differentiated(const recipe::Recipe& r, int world, TensorLayout
     fusions.gelu = ops::fuse_linear_gelu(model.graph);
     fusions.gradient_copies = ops::fuse_gradient_copies(model.graph);
     fusions.residual_norms = ops::fuse_residual_norms(model.graph);
+    fusions.bias_gradients = ops::fuse_norm_bias_gradients(model.graph);
   }
   if (!r.run.deterministic && planned_for_cuda(r))
     fusions.unordered_attention = ops::allow_unordered_attention_sums(model.graph);

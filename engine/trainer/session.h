@@ -93,13 +93,15 @@ struct TrafficPlan {
 // plans of a training and an evaluation step. `engine plan` stops here.
 // What the GPU plan's fusion passes changed (run.fusions): products that carry their GELU
 // (ops/linalg/linear_gelu.h), gradient copies a norm's backward reads instead (nn/layernorm.h),
-// residual adds that the norm after them carries (nn/add_norm.h).
+// residual adds that the norm after them carries (nn/add_norm.h), bias gradients summed by the norm
+// backward that writes their output gradient (nn/layernorm.h).
 struct FusionReport {
   ops::GeluFusions gelu;
   int gradient_copies = 0;
   int residual_norms = 0;
+  int bias_gradients = 0;
   int unordered_attention = 0;  // attention backwards allowed cuDNN's unordered sums (run.deterministic: false)
-  int total() const { return gelu.forward + gelu.backward + gradient_copies + residual_norms; }
+  int total() const { return gelu.forward + gelu.backward + gradient_copies + residual_norms + bias_gradients; }
 };
 
 struct CompiledStep {

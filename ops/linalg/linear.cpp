@@ -107,6 +107,8 @@ ENGINE_TARGET_AVX512 void column_sums_avx512(const void* dy, DType type, int64_t
   column_sums_of(dy, type, rows, m, j0, width, sum);
 }
 
+}  // namespace
+
 void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void* db, DType db_type) {
   auto* sums = kernel_isa() == CpuIsa::avx512 ? column_sums_avx512 : column_sums_avx2;
 #pragma omp parallel if (rows * m > kSerialElements && m >= 2 * kRangeAlign)
@@ -123,6 +125,8 @@ void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void
     }
   }
 }
+
+namespace {
 
 // A weight much taller than wide (a language model's head: 50257 x 384) computes faster as blocks
 // of its transpose, dW^T[:, block] = x^T dy[:, block] (K x kBlock, measured 1.3 to 1.8x faster

@@ -18,4 +18,8 @@ extern const OpDef kLinear, kLinearBackwardInput, kLinearBackwardWeight;
 // weight gradient's product as linear_backward_weight computes it (bench/linear_weight_bench.cpp).
 void linear_weight_gradient(const void* dy, const void* x, DType type, int64_t rows, int64_t m, int64_t k, float* dw);
 
+// db (m) += dy's column sums over its rows, dy (rows, m) in `type`: each column summed in double in
+// row order, whatever the thread count, and added once in db's type (the bias gradient's CPU kernel).
+void add_bias_gradient(const void* dy, DType type, int64_t rows, int64_t m, void* db, DType db_type);
+
 }  // namespace engine::ops

@@ -9,7 +9,9 @@
 #include "core/cpu_isa.h"
 #include "cuda_kernels.h"
 #include "elementwise/widened.h"
+#include "fusion_util.h"
 #include "graph/autodiff.h"
+#include "linalg/linear.h"
 #include "nn/softmax_rows.h"
 
 namespace engine::ops {
@@ -161,7 +163,8 @@ void norm_cpu(const Node& node, const KernelContext& ctx) {
 // One pass over the rows computes dx and the scale and shift gradients together (dy and x are read
 // once). The latter are summed per block of kBlockRows rows in float, and the blocks' sums added in
 // double in a fixed order, so the result does not depend on the thread count.
-void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
+// inputs dy, x, w, mean, rstd; outputs dx [, dw [, db]]
+void norm_backward_rows_cpu(const Node& node, const KernelContext& ctx) {
   constexpr int64_t kBlockRows = 32;
   const Shape& xs = ctx.shape(node.inputs[1]);
   const int64_t rows = xs.rows(), c = xs.last();
@@ -211,6 +214,19 @@ void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
   }
 }
 
+// The same, and with sums_norm_output (fuse_norm_bias_gradients) dx's column sums as stored added
+// to the last output, as the linear backward's CPU kernel sums a bias gradient.
+void norm_backward_cpu(const Node& node, const KernelContext& ctx) {
+  if (!sums_norm_output(node)) return norm_backward_rows_cpu(node, ctx);
+  Node backward = node;
+  backward.outputs.pop_back();
+  backward.attrs.ints.resize(2);
+  norm_backward_rows_cpu(backward, ctx);
+  const ValueId dx = node.outputs[0], sums = node.outputs.back();
+  const Shape& shape = ctx.shape(dx);
+  add_bias_gradient(ctx.data(dx), ctx.dtype(dx), shape.rows(), shape.last(), ctx.data(sums), ctx.dtype(sums));
+}
+
 void norm_grad(GradBuilder& gb, const Node& node) {
   ValueId dy = gb.grad(node.outputs[0]);
   if (dy == kNoValue) return;
@@ -258,6 +274,7 @@ void norm_backward_onto_cpu(const Node& node, const KernelContext& ctx) {
 }
 
 bool is_norm_backward(const OpDef* op) { return op == &kLayerNormBackward || op == &kRmsNormBackward; }
+bool is_any_norm_backward(const OpDef* op) { return is_norm_backward(op) || op == &kNormBackwardOnto; }
 
 }  // namespace
 
@@ -327,6 +344,32 @@ int fuse_gradient_copies(Graph& g) {
     ++fused;
   }
   g.remove_nodes(erased);
+  return fused;
+}
+
+int fuse_norm_bias_gradients(Graph& g) {
+  std::vector<Node>& nodes = g.mutable_nodes();
+  int fused = 0;
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    Node& linear = nodes[j];
+    if (linear.op != &kLinearBackwardWeight || linear.outputs.size() != 2) continue;
+    const ValueId dy = linear.inputs[0], db = linear.outputs[1];
+    if (g.value(db).placement != Placement::gradient) continue;
+    // The last node before the product that writes dy: a norm backward's dx, and nothing between
+    // them writes dy or the bias gradient.
+    size_t i = j;
+    while (i > 0 && !writes(nodes[i - 1], dy)) --i;
+    if (i == 0) continue;
+    Node& norm = nodes[--i];
+    if (!is_any_norm_backward(norm.op) || norm.outputs[0] != dy || sums_norm_output(norm) ||
+        norm.outputs.size() != (has_shift(norm) ? 3u : 2u) || writes(norm, db) || writes_between(nodes, i, j, {db}))
+      continue;
+    norm.outputs.push_back(db);
+    norm.attrs.ints.resize(3);
+    norm.attrs.ints[2] = 1;
+    linear.outputs.pop_back();
+    ++fused;
+  }
   return fused;
 }
 

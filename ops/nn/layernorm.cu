@@ -14,10 +14,13 @@
 // parameter gradients into the workspace; then the groups' sums are added in double, in kSumSlices
 // slices of consecutive groups (within a slice, warp k adds every kSumWarps-th group from the
 // k-th, and the warps' sums are added in order), the slices' sums in slice order, and the total is
-// added to the gradients. No atomics: the same bits on every run.
+// added to the gradients. No atomics: the same bits on every run. Where the plan gave the node
+// dx's column sums (fuse_norm_bias_gradients, nn/layernorm.h: a linear layer's bias gradient), they
+// are a third set of group sums, summed the same way.
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "nn/block_lanes.cuh"
+#include "nn/layernorm.h"
 #include "nn/row_launch.h"
 
 namespace engine::cuda {
@@ -27,12 +30,19 @@ namespace {
 constexpr int kBlockThreads = ops::kNormLanes * ops::kNormRowsPerBlock;
 constexpr int kSumWarps = 8;    // warps adding the groups' partial sums of 32 columns
 constexpr int kSumSlices = 16;  // slices of the groups whose sums are added in parallel
+constexpr int kColumnSums = 3;  // the scale's, the shift's and dx's column sums
 
 // Blocks for `n` rows at kNormRowsPerBlock warps a block.
 unsigned blocks_of(int64_t n) { return unsigned((n + ops::kNormRowsPerBlock - 1) / ops::kNormRowsPerBlock); }
 
 bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
+
+// The groups' partial sums of up to three column sums (the scale's, the shift's, dx's), each
+// (groups, c); null where the node has no such output.
+struct GroupSums {
+  float* sums[kColumnSums] = {};
+};
 
 template <class T, class W, int P>
 __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(FloatArray<T> x,        // (rows, c)
@@ -56,82 +66,85 @@ __global__ void __launch_bounds__(ops::kNormBackwardLanes)
                          FloatArray<void> mean, FloatArray<void> rstd,  // (rows)
                          FloatArray<T> dx,                              // (rows, c)
                          FloatArray<T> base,                            // (rows, c): dx, or what dx starts from
-                         float* dw_groups,                              // (groups, c)
-                         float* db_groups,                              // (groups, c) or null
+                         GroupSums groups,                              // dw, db or null, dx's or null
                          int64_t rows, int64_t c, int64_t group_rows, bool rms, bool accumulate) {
   ops::BlockLanes<ops::kNormBackwardLanes> lanes;
   const int64_t g = blockIdx.x;
   const int64_t begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
-  ops::norm_backward_rows(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
-                          db_groups ? db_groups + g * c : nullptr, dx, base, accumulate);
+  const auto at = [&](float* sums) { return sums ? sums + g * c : nullptr; };
+  ops::norm_backward_rows(lanes, dy, x, w, mean, rstd, c, rms, begin, end, at(groups.sums[0]), at(groups.sums[1]), dx,
+                          base, accumulate, at(groups.sums[2]));
 }
 
 // One warp per group of rows, kNormRowsPerBlock groups a block; P the rows' pack, K packs a lane at
-// most (w is read once a group, a pack at a time where it is of the rows' type).
-template <class T, class W, int P, int K>
+// most (w is read once a group, a pack at a time where it is of the rows' type); kShift and
+// kDxSums, which running sums the lanes hold besides the scale's (row_programs.h).
+template <class T, class W, int P, int K, bool kShift, bool kDxSums>
 __global__ void __launch_bounds__(kBlockThreads, 2)  // two blocks an SM at least: 16 warps, 128 registers each
     norm_backward_registers_kernel(FloatArray<T> dy, FloatArray<T> x, FloatArray<W> w,  // (rows, c), (rows, c), (c)
                                    FloatArray<void> mean, FloatArray<void> rstd,        // (rows)
                                    FloatArray<T> dx, FloatArray<T> base,                // (rows, c) each
-                                   float* dw_groups, float* db_groups,                  // (groups, c); db or null
+                                   GroupSums sums,                                      // dw, db or null, dx's or null
                                    int64_t rows, int64_t c, int64_t groups, int64_t group_rows, bool rms,
                                    bool accumulate) {
   ops::WarpLanes lanes;
   const int64_t g = int64_t(blockIdx.x) * ops::kNormRowsPerBlock + threadIdx.x / 32;
   if (g >= groups) return;
   const int64_t begin = g * group_rows, end = begin + group_rows < rows ? begin + group_rows : rows;
-  ops::norm_backward_rows_in_registers<P, K>(lanes, dy, x, w, mean, rstd, c, rms, begin, end, dw_groups + g * c,
-                                             db_groups ? db_groups + g * c : nullptr, dx, base, accumulate);
+  const auto at = [&](float* group_sums) { return group_sums ? group_sums + g * c : nullptr; };
+  ops::norm_backward_rows_in_registers<P, K, kShift, kDxSums>(lanes, dy, x, w, mean, rstd, c, rms, begin, end,
+                                                              at(sums.sums[0]), at(sums.sums[1]), dx, base, accumulate,
+                                                              at(sums.sums[2]));
 }
 
 // The groups' partial sums are added in kSumSlices slices of consecutive groups, each slice by a
 // block of 32 columns x kSumWarps warps: warp k adds the slice's groups k, k + kSumWarps, ... of its
 // lane's column in double, and warp 0 adds the warps' sums in order into the slice's sum. (One
 // block per 32 columns, as before, left most of the card idle: a few dozen blocks, each thread
-// adding hundreds of groups one load at a time.)
+// adding hundreds of groups one load at a time.) Each of the column sums present the same way.
 __global__ void __launch_bounds__(32 * kSumWarps)
-    norm_slice_sums_kernel(const float* dw_groups, const float* db_groups,  // (groups, c); db or null
-                           double* slice_sums,                              // (2, kSumSlices, c)
+    norm_slice_sums_kernel(GroupSums groups_sums,  // (groups, c) each
+                           double* slice_sums,     // (kColumnSums, kSumSlices, c)
                            int64_t groups, int64_t c) {
-  __shared__ double sums[2][kSumWarps][32];
+  __shared__ double sums[kColumnSums][kSumWarps][32];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int64_t col = int64_t(blockIdx.x) * 32 + lane, slice = blockIdx.y;
   const int64_t per_slice = (groups + kSumSlices - 1) / kSumSlices;
   const int64_t first = slice * per_slice, last = first + per_slice < groups ? first + per_slice : groups;
-  double sw = 0.0, sb = 0.0;
+  double partial[kColumnSums] = {};
   if (col < c) {
 #pragma unroll 4
-    for (int64_t g = first + warp; g < last; g += kSumWarps) {
-      sw += dw_groups[g * c + col];
-      if (db_groups) sb += db_groups[g * c + col];
-    }
+    for (int64_t g = first + warp; g < last; g += kSumWarps)
+#pragma unroll
+      for (int k = 0; k < kColumnSums; ++k)
+        if (groups_sums.sums[k]) partial[k] += groups_sums.sums[k][g * c + col];
   }
-  sums[0][warp][lane] = sw;
-  sums[1][warp][lane] = sb;
+#pragma unroll
+  for (int k = 0; k < kColumnSums; ++k) sums[k][warp][lane] = partial[k];
   __syncthreads();
   if (warp == 0 && col < c) {
-    double tw = 0.0, tb = 0.0;
-    for (int k = 0; k < kSumWarps; ++k) {
-      tw += sums[0][k][lane];
-      tb += sums[1][k][lane];
+#pragma unroll
+    for (int k = 0; k < kColumnSums; ++k) {
+      double total = 0.0;
+      for (int w = 0; w < kSumWarps; ++w) total += sums[k][w][lane];
+      slice_sums[(k * kSumSlices + slice) * c + col] = total;
     }
-    slice_sums[slice * c + col] = tw;
-    slice_sums[(kSumSlices + slice) * c + col] = tb;
   }
 }
 
-// The slices' sums added in slice order, and the total added to the gradients once in float.
-__global__ void norm_parameter_totals_kernel(const double* slice_sums, FloatArray<void> dw, FloatArray<void> db,
-                                             int64_t c) {
-  for (int64_t col = thread_index(); col < c; col += thread_stride()) {
-    double tw = 0.0, tb = 0.0;
-    for (int s = 0; s < kSumSlices; ++s) {
-      tw += slice_sums[s * c + col];
-      tb += slice_sums[(kSumSlices + s) * c + col];
+// The slices' sums added in slice order, and each total added to its gradient once in float.
+struct ColumnTotals {
+  FloatArray<void> out[kColumnSums];  // the scale's gradient, the shift's or null, dx's sums' or null
+};
+__global__ void norm_parameter_totals_kernel(const double* slice_sums, ColumnTotals totals, int64_t c) {
+  for (int64_t col = thread_index(); col < c; col += thread_stride())
+#pragma unroll
+    for (int k = 0; k < kColumnSums; ++k) {
+      if (!totals.out[k]) continue;
+      double total = 0.0;
+      for (int s = 0; s < kSumSlices; ++s) total += slice_sums[(k * kSumSlices + s) * c + col];
+      totals.out[k].store(col, totals.out[k].load(col) + float(total));
     }
-    dw.store(col, dw.load(col) + float(tw));
-    if (db) db.store(col, db.load(col) + float(tb));
-  }
 }
 
 }  // namespace
@@ -168,15 +181,16 @@ void norm(const Node& node, const KernelContext& ctx) {
   check_launch("norm_forward_kernel");
 }
 
-// inputs dy, x, w, mean, rstd [, base]; outputs dx, dw [, db] (the scale and shift gradients are
-// added to). With base (norm_backward_onto, nn/layernorm.h), dx = base + the input gradient.
+// inputs dy, x, w, mean, rstd [, base]; outputs dx, dw [, db] [, dx's column sums] (the scale and
+// shift gradients, and the column sums, are added to). With base (norm_backward_onto,
+// nn/layernorm.h), dx = base + the input gradient.
 void norm_backward(const Node& node, const KernelContext& ctx) {
   // A frozen scale (LoRA's base, which runs on the CPU only for now) would have no gradient output.
   ENGINE_CHECK(node.outputs.size() > 1, node.name + ": the CUDA norm backward needs the scale's gradient");
   const Shape& xs = ctx.shape(node.inputs[1]);
   const int64_t rows = xs.rows(), c = xs.last();
   if (rows == 0 || c == 0) return;
-  const bool shift = has_shift(node);
+  const bool shift = has_shift(node), dx_sums = ops::sums_norm_output(node);
   // Packed, with the running sums in registers, where dy, x and dx share a type, their rows are
   // packs of 16 bytes and a lane's share of a row is at most kMaxPacks packs.
   constexpr int64_t kMaxPacks = 8;
@@ -189,8 +203,9 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
     in_registers = in_registers && ctx.dtype(id) == type && pack_aligned(ctx.data(id));
   // The groups' partial sums live in the workspace: fewer, longer groups if it is short.
   // The slices' double sums take the workspace's first bytes.
-  const int64_t row_bytes = c * int64_t(sizeof(float)) * (shift ? 2 : 1);
-  const int64_t slice_bytes = 2 * kSumSlices * c * int64_t(sizeof(double));
+  const int64_t arrays = 1 + (shift ? 1 : 0) + (dx_sums ? 1 : 0);
+  const int64_t row_bytes = c * int64_t(sizeof(float)) * arrays;
+  const int64_t slice_bytes = kColumnSums * kSumSlices * c * int64_t(sizeof(double));
   const int64_t max_groups = (int64_t(ctx.workspace_bytes) - slice_bytes) / row_bytes;
   if (max_groups < 1 || ctx.workspace == nullptr)
     throw InternalError("norm_backward: a workspace of " + std::to_string(slice_bytes + row_bytes) +
@@ -201,8 +216,13 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   const int64_t group_rows = (rows + groups - 1) / groups;
   groups = (rows + group_rows - 1) / group_rows;
   auto* slice_sums = static_cast<double*>(ctx.workspace);
-  float* dw_groups = reinterpret_cast<float*>(slice_sums + 2 * kSumSlices * c);
-  float* db_groups = shift ? dw_groups + groups * c : nullptr;
+  GroupSums sums;
+  float* next = reinterpret_cast<float*>(slice_sums + kColumnSums * kSumSlices * c);
+  for (int k = 0; k < kColumnSums; ++k)
+    if (k == 0 || (k == 1 && shift) || (k == 2 && dx_sums)) {
+      sums.sums[k] = next;
+      next += groups * c;
+    }
   if (in_registers) {
     with_float_type(ctx, {node.inputs[1]}, [&](auto rows_tag) {
       using T = typename decltype(rows_tag)::type;
@@ -216,14 +236,27 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
                 float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
                 float_array<W>(ctx, node.inputs[2]), float_array<void>(ctx, node.inputs[3]),
                 float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), float_array<T>(ctx, base),
-                dw_groups, db_groups, rows, c, groups, group_rows, is_rms(node), accumulate);
+                sums, rows, c, groups, group_rows, is_rms(node), accumulate);
+          };
+          // Which running sums a lane holds, then as few packs a lane as the row needs (GPT-2's
+          // 768 bf16 columns: 3), each choice fixing the lanes' registers.
+          const auto with_sums = [&](auto packs_tag) {
+            constexpr int K = decltype(packs_tag)::value;
+            if (dx_sums)
+              launch(norm_backward_registers_kernel<T, W, P, K, true, true>);
+            else if (shift)
+              launch(norm_backward_registers_kernel<T, W, P, K, true, false>);
+            else
+              launch(norm_backward_registers_kernel<T, W, P, K, false, false>);
           };
           if (packs_per_lane <= 2)
-            launch(norm_backward_registers_kernel<T, W, P, 2>);
+            with_sums(std::integral_constant<int, 2>{});
+          else if (packs_per_lane <= 3)
+            with_sums(std::integral_constant<int, 3>{});
           else if (packs_per_lane <= 4)
-            launch(norm_backward_registers_kernel<T, W, P, 4>);
+            with_sums(std::integral_constant<int, 4>{});
           else
-            launch(norm_backward_registers_kernel<T, W, P, kMaxPacks>);
+            with_sums(std::integral_constant<int, kMaxPacks>{});
         }
       });
     });
@@ -237,17 +270,19 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
             float_array<T>(ctx, node.inputs[0]), float_array<T>(ctx, node.inputs[1]),
             float_array<W>(ctx, node.inputs[2]), float_array<void>(ctx, node.inputs[3]),
             float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), float_array<T>(ctx, base),
-            dw_groups, db_groups, rows, c, group_rows, is_rms(node), accumulate);
+            sums, rows, c, group_rows, is_rms(node), accumulate);
       });
     });
     check_launch("norm_backward_kernel");
   }
   norm_slice_sums_kernel<<<dim3(unsigned((c + 31) / 32), kSumSlices), 32 * kSumWarps, 0, stream(ctx)>>>(
-      dw_groups, db_groups, slice_sums, groups, c);
+      sums, slice_sums, groups, c);
   check_launch("norm_slice_sums_kernel");
-  norm_parameter_totals_kernel<<<blocks_for(c, 128), 128, 0, stream(ctx)>>>(
-      slice_sums, float_array<void>(ctx, node.outputs[1]),
-      shift ? float_array<void>(ctx, node.outputs[2]) : FloatArray<void>{}, c);
+  ColumnTotals totals;
+  totals.out[0] = float_array<void>(ctx, node.outputs[1]);
+  if (shift) totals.out[1] = float_array<void>(ctx, node.outputs[2]);
+  if (dx_sums) totals.out[2] = float_array<void>(ctx, node.outputs.back());
+  norm_parameter_totals_kernel<<<blocks_for(c, 128), 128, 0, stream(ctx)>>>(slice_sums, totals, c);
   check_launch("norm_parameter_totals_kernel");
 }
 

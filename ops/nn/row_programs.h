@@ -66,6 +66,9 @@ struct RowMax {
 
 ENGINE_HOST_DEVICE inline float row_load(const float* p, int64_t i) { return p[i]; }
 ENGINE_HOST_DEVICE inline void row_store(float* p, int64_t i, float v) { p[i] = v; }
+// What row_store(row, i, v) leaves in the row, as row_load would read it back: v rounded to the
+// row's type (the CUDA arrays' overload rounds to 16 bits), without touching memory.
+ENGINE_HOST_DEVICE inline float row_stored(const float* /*row*/, float v) { return v; }
 
 // Pack `pack` (elements pack * P ... pack * P + P - 1) of a row, element by element; the CUDA
 // arrays overload these with one 16-byte access (cuda_util.cuh).
@@ -233,15 +236,18 @@ ENGINE_HOST_DEVICE inline float norm_input_gradient(float d, float w, float x, f
 // no mean(g) term), or with `accumulate` dx = base + that (base: dx itself, or another gradient the
 // result starts from); the rows' scale (and shift) gradients summed in float, in row order, into
 // dw_sum (and db_sum): c floats each, set here, every column written by the lane that owns it.
+// With dx_sum, also dx's column sums as stored (row_stored): the bias gradient of the linear layer
+// whose output gradient dx is (fuse_norm_bias_gradients, nn/layernorm.h).
 template <class L, class DY, class X, class W, class S, class DX>
 ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
                                            int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx, DX base,
-                                           bool accumulate) {
+                                           bool accumulate, float* dx_sum = nullptr) {
   constexpr int n = L::kCount;
   lanes.each([&](int l) {
     for (int64_t i = l; i < c; i += n) {
       dw_sum[i] = 0.0f;
       if (db_sum) db_sum[i] = 0.0f;
+      if (dx_sum) dx_sum[i] = 0.0f;
     }
   });
   typename L::template Local<float> sum_g, sum_gx;
@@ -270,7 +276,9 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
     lanes.each([&](int l) {
       for (int64_t i = l; i < c; i += n) {
         const float v = norm_input_gradient(row_load(dyr, i), row_load(w, i), row_load(xr, i), m, s, mean_g, mean_gx);
-        row_store(dxr, i, accumulate ? row_load(baser, i) + v : v);
+        const float out = accumulate ? row_load(baser, i) + v : v;
+        row_store(dxr, i, out);
+        if (dx_sum) dx_sum[i] += row_stored(dxr, out);
       }
     });
   }
@@ -280,21 +288,32 @@ ENGINE_HOST_DEVICE void norm_backward_rows(L& lanes, DY dy, X x, W w, S mean, S 
 // registers (K packs of P columns per lane at most: c <= K N P, a multiple of P), and dy, x and w
 // read a pack at a time (w again for each row: it stays in cache, and registers are what limits
 // how many warps run at once). The sums run in row order as above, so the two give the same bits
-// for the same rows; this one moves no running sum through memory between rows.
+// for the same rows; this one moves no running sum through memory between rows. The registers a
+// lane holds are the kernel's limit, so what it sums is fixed at compile time: kShift, the shift's
+// running sums (false: none, db_sum must be null: rmsnorm, or a layernorm without shift), and
+// kDxSums, dx's column sums as stored into dx_sum (true: dx_sum must not be null).
 template <int P, int K>
 struct PackRegisters {
   float v[K][P];
 };
-template <int P, int K, class L, class DY, class X, class W, class S, class DX>
+template <int P, int K, bool kShift = true, bool kDxSums = false, class L, class DY, class X, class W, class S,
+          class DX>
 ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W w, S mean, S rstd, int64_t c, bool rms,
                                                         int64_t begin, int64_t end, float* dw_sum, float* db_sum, DX dx,
-                                                        DX base, bool accumulate) {
+                                                        DX base, bool accumulate, float* dx_sum = nullptr) {
   constexpr int n = L::kCount;
+  constexpr int kShiftK = kShift ? K : 1, kDxK = kDxSums ? K : 1;  // (1: an unused register set, never read)
   const int64_t packs = c / P;
-  typename L::template Local<PackRegisters<P, K>> dw_acc, db_acc;
+  typename L::template Local<PackRegisters<P, K>> dw_acc;
+  typename L::template Local<PackRegisters<P, kShiftK>> db_acc;
+  typename L::template Local<PackRegisters<P, kDxK>> dx_acc;
   lanes.each([&](int l) {
     for (int k = 0; k < K; ++k)
-      for (int j = 0; j < P; ++j) dw_acc[l].v[k][j] = db_acc[l].v[k][j] = 0.0f;
+      for (int j = 0; j < P; ++j) {
+        dw_acc[l].v[k][j] = 0.0f;
+        if constexpr (kShift) db_acc[l].v[k][j] = 0.0f;
+        if constexpr (kDxSums) dx_acc[l].v[k][j] = 0.0f;
+      }
   });
   typename L::template Local<float> sum_g, sum_gx;
   const float inv_c = 1.0f / float(c);
@@ -318,7 +337,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
           a += g;
           ax += g * xhat;
           dw_acc[l].v[k][j] += d[j] * xhat;
-          db_acc[l].v[k][j] += d[j];
+          if constexpr (kShift) db_acc[l].v[k][j] += d[j];
         }
       }
       sum_g[l] = a;
@@ -338,6 +357,7 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
         for (int j = 0; j < P; ++j) {
           const float v = norm_input_gradient(d[j], wv[j], xv[j], m, s, mean_g, mean_gx);
           out[j] = accumulate ? out[j] + v : v;
+          if constexpr (kDxSums) dx_acc[l].v[k][j] += row_stored(dxr, out[j]);
         }
         row_store_pack<P>(dxr, p, out);
       }
@@ -349,7 +369,9 @@ ENGINE_HOST_DEVICE void norm_backward_rows_in_registers(L& lanes, DY dy, X x, W 
       if (p >= packs) break;
       for (int j = 0; j < P; ++j) {
         dw_sum[p * P + j] = dw_acc[l].v[k][j];
-        if (db_sum) db_sum[p * P + j] = db_acc[l].v[k][j];
+        if constexpr (kShift)
+          if (db_sum) db_sum[p * P + j] = db_acc[l].v[k][j];
+        if constexpr (kDxSums) dx_sum[p * P + j] = dx_acc[l].v[k][j];
       }
     }
   });

@@ -10,6 +10,7 @@
 #include "dist/zero_plan.h"
 #include "elementwise/add.h"
 #include "graph/autodiff.h"
+#include "linalg/linear.h"
 #include "linalg/linear_gelu.h"
 #include "nn/activation.h"
 #include "nn/add_norm.h"
@@ -423,7 +424,8 @@ TEST(DeviceSelection, StagedDeviceMemoryPlanHoldsOnlyWhatTheStepReads) {
 // The GPU plan runs each of GPT's MLPs as two fused nodes (ops/linalg/linear_gelu.h): every gelu and
 // gelu_backward node gone into a product; each residual gradient copy into the norm backward that
 // adds to it (nn/layernorm.h); and each residual add into the norm that reads its sum
-// (nn/add_norm.h). The same FLOPs but the copies', and an arena no larger (the gradient between the
+// (nn/add_norm.h); each projection's bias gradient into the norm backward that writes its output
+// gradient (nn/layernorm.h). The same FLOPs but the copies', and an arena no larger (the gradient between the
 // input-gradient product and GELU's backward, and the copies, never exist).
 // run.fusions=false and a CPU plan keep the unfused graph.
 TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
@@ -452,6 +454,21 @@ TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
     EXPECT_EQ(gpu.fusions.residual_norms, 2 * layers) << mode;
     EXPECT_EQ(count(gpu, ops::kAddNorm), 2 * layers) << mode;
     EXPECT_EQ(count(unfused, ops::kAdd) - count(gpu, ops::kAdd), 2 * layers) << mode;
+    // Each block's two projections onto the residual stream: their bias gradients summed by the norm
+    // backward that writes their output gradient (ln_2's for the attention's, the next block's ln_1
+    // or ln_f for the MLP's); the qkv and fc products keep theirs.
+    auto count_if = [](const CompiledStep& step, auto&& pred) {
+      int n = 0;
+      for (const Node& node : step.model.graph.nodes()) n += pred(node) ? 1 : 0;
+      return n;
+    };
+    const auto biased_weight_gradient = [](const Node& n) {
+      return n.op == &ops::kLinearBackwardWeight && n.outputs.size() == 2;
+    };
+    EXPECT_EQ(gpu.fusions.bias_gradients, 2 * layers) << mode;
+    EXPECT_EQ(count_if(unfused, biased_weight_gradient), 4 * layers) << mode;
+    EXPECT_EQ(count_if(gpu, biased_weight_gradient), 2 * layers) << mode;
+    EXPECT_EQ(count_if(gpu, [](const Node& n) { return ops::sums_norm_output(n); }), 2 * layers) << mode;
     const double copies_flops = 2.0 * double(layers) * double(gpu_recipe.model.n_embd) *
                                 double(*gpu_recipe.train.micro_batch_size * *gpu_recipe.data.sequence_length);
     EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch - copies_flops) << mode;

@@ -318,7 +318,7 @@ DeviceComparison run_case_against_cpu(const Case& c, uint64_t seed, const RunOpt
   if (options.fuse_on_device) {
     const ops::GeluFusions counts = ops::fuse_linear_gelu(fused->graph);
     comparison.fused = counts.forward + counts.backward + ops::fuse_gradient_copies(fused->graph) +
-                       ops::fuse_residual_norms(fused->graph);
+                       ops::fuse_residual_norms(fused->graph) + ops::fuse_norm_bias_gradients(fused->graph);
   }
   const DeviceRun other = run_on(*fused, store, in, seed, device);
 

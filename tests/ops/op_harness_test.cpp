@@ -574,6 +574,39 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
   };
   all.push_back(residual("residual: h + layernorm(h)", false, pick(1, 40), pick(2, 70)));
   all.push_back(residual("residual: h + rmsnorm(h) (packed rows)", true, pick(1, 40), 8 * pick(1, 40)));
+  // A projection onto the residual stream: h = a + (x W^T + b), out = h + norm(h). The projection's
+  // output gradient is h's, which the norm's backward writes: it sums the bias gradient too.
+  auto projection = [](std::string name, bool rms, int64_t rows, int64_t k, int64_t c) {
+    std::vector<Shape> inputs{Shape{rows, k}, Shape{c, k}, Shape{c}, Shape{rows, c}, Shape{c}};
+    if (!rms) inputs.push_back(Shape{c});
+    return Case{std::move(name),
+                inputs,
+                {},
+                0,
+                [rms](Graph& g, const std::vector<ValueId>& p, ValueId) {
+                  const ValueId h = ops::add(g, p[3], ops::linear(g, p[0], p[1], p[2], "proj"), "residual_1");
+                  const ValueId n =
+                      rms ? ops::rmsnorm(g, h, p[4], 1e-5, "norm") : ops::layernorm(g, h, p[4], p[5], 1e-5, "norm");
+                  return ops::add(g, h, n, "residual_2");
+                },
+                [=](const std::vector<Tensor>& x, const auto&) {
+                  Tensor h = ref_linear(x[0], x[1], &x[2], rows, k, c);
+                  for (size_t i = 0; i < h.size(); ++i) h[i] += x[3][i];
+                  const Tensor n = ref_norm(h, x[4], rms ? nullptr : &x[5], rows, c, rms, 1e-5);
+                  for (size_t i = 0; i < h.size(); ++i) h[i] += n[i];
+                  return h;
+                },
+                1e-4,
+                1e-5,
+                true,
+                false,
+                true,
+                // The product, the sum, the norm and the second sum, each rounded.
+                4};
+  };
+  all.push_back(projection("projection onto a residual, layernorm (packed rows)", false, pick(1, 40), pick(1, 13),
+                           8 * pick(1, 40)));
+  all.push_back(projection("projection onto a residual, rmsnorm", true, pick(1, 40), pick(1, 13), pick(2, 70)));
   return all;
 }
 

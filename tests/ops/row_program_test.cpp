@@ -283,9 +283,11 @@ TEST(RowProgram, NormsFallBackToDoubleWhereFloatSumsOverflow) {
 struct Bf16Row {
   uint16_t* p;
   explicit operator bool() const { return p != nullptr; }
+  Bf16Row operator+(int64_t k) const { return {p + k}; }
 };
 float row_load(const Bf16Row& r, int64_t i) { return bf16_to_float(r.p[i]); }
 void row_store(const Bf16Row& r, int64_t i, float v) { r.p[i] = float_to_bf16(v); }
+float row_stored(const Bf16Row&, float v) { return bf16_to_float(float_to_bf16(v)); }
 
 template <int P>
 void check_add_norm(int64_t rows, int64_t c, bool rms) {
@@ -332,6 +334,94 @@ TEST(RowProgram, AddNormNormalisesTheStoredSumsAsTheAddAndTheNormDo) {
   check_add_norm<1>(5, 100, true);
   check_add_norm<4>(5, 100, true);
   check_add_norm<1>(4, 33, false);
+}
+
+// ---- the norm backward's column sums of dx (fuse_norm_bias_gradients, nn/layernorm.h) --------------
+
+// Groups of bf16 rows through both backward programs, onto a separate base as the GPU plan runs them:
+// with dx's column sums, dx and the scale's and shift's sums keep the bits of the backward without
+// them, and each group's sums are its stored (rounded) dx summed in float in row order, as the
+// linear backward's bias gradient sums the dx it reads. Without the shift's running sums (kShift
+// false, rmsnorm) the rest keeps its bits too.
+template <int P, int K>
+void check_norm_dx_sums(int64_t rows, int64_t c, bool rms, int64_t group_rows) {
+  std::mt19937 rng(uint32_t(rows * 5 + c));
+  std::normal_distribution<float> normal;
+  const size_t n = size_t(rows * c);
+  std::vector<uint16_t> dy(n), x(n), base(n);
+  for (size_t i = 0; i < n; ++i) {
+    dy[i] = float_to_bf16(normal(rng));
+    x[i] = float_to_bf16(normal(rng) * 2.0f + 0.5f);
+    base[i] = float_to_bf16(normal(rng) * 3.0f);
+  }
+  std::vector<float> w(static_cast<size_t>(c)), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  for (float& v : w) v = 1.0f + 0.1f * normal(rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, sq = 0;
+    for (int64_t k = 0; k < c; ++k) m += rms ? 0.0 : bf16_to_float(x[size_t(r * c + k)]) / double(c);
+    for (int64_t k = 0; k < c; ++k) sq += std::pow(bf16_to_float(x[size_t(r * c + k)]) - m, 2) / double(c);
+    mean[size_t(r)] = float(m);
+    rstd[size_t(r)] = float(1 / std::sqrt(sq + 1e-5));
+  }
+  const int64_t groups = (rows + group_rows - 1) / group_rows;
+  const bool shift = !rms;
+  struct Run {
+    std::vector<uint16_t> dx;
+    std::vector<float> dw, db, sums;
+  };
+  auto fresh = [&] {
+    return Run{std::vector<uint16_t>(n, 0x7fc0), std::vector<float>(size_t(groups * c), -1.0f),
+               std::vector<float>(size_t(groups * c), -1.0f), std::vector<float>(size_t(groups * c), -1.0f)};
+  };
+  SerialLanes<ops::kNormLanes> warp;
+  SerialLanes<ops::kNormBackwardLanes> block;
+  Run plain = fresh(), registers = fresh(), no_shift = fresh(), plain_blocks = fresh(), blocks = fresh();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t begin = g * group_rows, end = std::min(rows, begin + group_rows), at = g * c;
+    auto run = [&]<bool kShift, bool kDxSums>(Run& out) {
+      ops::norm_backward_rows_in_registers<P, K, kShift, kDxSums>(
+          warp, Bf16Row{dy.data()}, Bf16Row{x.data()}, w.data(), mean.data(), rstd.data(), c, rms, begin, end,
+          out.dw.data() + at, kShift && shift ? out.db.data() + at : nullptr, Bf16Row{out.dx.data()},
+          Bf16Row{base.data()}, true, kDxSums ? out.sums.data() + at : nullptr);
+    };
+    run.template operator()<true, false>(plain);
+    run.template operator()<true, true>(registers);
+    if (rms) run.template operator()<false, true>(no_shift);
+    for (Run* out : {&plain_blocks, &blocks})
+      ops::norm_backward_rows(block, Bf16Row{dy.data()}, Bf16Row{x.data()}, w.data(), mean.data(), rstd.data(), c, rms,
+                              begin, end, out->dw.data() + at, shift ? out->db.data() + at : nullptr,
+                              Bf16Row{out->dx.data()}, Bf16Row{base.data()}, true,
+                              out == &blocks ? out->sums.data() + at : nullptr);
+  }
+  const std::string what = std::to_string(rows) + "x" + std::to_string(c) + (rms ? " rmsnorm" : " layernorm") +
+                           ", packs of " + std::to_string(P) + ", groups of " + std::to_string(group_rows);
+  // Each group's sums of the stored dx, in row order.
+  auto sums_of = [&](const std::vector<uint16_t>& dx) {
+    std::vector<float> sums(size_t(groups * c), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < c; ++k) sums[size_t(r / group_rows * c + k)] += bf16_to_float(dx[size_t(r * c + k)]);
+    return sums;
+  };
+  for (auto [run, without] : {std::pair{&registers, &plain}, std::pair{&blocks, &plain_blocks}}) {
+    const std::string which = run == &blocks ? " (workspace form)" : " (registers)";
+    EXPECT_NE(without->dx, std::vector<uint16_t>(n, 0x7fc0)) << what << which;
+    EXPECT_EQ(run->dx, without->dx) << what << which;
+    EXPECT_EQ(run->dw, without->dw) << what << which;
+    EXPECT_EQ(run->db, without->db) << what << which;
+    EXPECT_EQ(run->sums, sums_of(without->dx)) << what << which;
+  }
+  if (rms) {
+    EXPECT_EQ(no_shift.dx, plain.dx) << what << " without the shift's registers";
+    EXPECT_EQ(no_shift.dw, plain.dw) << what << " without the shift's registers";
+    EXPECT_EQ(no_shift.sums, sums_of(plain.dx)) << what << " without the shift's registers";
+  }
+}
+
+TEST(RowProgram, NormBackwardSumsItsStoredOutputsColumnsAsTheBiasGradientDoes) {
+  check_norm_dx_sums<8, 3>(20, 768, false, ops::kNormRegisterGroupRows);  // GPT-2's width, three packs a lane
+  check_norm_dx_sums<8, 4>(9, 1024, true, 4);
+  check_norm_dx_sums<1, 8>(7, 200, false, 3);
+  check_norm_dx_sums<1, 8>(7, 200, true, 32);
 }
 
 // ---- softmax ---------------------------------------------------------------------------------------

@@ -390,7 +390,9 @@ namespace {
 // 16-bit values go through kernels one way per shape of work: element-wise ops a chunk at a time,
 // row ops a row at a time, each widened in cache (ops/elementwise/widened.h). Whole tensors are
 // widened into f32 copies only for the one op of a model's step that is neither, the embedding's
-// scatter-add; a new op without a 16-bit path joins this list and fails here.
+// scatter-add; a new op without a 16-bit path joins this list and fails here. (The matmuls are
+// widened too on a CPU without oneDNN's 16-bit matmul, AVX2 only: the plan says so, and they are
+// not counted.)
 TEST(Cli, ABf16StepWidensWholeTensorsOnlyForTheEmbeddingScatter) {
   for (const char* recipe : {"recipes/quickstart.yaml model.dropout=0.1", "recipes/golden/llama_markov.yaml"}) {
     SCOPED_TRACE(recipe);
@@ -399,7 +401,7 @@ TEST(Cli, ABf16StepWidensWholeTensorsOnlyForTheEmbeddingScatter) {
     std::istringstream lines(r.output);
     std::set<std::string> widened_copies;
     for (std::string line; std::getline(lines, line);)
-      if (contains(line, "on widened bf16 copies")) {
+      if (contains(line, "on widened bf16 copies") && !contains(line, "(not on this CPU: ")) {
         std::istringstream words(line);
         std::string op;
         words >> op;

@@ -40,10 +40,12 @@ void declare_run(Schema& schema) {
           "On cuda, run op pairs as one fused kernel where the GPU has one (docs/gpu.md): GPT's fc product with the "
           "GELU after it, forward (cuBLASLt's GELU_AUX_BIAS epilogue) and backward (the fc projection's input "
           "gradient with GELU's backward in its DGELU epilogue); each residual gradient read by the norm backward "
-          "that adds to it; each residual add carried by the norm that reads its sum. The same values, one kernel "
-          "and one pass over memory fewer each; cuBLASLt's GELU rounds in its own order, so the bits differ from "
-          "the unfused kernels' (the norm fusions keep them). false runs every op as its own kernel. A CPU plan has "
-          "no fused kernels, so on cpu this changes nothing. engine plan counts the fused nodes.");
+          "that adds to it; each residual add carried by the norm that reads its sum; each projection's bias "
+          "gradient summed by the norm backward that writes its output gradient. The same values, one kernel "
+          "and one pass over memory fewer each; cuBLASLt's GELU and bias sums round in their own order, so the "
+          "bits differ from the unfused kernels' (the other norm fusions keep them). false runs every op as its own "
+          "kernel. A CPU plan has no fused kernels, so on cpu this changes nothing. engine plan counts the fused "
+          "nodes.");
   run.key("deterministic", &RunSection::deterministic)
       .def(true)
       .help(
