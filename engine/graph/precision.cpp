@@ -83,8 +83,8 @@ std::string precision_table(const Graph& graph, const std::vector<size_t>& nodes
     else if (!needs_conversion(graph, node))
       row.compute = node.op->native_16bit;
     else if (node.op->native_16bit && node.op->native_for)  // a 16-bit kernel this CPU lacks
-      row.compute = "fp32 on widened " + std::string(dtype_name(sixteen)) + " copies (not on this CPU: " +
-                    node.op->native_16bit + ")";
+      row.compute = "fp32 on widened " + std::string(dtype_name(sixteen)) +
+                    " copies (not on this CPU: " + node.op->native_16bit + ")";
     else
       row.compute = "fp32 on widened " + std::string(dtype_name(sixteen)) + " copies";
   }
