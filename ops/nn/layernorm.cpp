@@ -12,6 +12,7 @@
 #include "fusion_util.h"
 #include "graph/autodiff.h"
 #include "linalg/linear.h"
+#include "nn/row_launch.h"
 #include "nn/softmax_rows.h"
 
 namespace engine::ops {
@@ -361,6 +362,9 @@ int fuse_norm_bias_gradients(Graph& g) {
     while (i > 0 && !writes(nodes[i - 1], dy)) --i;
     if (i == 0) continue;
     Node& norm = nodes[--i];
+    // Rows no wider than the kernel's registers hold the extra running sums for.
+    const int64_t c = g.value(dy).shape.last(), pack = 16 / int64_t(dtype_size(g.value(dy).dtype));
+    if (c > kNormMaxPacksWithColumnSums * kNormLanes * pack) continue;
     if (!is_any_norm_backward(norm.op) || norm.outputs[0] != dy || sums_norm_output(norm) ||
         norm.outputs.size() != (has_shift(norm) ? 3u : 2u) || writes(norm, db) || writes_between(nodes, i, j, {db}))
       continue;

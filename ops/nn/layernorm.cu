@@ -39,9 +39,11 @@ bool is_rms(const Node& node) { return node.attrs.ints[0] == 1; }
 bool has_shift(const Node& node) { return node.attrs.ints[1] == 1; }
 
 // The groups' partial sums of up to three column sums (the scale's, the shift's, dx's), each
-// (groups, c); null where the node has no such output.
+// (groups, c), null where the node has no such output; and each one's slot in the slices' sums
+// (the sums present, in that order).
 struct GroupSums {
   float* sums[kColumnSums] = {};
+  int slot[kColumnSums] = {};
 };
 
 template <class T, class W, int P>
@@ -102,10 +104,9 @@ __global__ void __launch_bounds__(kBlockThreads, 2)  // two blocks an SM at leas
 // lane's column in double, and warp 0 adds the warps' sums in order into the slice's sum. (One
 // block per 32 columns, as before, left most of the card idle: a few dozen blocks, each thread
 // adding hundreds of groups one load at a time.) Each of the column sums present the same way.
-__global__ void __launch_bounds__(32 * kSumWarps)
-    norm_slice_sums_kernel(GroupSums groups_sums,  // (groups, c) each
-                           double* slice_sums,     // (kColumnSums, kSumSlices, c)
-                           int64_t groups, int64_t c) {
+__global__ void __launch_bounds__(32 * kSumWarps) norm_slice_sums_kernel(GroupSums groups_sums,  // (groups, c) each
+                                                                         double* slice_sums,  // (slots, kSumSlices, c)
+                                                                         int64_t groups, int64_t c) {
   __shared__ double sums[kColumnSums][kSumWarps][32];
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int64_t col = int64_t(blockIdx.x) * 32 + lane, slice = blockIdx.y;
@@ -125,9 +126,10 @@ __global__ void __launch_bounds__(32 * kSumWarps)
   if (warp == 0 && col < c) {
 #pragma unroll
     for (int k = 0; k < kColumnSums; ++k) {
+      if (!groups_sums.sums[k]) continue;
       double total = 0.0;
       for (int w = 0; w < kSumWarps; ++w) total += sums[k][w][lane];
-      slice_sums[(k * kSumSlices + slice) * c + col] = total;
+      slice_sums[(groups_sums.slot[k] * kSumSlices + slice) * c + col] = total;
     }
   }
 }
@@ -135,6 +137,7 @@ __global__ void __launch_bounds__(32 * kSumWarps)
 // The slices' sums added in slice order, and each total added to its gradient once in float.
 struct ColumnTotals {
   FloatArray<void> out[kColumnSums];  // the scale's gradient, the shift's or null, dx's sums' or null
+  int slot[kColumnSums] = {};         // GroupSums::slot
 };
 __global__ void norm_parameter_totals_kernel(const double* slice_sums, ColumnTotals totals, int64_t c) {
   for (int64_t col = thread_index(); col < c; col += thread_stride())
@@ -142,7 +145,7 @@ __global__ void norm_parameter_totals_kernel(const double* slice_sums, ColumnTot
     for (int k = 0; k < kColumnSums; ++k) {
       if (!totals.out[k]) continue;
       double total = 0.0;
-      for (int s = 0; s < kSumSlices; ++s) total += slice_sums[(k * kSumSlices + s) * c + col];
+      for (int s = 0; s < kSumSlices; ++s) total += slice_sums[(totals.slot[k] * kSumSlices + s) * c + col];
       totals.out[k].store(col, totals.out[k].load(col) + float(total));
     }
 }
@@ -202,10 +205,11 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   for (ValueId id : {node.inputs[0], node.inputs[1], node.outputs[0], base})
     in_registers = in_registers && ctx.dtype(id) == type && pack_aligned(ctx.data(id));
   // The groups' partial sums live in the workspace: fewer, longer groups if it is short.
-  // The slices' double sums take the workspace's first bytes.
-  const int64_t arrays = 1 + (shift ? 1 : 0) + (dx_sums ? 1 : 0);
+  // The slices' double sums take the workspace's first bytes: two slots at least, as before there
+  // were dx's sums, so that a node without them is cut into the same groups (the same bits).
+  const int64_t arrays = 1 + (shift ? 1 : 0) + (dx_sums ? 1 : 0), slots = arrays < 2 ? 2 : arrays;
   const int64_t row_bytes = c * int64_t(sizeof(float)) * arrays;
-  const int64_t slice_bytes = kColumnSums * kSumSlices * c * int64_t(sizeof(double));
+  const int64_t slice_bytes = slots * kSumSlices * c * int64_t(sizeof(double));
   const int64_t max_groups = (int64_t(ctx.workspace_bytes) - slice_bytes) / row_bytes;
   if (max_groups < 1 || ctx.workspace == nullptr)
     throw InternalError("norm_backward: a workspace of " + std::to_string(slice_bytes + row_bytes) +
@@ -217,10 +221,11 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
   groups = (rows + group_rows - 1) / group_rows;
   auto* slice_sums = static_cast<double*>(ctx.workspace);
   GroupSums sums;
-  float* next = reinterpret_cast<float*>(slice_sums + kColumnSums * kSumSlices * c);
-  for (int k = 0; k < kColumnSums; ++k)
+  float* next = reinterpret_cast<float*>(slice_sums + slots * kSumSlices * c);
+  for (int k = 0, slot = 0; k < kColumnSums; ++k)
     if (k == 0 || (k == 1 && shift) || (k == 2 && dx_sums)) {
       sums.sums[k] = next;
+      sums.slot[k] = slot++;
       next += groups * c;
     }
   if (in_registers) {
@@ -242,10 +247,12 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
           // 768 bf16 columns: 3), each choice fixing the lanes' registers.
           const auto with_sums = [&](auto packs_tag) {
             constexpr int K = decltype(packs_tag)::value;
-            if (dx_sums)
+            if (shift && dx_sums)
               launch(norm_backward_registers_kernel<T, W, P, K, true, true>);
             else if (shift)
               launch(norm_backward_registers_kernel<T, W, P, K, true, false>);
+            else if (dx_sums)
+              launch(norm_backward_registers_kernel<T, W, P, K, false, true>);
             else
               launch(norm_backward_registers_kernel<T, W, P, K, false, false>);
           };
@@ -279,6 +286,7 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
       sums, slice_sums, groups, c);
   check_launch("norm_slice_sums_kernel");
   ColumnTotals totals;
+  for (int k = 0; k < kColumnSums; ++k) totals.slot[k] = sums.slot[k];
   totals.out[0] = float_array<void>(ctx, node.outputs[1]);
   if (shift) totals.out[1] = float_array<void>(ctx, node.outputs[2]);
   if (dx_sums) totals.out[2] = float_array<void>(ctx, node.outputs.back());

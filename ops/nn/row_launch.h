@@ -23,6 +23,10 @@ inline constexpr int kNormRowsPerBlock = 8;
 inline constexpr int kNormBackwardLanes = 256;
 inline constexpr int64_t kNormGroupRows = 32;  // at least; more where the workspace is short (as the CPU's blocks)
 inline constexpr int64_t kNormRegisterGroupRows = 8;
+// The widest row whose backward also sums dx's columns (fuse_norm_bias_gradients, nn/layernorm.h):
+// 4 packs of 16 bytes a lane, where a lane's three sets of running sums fit its registers (ptxas,
+// sm_90, bf16 rows: 122 registers at 4 packs; at 8, 128 and 620 bytes of spills). 1024 bf16 columns.
+inline constexpr int64_t kNormMaxPacksWithColumnSums = 4;
 inline constexpr int kSoftmaxLanes = 256;
 inline constexpr int kCrossEntropyLanes = 512;
 

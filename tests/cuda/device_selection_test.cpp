@@ -469,6 +469,13 @@ TEST(DeviceSelection, AGpuPlanFusesGeluIntoTheProductsAroundIt) {
     EXPECT_EQ(count_if(unfused, biased_weight_gradient), 4 * layers) << mode;
     EXPECT_EQ(count_if(gpu, biased_weight_gradient), 2 * layers) << mode;
     EXPECT_EQ(count_if(gpu, [](const Node& n) { return ops::sums_norm_output(n); }), 2 * layers) << mode;
+    // Rows wider than the norm backward's registers hold the extra sums for keep BGRADB.
+    const CompiledStep wide =
+        compile_step(quickstart({precision, "run.device=cuda",
+                                 std::string("model.n_embd=") + (mode == std::string("fp32") ? "576" : "1152")})
+                         .recipe);
+    EXPECT_EQ(wide.fusions.bias_gradients, 0) << mode;
+    EXPECT_EQ(wide.fusions.gradient_copies, 2 * layers) << mode;
     const double copies_flops = 2.0 * double(layers) * double(gpu_recipe.model.n_embd) *
                                 double(*gpu_recipe.train.micro_batch_size * *gpu_recipe.data.sequence_length);
     EXPECT_EQ(gpu.flops_per_micro_batch, unfused.flops_per_micro_batch - copies_flops) << mode;

@@ -45,6 +45,8 @@ struct Case {
   // 16-bit device comparisons: ops in sequence whose rounded outputs feed the next (a flip in one
   // moves the next by up to an ulp of its own): the bounds scale with it.
   int rounded_steps = 1;
+  // fusion_cases: how many nodes the GPU plan's fusion passes fuse in the case's graph.
+  int fused_nodes = 0;
 };
 
 struct RunOptions {

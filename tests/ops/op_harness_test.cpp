@@ -536,7 +536,8 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 true,
                 // The fc product, GELU and the projection, each rounded (measured worst on an H100:
                 // 0.017 of max |cpu| in bf16, 1.1 single-op bounds).
-                3};
+                3,
+                2};
   };
   std::vector<Case> all;
   all.push_back(mlp("mlp: linear, gelu, linear (odd sizes)", pick(1, 9), pick(1, 13), pick(1, 11), pick(1, 7)));
@@ -570,7 +571,8 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 false,
                 true,
                 // The sum, the norm and the second sum, each rounded.
-                3};
+                3,
+                2};
   };
   all.push_back(residual("residual: h + layernorm(h)", false, pick(1, 40), pick(2, 70)));
   all.push_back(residual("residual: h + rmsnorm(h) (packed rows)", true, pick(1, 40), 8 * pick(1, 40)));
@@ -602,7 +604,9 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 false,
                 true,
                 // The product, the sum, the norm and the second sum, each rounded.
-                4};
+                4,
+                // The gradient copy, the residual add and the bias gradient.
+                3};
   };
   all.push_back(projection("projection onto a residual, layernorm (packed rows)", false, pick(1, 40), pick(1, 13),
                            8 * pick(1, 40)));
