@@ -544,6 +544,17 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
   // Sizes cuBLASLt's GELU epilogues take: leading dimensions multiples of 8.
   all.push_back(
       mlp("mlp: linear, gelu, linear (multiples of 8)", pick(1, 40), 8 * pick(1, 4), 8 * pick(2, 8), 8 * pick(1, 4)));
+  // out = h + norm(h), the norm's scale (and shift) the case's inputs from `w` on; and its reference.
+  static constexpr auto plus_norm = [](Graph& g, ValueId h, const std::vector<ValueId>& p, size_t w, bool rms) {
+    const ValueId n = rms ? ops::rmsnorm(g, h, p[w], 1e-5, "norm") : ops::layernorm(g, h, p[w], p[w + 1], 1e-5, "norm");
+    return ops::add(g, h, n, "residual_2");
+  };
+  static constexpr auto ref_plus_norm = [](Tensor h, const std::vector<Tensor>& x, size_t w, bool rms, int64_t rows,
+                                           int64_t c) {
+    const Tensor n = ref_norm(h, x[w], rms ? nullptr : &x[w + 1], rows, c, rms, 1e-5);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += n[i];
+    return h;
+  };
   // A residual stream through a norm: h = a + b, out = h + norm(h).
   auto residual = [](std::string name, bool rms, int64_t rows, int64_t c) {
     std::vector<Shape> inputs{Shape{rows, c}, Shape{rows, c}, Shape{c}};
@@ -553,17 +564,12 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 {},
                 0,
                 [rms](Graph& g, const std::vector<ValueId>& p, ValueId) {
-                  const ValueId h = ops::add(g, p[0], p[1], "residual_1");
-                  const ValueId n =
-                      rms ? ops::rmsnorm(g, h, p[2], 1e-5, "norm") : ops::layernorm(g, h, p[2], p[3], 1e-5, "norm");
-                  return ops::add(g, h, n, "residual_2");
+                  return plus_norm(g, ops::add(g, p[0], p[1], "residual_1"), p, 2, rms);
                 },
                 [=](const std::vector<Tensor>& x, const auto&) {
                   Tensor h(x[0].size());
                   for (size_t i = 0; i < h.size(); ++i) h[i] = x[0][i] + x[1][i];
-                  const Tensor n = ref_norm(h, x[2], rms ? nullptr : &x[3], rows, c, rms, 1e-5);
-                  for (size_t i = 0; i < h.size(); ++i) h[i] += n[i];
-                  return h;
+                  return ref_plus_norm(std::move(h), x, 2, rms, rows, c);
                 },
                 1e-4,
                 2e-6,
@@ -586,17 +592,13 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 {},
                 0,
                 [rms](Graph& g, const std::vector<ValueId>& p, ValueId) {
-                  const ValueId h = ops::add(g, p[3], ops::linear(g, p[0], p[1], p[2], "proj"), "residual_1");
-                  const ValueId n =
-                      rms ? ops::rmsnorm(g, h, p[4], 1e-5, "norm") : ops::layernorm(g, h, p[4], p[5], 1e-5, "norm");
-                  return ops::add(g, h, n, "residual_2");
+                  return plus_norm(g, ops::add(g, p[3], ops::linear(g, p[0], p[1], p[2], "proj"), "residual_1"), p, 4,
+                                   rms);
                 },
                 [=](const std::vector<Tensor>& x, const auto&) {
                   Tensor h = ref_linear(x[0], x[1], &x[2], rows, k, c);
                   for (size_t i = 0; i < h.size(); ++i) h[i] += x[3][i];
-                  const Tensor n = ref_norm(h, x[4], rms ? nullptr : &x[5], rows, c, rms, 1e-5);
-                  for (size_t i = 0; i < h.size(); ++i) h[i] += n[i];
-                  return h;
+                  return ref_plus_norm(std::move(h), x, 4, rms, rows, c);
                 },
                 1e-4,
                 1e-5,
