@@ -365,8 +365,8 @@ int fuse_norm_bias_gradients(Graph& g) {
     // Rows no wider than the kernel's registers hold the extra running sums for.
     const int64_t c = g.value(dy).shape.last(), pack = 16 / int64_t(dtype_size(g.value(dy).dtype));
     if (c > kNormMaxPacksWithColumnSums * kNormLanes * pack) continue;
-    if (!is_any_norm_backward(norm.op) || norm.outputs[0] != dy || sums_norm_output(norm) ||
-        norm.outputs.size() != (has_shift(norm) ? 3u : 2u) || writes(norm, db) || writes_between(nodes, i, j, {db}))
+    if (!is_any_norm_backward(norm.op) || norm.outputs[0] != dy || sums_norm_output(norm) || !has_shift(norm) ||
+        norm.outputs.size() != 3 || writes(norm, db) || writes_between(nodes, i, j, {db}))
       continue;
     norm.outputs.push_back(db);
     norm.attrs.ints.resize(3);

@@ -243,27 +243,32 @@ void norm_backward(const Node& node, const KernelContext& ctx) {
                 float_array<void>(ctx, node.inputs[4]), float_array<T>(ctx, node.outputs[0]), float_array<T>(ctx, base),
                 sums, rows, c, groups, group_rows, is_rms(node), accumulate);
           };
-          // Which running sums a lane holds, then as few packs a lane as the row needs (GPT-2's
-          // 768 bf16 columns: 3), each choice fixing the lanes' registers.
-          const auto with_sums = [&](auto packs_tag) {
-            constexpr int K = decltype(packs_tag)::value;
-            if (shift && dx_sums)
-              launch(norm_backward_registers_kernel<T, W, P, K, true, true>);
-            else if (shift)
-              launch(norm_backward_registers_kernel<T, W, P, K, true, false>);
-            else if (dx_sums)
-              launch(norm_backward_registers_kernel<T, W, P, K, false, true>);
+          // Packs a lane and which running sums it holds fix its registers. Each instantiation is
+          // code in every binary that links the kernels (and in the GPU machine's bundle), so only
+          // those a plan runs: the scale's and shift's sums at 2, 4 or 8 packs a lane (an RMS
+          // norm's at 2 or 4 holds the shift's unused registers, which fit; at 8, where they
+          // spilled, it holds none); with dx's column sums (fuse_norm_bias_gradients: a layernorm
+          // with shift, at most kNormMaxPacksWithColumnSums packs a lane) at 2, 3 (GPT-2's 768
+          // bf16 columns) or 4.
+          if (dx_sums) {
+            if (!shift || packs_per_lane > ops::kNormMaxPacksWithColumnSums)
+              throw InternalError(node.name + ": dx's column sums on a norm without shift or wider than " +
+                                  std::to_string(ops::kNormMaxPacksWithColumnSums) + " packs a lane");
+            if (packs_per_lane <= 2)
+              launch(norm_backward_registers_kernel<T, W, P, 2, true, true>);
+            else if (packs_per_lane <= 3)
+              launch(norm_backward_registers_kernel<T, W, P, 3, true, true>);
             else
-              launch(norm_backward_registers_kernel<T, W, P, K, false, false>);
-          };
-          if (packs_per_lane <= 2)
-            with_sums(std::integral_constant<int, 2>{});
-          else if (packs_per_lane <= 3)
-            with_sums(std::integral_constant<int, 3>{});
-          else if (packs_per_lane <= 4)
-            with_sums(std::integral_constant<int, 4>{});
-          else
-            with_sums(std::integral_constant<int, kMaxPacks>{});
+              launch(norm_backward_registers_kernel<T, W, P, 4, true, true>);
+          } else if (packs_per_lane <= 2) {
+            launch(norm_backward_registers_kernel<T, W, P, 2, true, false>);
+          } else if (packs_per_lane <= 4) {
+            launch(norm_backward_registers_kernel<T, W, P, 4, true, false>);
+          } else if (shift) {
+            launch(norm_backward_registers_kernel<T, W, P, kMaxPacks, true, false>);
+          } else {
+            launch(norm_backward_registers_kernel<T, W, P, kMaxPacks, false, false>);
+          }
         }
       });
     });

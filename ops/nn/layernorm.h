@@ -32,9 +32,10 @@ int fuse_gradient_copies(Graph& g);
 // for the bias (cuBLASLt's BGRADB epilogue, a separate pass over dy: 0.04-0.11 ms a product on an
 // H100). fuse_norm_bias_gradients (GPU plans, after fuse_gradient_copies) finds each
 //   norm backward (any of the three) -> dx;  ...;  linear_backward_weight(dx, x) -> dW, db
-// where no node between writes dx or db and the row is no wider than the kernel's registers hold
-// the extra sums for (kNormMaxPacksWithColumnSums, nn/row_launch.h: GPT-2 up to 1024 bf16
-// columns), moves db to the norm backward as its last output and marks
+// where the norm is a layernorm with shift (GPT-2's; Llama's projections have no bias), no node
+// between writes dx or db and the row is no wider than the kernel's registers hold the extra sums
+// for (kNormMaxPacksWithColumnSums, nn/row_launch.h: up to 1024 bf16 columns), moves db to the
+// norm backward as its last output and marks
 // it (attrs.ints[2] = 1, sums_norm_output); returns how many it moved. The sums are of dx as stored,
 // in the scale gradient's order (float within a group of rows, the groups in double); the CPU
 // kernel runs the backward, then the linear backward's column sums of the stored dx.

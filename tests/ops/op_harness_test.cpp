@@ -607,8 +607,9 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
                 true,
                 // The product, the sum, the norm and the second sum, each rounded.
                 4,
-                // The gradient copy, the residual add and the bias gradient.
-                3};
+                // The gradient copy, the residual add and (after a layernorm with shift) the bias
+                // gradient.
+                rms ? 2 : 3};
   };
   all.push_back(projection("projection onto a residual, layernorm (packed rows)", false, pick(1, 40), pick(1, 13),
                            8 * pick(1, 40)));

@@ -386,7 +386,7 @@ void check_norm_dx_sums(int64_t rows, int64_t c, bool rms, int64_t group_rows) {
     };
     run.template operator()<true, false>(plain);
     run.template operator()<true, true>(registers);
-    if (rms) run.template operator()<false, true>(no_shift);
+    if (rms) run.template operator()<false, false>(no_shift);
     for (Run* out : {&plain_blocks, &blocks})
       ops::norm_backward_rows(block, Bf16Row{dy.data()}, Bf16Row{x.data()}, w.data(), mean.data(), rstd.data(), c, rms,
                               begin, end, out->dw.data() + at, shift ? out->db.data() + at : nullptr,
@@ -413,13 +413,13 @@ void check_norm_dx_sums(int64_t rows, int64_t c, bool rms, int64_t group_rows) {
   if (rms) {
     EXPECT_EQ(no_shift.dx, plain.dx) << what << " without the shift's registers";
     EXPECT_EQ(no_shift.dw, plain.dw) << what << " without the shift's registers";
-    EXPECT_EQ(no_shift.sums, sums_of(plain.dx)) << what << " without the shift's registers";
   }
 }
 
 TEST(RowProgram, NormBackwardSumsItsStoredOutputsColumnsAsTheBiasGradientDoes) {
   check_norm_dx_sums<8, 3>(20, 768, false, ops::kNormRegisterGroupRows);  // GPT-2's width, three packs a lane
-  check_norm_dx_sums<8, 4>(9, 1024, true, 4);
+  check_norm_dx_sums<8, 4>(9, 1024, false, 4);
+  check_norm_dx_sums<8, 8>(9, 2048, true, 8);  // the Llama's RMS norm: no shift's registers at 8 packs a lane
   check_norm_dx_sums<1, 8>(7, 200, false, 3);
   check_norm_dx_sums<1, 8>(7, 200, true, 32);
 }
