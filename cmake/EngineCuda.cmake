@@ -32,7 +32,7 @@ if(NOT ENGINE_CUDA STREQUAL "OFF")
 endif()
 message(STATUS "engine: CUDA ${ENGINE_HAVE_CUDA} (ENGINE_CUDA=${ENGINE_CUDA})")
 
-# cuDNN's fused SDPA for causal_attention in bf16/fp16 (ops/nn/attention_cudnn.cu): cudnn.h and
+# cuDNN's fused SDPA for causal_attention in bf16/fp16 (ops/nn/attention_cudnn.cpp): cudnn.h and
 # libcudnn (the toolkit's directories, /usr/local/cuda), and the cuDNN frontend's headers, which
 # scripts/setup installs into third_party/cudnn_frontend/include (ENGINE_CUDNN_FRONTEND_DIR to use
 # another copy). With both, ENGINE_HAVE_CUDNN; without, the engine's own kernels do all attention

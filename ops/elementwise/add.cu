@@ -1,6 +1,8 @@
 // CUDA kernel of add (elementwise/add.cpp): y = a + b on f32, bf16 or f16 values read and written in
 // their own types (fp32 addition, one rounding of each sum: the bits of the executor's widening and
-// rounding); packs of 16 bytes where the arrays are aligned and share one type.
+// rounding); packs of 16 bytes where the arrays are aligned and share one type. add_arrays
+// (cuda_convert.h) is the same sum on raw device arrays of one type.
+#include "cuda_convert.h"
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
 #include "elementwise/add_math.h"
@@ -31,6 +33,15 @@ __global__ void add_kernel(FloatArray<T> a, FloatArray<T> b, FloatArray<T> y, in
     y.store(i, ops::add_values(a.load(i), b.load(i)));
 }
 
+template <class T>
+void launch_add(const void* a, const void* b, void* y, int64_t n, cudaStream_t stream) {
+  constexpr int k = kPack<T>;
+  const bool packed = pack_aligned(a) && pack_aligned(b) && pack_aligned(y);
+  auto array = [&](const void* p) { return FloatArray<T>{static_cast<T*>(const_cast<void*>(p))}; };
+  add_kernel<T>
+      <<<blocks_for(packed ? (n + k - 1) / k : n), kThreads, 0, stream>>>(array(a), array(b), array(y), n, packed);
+}
+
 }  // namespace
 
 void add(const Node& node, const KernelContext& ctx) {
@@ -39,13 +50,20 @@ void add(const Node& node, const KernelContext& ctx) {
   const ValueId a = node.inputs[0], b = node.inputs[1], y = node.outputs[0];
   with_float_type(ctx, {a, b, y}, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int k = kPack<T>;
-    const bool packed =
-        !std::is_void_v<T> && pack_aligned(ctx.data(a)) && pack_aligned(ctx.data(b)) && pack_aligned(ctx.data(y));
-    add_kernel<T><<<blocks_for(packed ? (n + k - 1) / k : n), kThreads, 0, stream(ctx)>>>(
-        float_array<T>(ctx, a), float_array<T>(ctx, b), float_array<T>(ctx, y), n, packed);
+    if constexpr (std::is_void_v<T>)
+      add_kernel<void><<<blocks_for(n), kThreads, 0, stream(ctx)>>>(
+          float_array<void>(ctx, a), float_array<void>(ctx, b), float_array<void>(ctx, y), n, false);
+    else
+      launch_add<T>(ctx.data(a), ctx.data(b), ctx.data(y), n, stream(ctx));
   });
   check_launch("add");
+}
+
+void add_arrays(const void* a, const void* b, void* y, DType type, int64_t n, void* stream) {
+  if (n == 0) return;
+  with_float_type(
+      type, [&](auto tag) { launch_add<typename decltype(tag)::type>(a, b, y, n, static_cast<cudaStream_t>(stream)); });
+  check_launch("add_arrays");
 }
 
 }  // namespace engine::cuda

@@ -37,7 +37,7 @@ double linear_backward_input_gelu_flops(const Graph& g, const Node& n) {
   return kLinearBackwardInput.flops(g, product) + elementwise_flops(g, n);
 }
 
-constexpr const char* kMatmul16 = "16-bit matmul (oneDNN), fp32 accumulation, then GELU";
+constexpr const char* kMatmulGelu16 = "16-bit matmul (oneDNN), fp32 accumulation, then GELU";
 constexpr const char* kCublasGelu16 = "16-bit cuBLASLt matmul, fp32 accumulation, GELU in its epilogue";
 
 }  // namespace
@@ -46,7 +46,7 @@ const OpDef kLinearGelu{.name = "linear_gelu",
                         .cpu = linear_gelu_cpu,
                         .cuda = cuda::linear_gelu,
                         .flops = linear_gelu_flops,
-                        .native_16bit = kMatmul16,
+                        .native_16bit = kMatmulGelu16,
                         .native_for = matmul_16bit_available,
                         .cuda_16bit = kCublasGelu16,
                         .matmul = true};
@@ -54,7 +54,7 @@ const OpDef kLinearBackwardInputGelu{.name = "linear_backward_input_gelu",
                                      .cpu = linear_backward_input_gelu_cpu,
                                      .cuda = cuda::linear_backward_input_gelu,
                                      .flops = linear_backward_input_gelu_flops,
-                                     .native_16bit = kMatmul16,
+                                     .native_16bit = kMatmulGelu16,
                                      .native_for = matmul_16bit_available,
                                      .cuda_16bit = kCublasGelu16,
                                      .matmul = true};

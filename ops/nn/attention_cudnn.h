@@ -1,5 +1,5 @@
 // causal_attention (nn/attention.h) in 16-bit storage through cuDNN's fused SDPA, forward and
-// backward, by the cuDNN frontend's graph API (ops/nn/attention_cudnn.cu, its own translation unit:
+// backward, by the cuDNN frontend's graph API (ops/nn/attention_cudnn.cpp, its own translation unit:
 // the frontend's headers take over a minute to compile).
 //
 // A node goes to cuDNN when cudnn_attention_supports() says so: a build with cuDNN and the frontend

@@ -17,7 +17,7 @@ void stage_output_grad(GradBuilder& gb, const Node& node) {
   gb.emit(kStageOutputGrad, {node.inputs[1]}, {t.value}, t, {}, node.name);
 }
 
-void no_cuda_yet(const Node& node, const KernelContext&) {
+void pipeline_not_on_gpu(const Node& node, const KernelContext&) {
   throw UserError(node.name + ": pipeline parallelism is not on the GPU yet");
 }
 
@@ -27,19 +27,19 @@ double no_flops(const Graph&, const Node&) { return 0.0; }
 
 const OpDef kStageInput{.name = "stage_input",
                         .cpu = copy_kernel,
-                        .cuda = no_cuda_yet,
+                        .cuda = pipeline_not_on_gpu,
                         .grad = stage_input_grad,
                         .flops = no_flops,
                         .native_16bit = "fp32 in, rounded once to the graph's type",
                         .any_float_inputs = true};
 const OpDef kStageInputGrad{.name = "stage_input_grad",
                             .cpu = copy_kernel,
-                            .cuda = no_cuda_yet,
+                            .cuda = pipeline_not_on_gpu,
                             .flops = no_flops,
                             .native_16bit = "widened to fp32 exactly"};
 const OpDef kStageOutput{.name = "stage_output",
                          .cpu = copy_kernel,
-                         .cuda = no_cuda_yet,
+                         .cuda = pipeline_not_on_gpu,
                          .grad = stage_output_grad,
                          .flops = no_flops,
                          .native_16bit = "widened to fp32 exactly",
@@ -47,7 +47,7 @@ const OpDef kStageOutput{.name = "stage_output",
                          .any_float_inputs = true};
 const OpDef kStageOutputGrad{.name = "stage_output_grad",
                              .cpu = copy_kernel,
-                             .cuda = no_cuda_yet,
+                             .cuda = pipeline_not_on_gpu,
                              .flops = no_flops,
                              .native_16bit = "fp32 in, rounded once to the graph's type"};
 

@@ -49,7 +49,7 @@ void copy_grad(GradBuilder& gb, const Node& node) {
 }
 
 // g forward: y = all_reduce(x) (+ bias on every row).
-void reduce_cpu(const Node& node, const KernelContext& ctx) {
+void tensor_group_reduce_cpu(const Node& node, const KernelContext& ctx) {
   const ValueId x = node.inputs[0], y = node.outputs[0];
   const DType type = ctx.dtype(x);
   const int64_t n = ctx.shape(x).numel();
@@ -95,7 +95,7 @@ void bias_gradient_cpu(const Node& node, const KernelContext& ctx) {
   }
 }
 
-void reduce_grad(GradBuilder& gb, const Node& node) {
+void tensor_group_reduce_grad(GradBuilder& gb, const Node& node) {
   const ValueId dy = gb.grad(node.outputs[0]);
   if (dy == kNoValue) return;
   gb.pass_through(node.inputs[0], dy, node.name);
@@ -186,7 +186,7 @@ void vocab_cross_entropy_grad(GradBuilder& gb, const Node& node) {
   gb.pass_through(node.inputs[0], node.inputs[0], node.name);
 }
 
-void no_cuda_yet(const Node& node, const KernelContext&) {
+void tensor_parallel_not_on_gpu(const Node& node, const KernelContext&) {
   throw UserError(node.name + ": tensor parallelism is not on the GPU yet");
 }
 
@@ -194,31 +194,32 @@ void no_cuda_yet(const Node& node, const KernelContext&) {
 
 const OpDef kCopyToTensorGroup{.name = "copy_to_tensor_group",
                                .cpu = copy_kernel,
-                               .cuda = no_cuda_yet,
+                               .cuda = tensor_parallel_not_on_gpu,
                                .grad = copy_grad,
                                .flops = [](const Graph&, const Node&) { return 0.0; },
                                .native_16bit = "16-bit values copied as they are",
                                .tensor_parallel = true};
 const OpDef kTensorGroupAllReduce{.name = "tensor_group_all_reduce",
                                   .cpu = all_reduce_gradient_cpu,
-                                  .cuda = no_cuda_yet,
+                                  .cuda = tensor_parallel_not_on_gpu,
                                   .flops = elementwise_flops,
                                   .native_16bit = "16-bit gradients reduced in their type"};
 const OpDef kReduceFromTensorGroup{.name = "reduce_from_tensor_group",
-                                   .cpu = reduce_cpu,
-                                   .cuda = no_cuda_yet,
-                                   .grad = reduce_grad,
+                                   .cpu = tensor_group_reduce_cpu,
+                                   .cuda = tensor_parallel_not_on_gpu,
+                                   .grad = tensor_group_reduce_grad,
                                    .flops = elementwise_flops,
                                    .native_16bit = "16-bit partial sums reduced in their type, the bias added in fp32",
                                    .tensor_parallel = true};
 const OpDef kBiasGradient{
-    .name = "bias_gradient", .cpu = bias_gradient_cpu, .cuda = no_cuda_yet, .flops = [](const Graph& g, const Node& n) {
-      return double(g.value(n.inputs[0]).shape.numel());
-    }};
+    .name = "bias_gradient",
+    .cpu = bias_gradient_cpu,
+    .cuda = tensor_parallel_not_on_gpu,
+    .flops = [](const Graph& g, const Node& n) { return double(g.value(n.inputs[0]).shape.numel()); }};
 const OpDef kVocabCrossEntropy{
     .name = "vocab_cross_entropy",
     .cpu = vocab_cross_entropy_cpu,
-    .cuda = no_cuda_yet,
+    .cuda = tensor_parallel_not_on_gpu,
     .grad = vocab_cross_entropy_grad,
     .flops = [](const Graph& g, const Node& n) { return 5.0 * double(g.value(n.inputs[0]).shape.numel()); },
     .native_16bit = "16-bit logits and their gradient, fp32 softmax and loss",

@@ -8,6 +8,7 @@
 // same views of the packed dqkv. Causal mask top-left (T x T), attn_scale 1/sqrt(hd).
 #include "nn/attention_cudnn.h"
 
+#include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <cmath>
@@ -21,7 +22,8 @@
 
 #include <cudnn_frontend.h>
 
-#include "cuda_util.cuh"
+#include "core/error.h"
+#include "cuda_convert.h"
 #include "nn/attention.h"
 
 namespace engine::cuda {
@@ -176,7 +178,8 @@ DeviceHandle& handle_for(int device) {
 
 int current_device() {
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
+  if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess)
+    throw InternalError(std::string("causal_attention on cuDNN: cudaGetDevice: ") + cudaGetErrorString(status));
   return device;
 }
 
@@ -254,14 +257,8 @@ void execute(const SdpaProblem& p, const Built& built, int device, const KernelC
              std::to_string(ctx.workspace_bytes) + " (size it with cudnn_attention_workspace)");
   DeviceHandle& h = handle_for(device);
   std::lock_guard<std::mutex> guard(h.lock);
-  check_cudnn(cudnnSetStream(h.handle, stream(ctx)), "cudnnSetStream");
+  check_cudnn(cudnnSetStream(h.handle, static_cast<cudaStream_t>(ctx.stream)), "cudnnSetStream");
   check_fe(built.graph->execute(h.handle, pack, ctx.workspace), p, "execute");
-}
-
-// dst += src, element for element, in fp32, rounded once into dst's type.
-__global__ void add_into(void* __restrict__ dst, const void* __restrict__ src, DType type, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_stride())
-    store_float(dst, type, i, load_float(dst, type, i) + load_float(src, type, i));
 }
 
 std::byte* bytes(void* p) { return static_cast<std::byte*>(p); }
@@ -319,8 +316,7 @@ void cudnn_attention_backward(const Node& node, const KernelContext& ctx) {
   execute(p, built, device, ctx, pack);
   if (accumulate) {
     const int64_t n = scratch_bytes(p) / e;
-    add_into<<<blocks_for(n), kThreads, 0, stream(ctx)>>>(ctx.data(node.outputs[0]), dqkv, p.type, n);
-    check_launch("causal_attention backward on cuDNN (accumulating dqkv)");
+    add_arrays(ctx.data(node.outputs[0]), dqkv, ctx.data(node.outputs[0]), p.type, n, ctx.stream);
   }
 }
 
