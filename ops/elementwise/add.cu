@@ -33,13 +33,12 @@ __global__ void add_kernel(FloatArray<T> a, FloatArray<T> b, FloatArray<T> y, in
     y.store(i, ops::add_values(a.load(i), b.load(i)));
 }
 
+// Packs where T is one storage type and the three arrays are 16-byte aligned.
 template <class T>
-void launch_add(const void* a, const void* b, void* y, int64_t n, cudaStream_t stream) {
+void launch_add(FloatArray<T> a, FloatArray<T> b, FloatArray<T> y, int64_t n, cudaStream_t stream) {
   constexpr int k = kPack<T>;
-  const bool packed = pack_aligned(a) && pack_aligned(b) && pack_aligned(y);
-  auto array = [&](const void* p) { return FloatArray<T>{static_cast<T*>(const_cast<void*>(p))}; };
-  add_kernel<T>
-      <<<blocks_for(packed ? (n + k - 1) / k : n), kThreads, 0, stream>>>(array(a), array(b), array(y), n, packed);
+  const bool packed = !std::is_void_v<T> && pack_aligned(a.p) && pack_aligned(b.p) && pack_aligned(y.p);
+  add_kernel<T><<<blocks_for(packed ? (n + k - 1) / k : n), kThreads, 0, stream>>>(a, b, y, n, packed);
 }
 
 }  // namespace
@@ -50,19 +49,18 @@ void add(const Node& node, const KernelContext& ctx) {
   const ValueId a = node.inputs[0], b = node.inputs[1], y = node.outputs[0];
   with_float_type(ctx, {a, b, y}, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_void_v<T>)
-      add_kernel<void><<<blocks_for(n), kThreads, 0, stream(ctx)>>>(
-          float_array<void>(ctx, a), float_array<void>(ctx, b), float_array<void>(ctx, y), n, false);
-    else
-      launch_add<T>(ctx.data(a), ctx.data(b), ctx.data(y), n, stream(ctx));
+    launch_add<T>(float_array<T>(ctx, a), float_array<T>(ctx, b), float_array<T>(ctx, y), n, stream(ctx));
   });
   check_launch("add");
 }
 
 void add_arrays(const void* a, const void* b, void* y, DType type, int64_t n, void* stream) {
   if (n == 0) return;
-  with_float_type(
-      type, [&](auto tag) { launch_add<typename decltype(tag)::type>(a, b, y, n, static_cast<cudaStream_t>(stream)); });
+  with_float_type(type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto array = [](const void* p) { return FloatArray<T>{static_cast<T*>(const_cast<void*>(p))}; };
+    launch_add<T>(array(a), array(b), array(y), n, static_cast<cudaStream_t>(stream));
+  });
   check_launch("add_arrays");
 }
 
