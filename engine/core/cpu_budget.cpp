@@ -238,6 +238,11 @@ CpuFacts read_cpu_facts() {
   return facts;
 }
 
+int planned_openmp_threads() {
+  if (const char* given = std::getenv("OMP_NUM_THREADS"); given && *given) return omp_get_max_threads();
+  return cpu_budget(read_cpu_facts()).threads;
+}
+
 ThreadChoice apply_cpu_budget() {
   if (const char* given = std::getenv("OMP_NUM_THREADS"); given && *given)
     return ThreadChoice{omp_get_max_threads(),

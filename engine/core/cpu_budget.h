@@ -82,5 +82,7 @@ struct ThreadChoice {
 };
 // Sets the OpenMP thread count from the budget, unless OMP_NUM_THREADS is set (then it is kept).
 ThreadChoice apply_cpu_budget();
+// The thread count apply_cpu_budget() sets (OMP_NUM_THREADS's, else the budget's), without setting it.
+int planned_openmp_threads();
 
 }  // namespace engine

@@ -12,6 +12,9 @@
 //   int main(int argc, char** argv) { engine::limit_openmp_spinning(argv); ... }
 //
 // A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as it is (and nothing is re-executed).
+// Nor is a process that will run one OpenMP thread (OMP_NUM_THREADS=1, or a rank whose share of the
+// cores is one): it has no idle thread to spin, and executing again would only pay the start-up
+// twice (about a tenth of a second of loading and initialising the libraries, per rank).
 #pragma once
 
 #include <functional>
@@ -24,8 +27,9 @@ namespace engine {
 
 inline constexpr const char* kSpinCount = "1000";
 
-// The GOMP_SPINCOUNT to set, or nullopt when the user already chose a wait policy.
-std::optional<std::string> spin_count_to_set(const GetEnv& getenv);
+// The GOMP_SPINCOUNT to set, or nullopt when the user already chose a wait policy or the process
+// runs `openmp_threads` = 1.
+std::optional<std::string> spin_count_to_set(const GetEnv& getenv, int openmp_threads);
 
 // Sets GOMP_SPINCOUNT and re-executes /proc/self/exe with the same arguments when
 // spin_count_to_set says so. Returns only when nothing was re-executed (or exec failed: the run

@@ -161,9 +161,14 @@ TEST(CpuBudget, TheRealSystemGivesAtLeastOneThread) {
 }
 
 TEST(OpenmpWait, TheSpinCountIsSetOnlyWhenTheUserChoseNoWaitPolicy) {
-  EXPECT_EQ(spin_count_to_set(environment({})), std::string(kSpinCount));
-  EXPECT_EQ(spin_count_to_set(environment({{"OMP_WAIT_POLICY", "active"}})), std::nullopt);
-  EXPECT_EQ(spin_count_to_set(environment({{"GOMP_SPINCOUNT", "300000"}})), std::nullopt);
+  EXPECT_EQ(spin_count_to_set(environment({}), 2), std::string(kSpinCount));
+  EXPECT_EQ(spin_count_to_set(environment({{"OMP_WAIT_POLICY", "active"}}), 2), std::nullopt);
+  EXPECT_EQ(spin_count_to_set(environment({{"GOMP_SPINCOUNT", "300000"}}), 2), std::nullopt);
+}
+
+TEST(OpenmpWait, OneThreadHasNothingToSpinSoNothingIsExecutedAgain) {
+  EXPECT_EQ(spin_count_to_set(environment({}), 1), std::nullopt);
+  EXPECT_EQ(spin_count_to_set(environment({{"OMP_NUM_THREADS", "1"}}), 1), std::nullopt);
 }
 
 }  // namespace

@@ -304,8 +304,9 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
       EXPECT_EQ(losses[0], losses[hooked]) << name << " run " << hooked;
       EXPECT_EQ(skipped[0], skipped[hooked]) << name << " run " << hooked;
       for (size_t step = 0; step < norms[0].size(); ++step)  // an overflowed step's norm may be NaN on both
-        if (std::isfinite(norms[0][step]) || std::isfinite(norms[hooked][step]))
+        if (std::isfinite(norms[0][step]) || std::isfinite(norms[hooked][step])) {
           EXPECT_EQ(norms[0][step], norms[hooked][step]) << name << " run " << hooked << " step " << step;
+        }
       EXPECT_EQ(weights[0], weights[hooked]) << name << " run " << hooked;
     }
     if (std::string(name) == "fp16 overflowing") {  // a hooked step skipped, and the next one updated

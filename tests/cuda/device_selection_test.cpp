@@ -2,6 +2,7 @@
 // answers differ where a GPU is present, and each test says which it checks.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -121,7 +122,10 @@ TEST(DeviceSelection, NcclForRanksSharingAGpuIsAClearError) {
     }
     Work barrier(std::string w) override { return c_.barrier(std::move(w)); }
     int64_t bytes_sent() const override { return 0; }
-    [[noreturn]] void abort_job(int code) override { c_.abort_job(code); }
+    [[noreturn]] void abort_job(int code) override {
+      c_.abort_job(code);
+      std::abort();  // not reached: the wrapped communicator's abort_job does not return either
+    }
 
    private:
     Communicator& c_;
@@ -385,8 +389,9 @@ TEST(DeviceSelection, AStagedRunDownloadsEachUnitWhereTheBackwardFinishesIt) {
     ASSERT_EQ(plan.actions.size(), plan.nodes.size() + 1) << arch << ": accumulation reduces each unit";
     for (size_t p = 0; p < plan.actions.size(); ++p)
       for (const StepAction& a : plan.actions[p])
-        if (a.kind == StepAction::Kind::reduce)
+        if (a.kind == StepAction::Kind::reduce) {
           EXPECT_EQ(int(p), writes[size_t(a.unit)].last + 1) << arch << ": " << g.units()[size_t(a.unit)].name;
+        }
     for (size_t p = 0; p < plan.nodes.size(); ++p)
       for (ValueId v : g.nodes()[plan.nodes[p]].outputs)
         if (g.value(v).placement == Placement::gradient) {

@@ -287,8 +287,9 @@ TEST_P(CudnnAttentionGpu, MatchesTheFp32KernelWithin16BitTolerance) {
   EXPECT_LT(dq, 2 * tolerance);
   EXPECT_LT(dk, 2 * tolerance);
   EXPECT_LT(dv, 2 * tolerance);
-  if (p.deterministic)
+  if (p.deterministic) {
     EXPECT_TRUE(again == fast.dqkv) << "the deterministic backward gave different bits on a second run";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -259,8 +259,10 @@ void check_norm(const NormCase& nc) {
   expect_close(pmean, widen(floats_of(values, mean)), 1e-6, what + " mean against norm_cpu");
   expect_close(prstd, widen(floats_of(values, rstd)), 1e-6, what + " rstd against norm_cpu");
   expect_close(pdx, widen(floats_of(values, dx)), 2e-6, what + " dx against norm_backward_cpu");
-  expect_close(pdw, widen(floats_of(values, dw)), 1e-6, what + " dw against norm_backward_cpu");
-  if (nc.shift) expect_close(pdb, widen(floats_of(values, db)), 1e-6, what + " db against norm_backward_cpu");
+  // The column sums: the program rounds each product (as the device does, -fmad=false), the CPU
+  // kernel contracts them into FMAs, so 40 to 70 rows' sums part by a few units in the last place.
+  expect_close(pdw, widen(floats_of(values, dw)), 2e-6, what + " dw against norm_backward_cpu");
+  if (nc.shift) expect_close(pdb, widen(floats_of(values, db)), 2e-6, what + " db against norm_backward_cpu");
 }
 
 TEST(RowProgram, NormsMatchTheReferenceAndTheCpuKernel) {
