@@ -25,7 +25,12 @@ int Graph::add_unit(std::string name, bool block) {
 ValueId Graph::add_param(std::string name, Shape shape, int unit, ParamInit init, bool decay) {
   check_size(name, shape);
   ENGINE_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()), "unknown unit");
-  Param param{name, kNoValue, kNoValue, unit, units_[static_cast<size_t>(unit)].numel, init, decay};
+  Param param{.name = name,
+              .unit = unit,
+              .offset = units_[static_cast<size_t>(unit)].numel,
+              .init = init,
+              .decay = decay,
+              .slice = {}};
   units_[static_cast<size_t>(unit)].numel += shape.numel();
   int index = static_cast<int>(params_.size());
   values_.push_back({name, shape, DType::f32, Placement::parameter, index});
@@ -78,7 +83,7 @@ void Graph::set_slice(ValueId value, TensorSlice slice) {
 ValueId Graph::add_frozen(std::string name, Shape shape, ParamInit init) {
   check_size(name, shape);
   const int index = static_cast<int>(frozen_.size());
-  Param weight{name, kNoValue, kNoValue, -1, frozen_numel_, init, false};
+  Param weight{.name = name, .unit = -1, .offset = frozen_numel_, .init = init, .decay = false, .slice = {}};
   frozen_numel_ += shape.numel();
   values_.push_back({std::move(name), std::move(shape), DType::f32, Placement::frozen, index});
   weight.value = static_cast<ValueId>(values_.size() - 1);

@@ -67,7 +67,7 @@ ValueId Lora::adapt_row(ValueId y, ValueId x, const std::string& prefix, const s
   ValueId input = x;
   if (split > 1) {
     const TensorSlice slice{
-        .logical = Shape{rank_, in}, .by_columns = true, .rank = tensor_.rank, .size = tensor_.size};
+        .logical = Shape{rank_, in}, .by_columns = true, .blocks = {}, .rank = tensor_.rank, .size = tensor_.size};
     graph_.set_slice(a, slice);
     if (dropout_ > 0)
       input = ops::dropout_columns(graph_, x, dropout_, in, slice.column_begin(), name + ".lora_dropout");

@@ -29,8 +29,9 @@ ValueId TensorParallel::row(const std::string& name, int64_t rows, int64_t colum
   if (!enabled()) return lora_.weight(name, Shape{rows, columns}, unit, init, decay);
   const int64_t part = columns / size_;
   ValueId w = lora_.weight(name, Shape{rows, part}, unit, init, decay);
-  graph_.set_slice(w,
-                   TensorSlice{.logical = Shape{rows, columns}, .by_columns = true, .rank = rank_, .size = int(size_)});
+  graph_.set_slice(
+      w, TensorSlice{
+             .logical = Shape{rows, columns}, .by_columns = true, .blocks = {}, .rank = rank_, .size = int(size_)});
   return w;
 }
 
