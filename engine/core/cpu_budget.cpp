@@ -238,13 +238,18 @@ CpuFacts read_cpu_facts() {
   return facts;
 }
 
+// The user's OMP_NUM_THREADS when set and not empty (libgomp has read it, and it stands), else null.
+static const char* users_thread_count() {
+  const char* given = std::getenv("OMP_NUM_THREADS");
+  return given && *given ? given : nullptr;
+}
+
 int planned_openmp_threads() {
-  if (const char* given = std::getenv("OMP_NUM_THREADS"); given && *given) return omp_get_max_threads();
-  return cpu_budget(read_cpu_facts()).threads;
+  return users_thread_count() ? omp_get_max_threads() : cpu_budget(read_cpu_facts()).threads;
 }
 
 ThreadChoice apply_cpu_budget() {
-  if (const char* given = std::getenv("OMP_NUM_THREADS"); given && *given)
+  if (const char* given = users_thread_count())
     return ThreadChoice{omp_get_max_threads(),
                         std::to_string(omp_get_max_threads()) + " threads (OMP_NUM_THREADS=" + given + ")"};
   CpuBudget budget = cpu_budget(read_cpu_facts());
