@@ -21,7 +21,7 @@
 namespace engine {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 namespace {
 
@@ -148,7 +148,7 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
 GoldenFile read_golden(const fs::path& path) {
   std::ifstream in(path);
   if (!in) throw UserError(path.string() + ": no golden file; record one with `engine golden record`");
-  Json j = Json::parse(in, nullptr, false);
+  OrderedJson j = OrderedJson::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("steps"))
     throw UserError(path.string() + ": not a golden file (invalid JSON or no steps)");
   if (j.value("format", 1) != kGoldenFormat)
@@ -165,7 +165,7 @@ GoldenFile read_golden(const fs::path& path) {
 }
 
 void write_golden(const fs::path& path, const GoldenFile& golden) {
-  const Json j = golden_to_json(golden);
+  const OrderedJson j = golden_to_json(golden);
   write_file_atomically(path, [&](std::ostream& out) { out << j.dump(1) << "\n"; });
 }
 

@@ -8,11 +8,11 @@
 
 namespace engine {
 
-using Json = nlohmann::ordered_json;
+using OrderedJson = nlohmann::ordered_json;
 
 namespace {
 
-Json value_json(double v) {
+OrderedJson value_json(double v) {
   switch (value_class(v)) {
     case ValueClass::nan:
       return "nan";
@@ -26,7 +26,7 @@ Json value_json(double v) {
   return v;
 }
 
-double value_of(const Json& j) {
+double value_of(const OrderedJson& j) {
   if (j.is_number()) return j.get<double>();
   if (j.is_string()) {
     const std::string text = j.get<std::string>();
@@ -38,8 +38,8 @@ double value_of(const Json& j) {
 }
 
 // Steps without their bands: an observed run's.
-Json steps_json(const std::vector<StepMetrics>& steps) {
-  Json out = Json::array();
+OrderedJson steps_json(const std::vector<StepMetrics>& steps) {
+  OrderedJson out = OrderedJson::array();
   for (const StepMetrics& s : steps)
     out.push_back({{"step", s.step},
                    {"loss", value_json(s.loss)},
@@ -48,9 +48,9 @@ Json steps_json(const std::vector<StepMetrics>& steps) {
   return out;
 }
 
-std::vector<StepMetrics> steps_from_json(const Json& j) {
+std::vector<StepMetrics> steps_from_json(const OrderedJson& j) {
   std::vector<StepMetrics> out;
-  for (const Json& step : j)
+  for (const OrderedJson& step : j)
     out.push_back(
         {step.at("step"), value_of(step.at("loss")), value_of(step.at("grad_norm")), value_of(step.at("lr"))});
   return out;
@@ -58,10 +58,10 @@ std::vector<StepMetrics> steps_from_json(const Json& j) {
 
 // The final weights' fingerprint: absent (an empty list) in files written before it existed.
 // With the band's per-tensor tolerance beside each tensor where there is one.
-Json weights_json(const WeightsFingerprint& weights, const std::vector<double>& rtol = {}) {
-  Json out = Json::array();
+OrderedJson weights_json(const WeightsFingerprint& weights, const std::vector<double>& rtol = {}) {
+  OrderedJson out = OrderedJson::array();
   for (const TensorFingerprint& t : weights)
-    out.push_back({{"tensor", t.tensor}, {"rms", value_json(t.rms)}, {"sketch", Json::array()}});
+    out.push_back({{"tensor", t.tensor}, {"rms", value_json(t.rms)}, {"sketch", OrderedJson::array()}});
   for (size_t i = 0; i < weights.size(); ++i) {
     for (double v : weights[i].sketch) out[i]["sketch"].push_back(value_json(v));
     if (i < rtol.size()) out[i]["rtol"] = rtol[i];
@@ -69,12 +69,12 @@ Json weights_json(const WeightsFingerprint& weights, const std::vector<double>& 
   return out;
 }
 
-WeightsFingerprint weights_from_json(const Json& j, const char* key) {
+WeightsFingerprint weights_from_json(const OrderedJson& j, const char* key) {
   WeightsFingerprint out;
   if (!j.contains(key)) return out;
-  for (const Json& t : j.at(key)) {
+  for (const OrderedJson& t : j.at(key)) {
     TensorFingerprint f{t.at("tensor"), value_of(t.at("rms")), {}};
-    const Json& sketch = t.at("sketch");
+    const OrderedJson& sketch = t.at("sketch");
     if (!sketch.is_array() || sketch.size() != f.sketch.size())
       throw UserError("final weights of " + f.tensor + ": sketch is " + sketch.dump() + ", expected " +
                       std::to_string(f.sketch.size()) + " numbers");
@@ -86,15 +86,15 @@ WeightsFingerprint weights_from_json(const Json& j, const char* key) {
 
 }  // namespace
 
-Json environment_to_json(const NumericEnvironment& env) {
-  Json kernels = Json::object();
+OrderedJson environment_to_json(const NumericEnvironment& env) {
+  OrderedJson kernels = OrderedJson::object();
   for (const auto& [path, kernel] : env.matmul_kernels) kernels[path] = kernel;
   return {{"compiler", env.compiler},  {"compiler_flags", env.compiler_flags},
           {"onednn", env.onednn},      {"cpu_isa", env.cpu_isa},
           {"matmul_kernels", kernels}, {"threads", env.threads}};
 }
 
-NumericEnvironment environment_from_json(const Json& j) {
+NumericEnvironment environment_from_json(const OrderedJson& j) {
   NumericEnvironment env;
   env.compiler = j.at("compiler");
   env.compiler_flags = j.at("compiler_flags");
@@ -105,8 +105,8 @@ NumericEnvironment environment_from_json(const Json& j) {
   return env;
 }
 
-Json golden_to_json(const GoldenFile& golden) {
-  Json j;
+OrderedJson golden_to_json(const GoldenFile& golden) {
+  OrderedJson j;
   j["format"] = kGoldenFormat;
   j["engine_version"] = golden.engine_version;
   j["engine_commit"] = golden.engine_commit;
@@ -126,23 +126,23 @@ Json golden_to_json(const GoldenFile& golden) {
   if (!golden.trajectory.weights.empty())
     j["final_weights"] = weights_json(golden.trajectory.weights, golden.band.weights);
   if (!golden.observed.empty()) {
-    Json observed = Json::array();
+    OrderedJson observed = OrderedJson::array();
     for (const VariantRun& run : golden.observed) {
-      Json entry = {{"label", run.label},
-                    {"environment", environment_to_json(run.environment)},
-                    {"steps", steps_json(run.steps)}};
+      OrderedJson entry = {{"label", run.label},
+                           {"environment", environment_to_json(run.environment)},
+                           {"steps", steps_json(run.steps)}};
       if (!run.weights.empty()) entry["final_weights"] = weights_json(run.weights);
       observed.push_back(entry);
     }
     j["observed"] = observed;
   }
-  Json steps = Json::array();
+  OrderedJson steps = OrderedJson::array();
   const auto& s = golden.trajectory.steps;
   for (size_t i = 0; i < s.size(); ++i) {
-    Json step = {{"step", s[i].step},
-                 {"loss", value_json(s[i].loss)},
-                 {"grad_norm", value_json(s[i].grad_norm)},
-                 {"lr", value_json(s[i].lr)}};
+    OrderedJson step = {{"step", s[i].step},
+                        {"loss", value_json(s[i].loss)},
+                        {"grad_norm", value_json(s[i].grad_norm)},
+                        {"lr", value_json(s[i].lr)}};
     if (i < golden.band.steps.size()) {
       const StepBand& b = golden.band.steps[i];
       step["rtol"] = {{"loss", b.loss}, {"grad_norm", b.grad_norm}, {"lr", b.lr}};
@@ -153,20 +153,20 @@ Json golden_to_json(const GoldenFile& golden) {
   return j;
 }
 
-GoldenFile golden_from_json(const Json& j) {
+GoldenFile golden_from_json(const OrderedJson& j) {
   GoldenFile golden;
   golden.engine_version = j.at("engine_version");
   golden.engine_commit = j.at("engine_commit");
   golden.recipe_hash = j.at("recipe_hash");
   if (j.contains("world_size")) {
-    const Json& world = j.at("world_size");
+    const OrderedJson& world = j.at("world_size");
     if (!world.is_number_integer() || world.get<int64_t>() < 1 || world.get<int64_t>() > recipe::kMaxWorldSize)
       throw UserError("world_size is " + world.dump() + ": expected a whole number from 1 to " +
                       std::to_string(recipe::kMaxWorldSize));
     golden.world_size = world.get<int>();
   }
   golden.environment = environment_from_json(j.at("environment"));
-  const Json& band = j.at("band");
+  const OrderedJson& band = j.at("band");
   golden.band.rule = {
       .safety_factor = band.at("safety_factor"), .lookahead = band.at("lookahead"), .floor = band.at("floor")};
   golden.band.variants = band.at("variants").get<std::vector<std::string>>();
@@ -174,21 +174,21 @@ GoldenFile golden_from_json(const Json& j) {
   golden.trajectory.weights = weights_from_json(j, "final_weights");
   if (band.contains("final_weights_measured_on")) {
     golden.band.weights_isas = band.at("final_weights_measured_on").get<std::vector<std::string>>();
-    for (const Json& t : j.at("final_weights")) golden.band.weights.push_back(t.at("rtol"));
+    for (const OrderedJson& t : j.at("final_weights")) golden.band.weights.push_back(t.at("rtol"));
   }
   if (j.contains("observed"))
-    for (const Json& run : j.at("observed"))
+    for (const OrderedJson& run : j.at("observed"))
       golden.observed.push_back({.label = run.at("label"),
                                  .environment = environment_from_json(run.at("environment")),
                                  .steps = steps_from_json(run.at("steps")),
                                  .weights = weights_from_json(run, "final_weights")});
   bool banded = true;
-  for (const Json& step : j.at("steps")) {
+  for (const OrderedJson& step : j.at("steps")) {
     golden.trajectory.steps.push_back(
         {step.at("step"), value_of(step.at("loss")), value_of(step.at("grad_norm")), value_of(step.at("lr"))});
     banded = banded && step.contains("rtol");
     if (banded) {
-      const Json& r = step.at("rtol");
+      const OrderedJson& r = step.at("rtol");
       golden.band.steps.push_back({r.at("loss"), r.at("grad_norm"), r.at("lr")});
     }
   }

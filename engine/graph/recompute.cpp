@@ -23,15 +23,15 @@ void host_copy_cpu(const Node& node, const KernelContext& ctx) {
 // are never stored: the fused attention kernel recomputes them itself).
 bool is_cheap(const OpDef* op) { return op->cheap_to_recompute; }
 
-struct Segment {
+struct RecomputeSegment {
   std::vector<size_t> nodes;  // forward node indices, ascending
   std::set<ValueId> recompute;
   size_t insert_at = 0;  // index of the first backward node that reads a recomputed value
   std::vector<ValueId> kept_inputs;
 };
 
-std::vector<Segment> choose_segments(const Graph& g, const recipe::ActivationCheckpointingSection& policy) {
-  std::vector<Segment> segments;
+std::vector<RecomputeSegment> choose_segments(const Graph& g, const recipe::ActivationCheckpointingSection& policy) {
+  std::vector<RecomputeSegment> segments;
   const size_t forward = g.forward_size();
   auto in_block = [&](const Node& n) { return n.unit >= 0 && g.units()[size_t(n.unit)].block; };
   if (policy.policy == recipe::CheckpointPolicy::selective) {
@@ -45,7 +45,7 @@ std::vector<Segment> choose_segments(const Graph& g, const recipe::ActivationChe
     const bool chosen = policy.policy == recipe::CheckpointPolicy::full || ordinal % policy.k == 0;
     ++ordinal;
     if (!chosen) continue;
-    Segment s;
+    RecomputeSegment s;
     for (size_t i = 0; i < forward; ++i)
       if (g.nodes()[i].unit == int(u)) s.nodes.push_back(i);
     if (!s.nodes.empty()) segments.push_back(std::move(s));
@@ -93,7 +93,7 @@ std::set<ValueId> overwritten_by_loss(const Graph& g) {
 // the nodes those depend on within it (the clones), where the clones go (just before the first
 // backward reader of a recomputed value) and the activations they read that they do not make.
 void plan_segment(const Graph& g, const Readers& readers, const std::set<ValueId>& overwritten, bool selective,
-                  Segment& s) {
+                  RecomputeSegment& s) {
   const size_t forward = g.forward_size();
   const std::set<size_t> members(s.nodes.begin(), s.nodes.end());
   for (size_t i : s.nodes)
@@ -145,8 +145,8 @@ struct Insertions {
 };
 
 // Each segment's clones, writing fresh "@recompute" activations, before its insertion point.
-void clone_segments(Graph& g, const std::vector<Segment>& segments, Insertions& ins, RecomputeReport& report) {
-  for (const Segment& s : segments) {
+void clone_segments(Graph& g, const std::vector<RecomputeSegment>& segments, Insertions& ins, RecomputeReport& report) {
+  for (const RecomputeSegment& s : segments) {
     std::map<ValueId, ValueId> local;
     for (size_t i : s.nodes) {
       Node clone = g.nodes()[i];
@@ -176,11 +176,11 @@ void clone_segments(Graph& g, const std::vector<Segment>& segments, Insertions& 
 // cpu_checkpointing: each kept input is copied to host memory after its last forward reader and
 // back before it is needed. Segments are in backward order: a kept input is prefetched where the
 // previous segment's recompute starts, one block ahead of its own.
-void offload_kept_inputs(Graph& g, const std::vector<Segment>& segments, const Readers& readers, Insertions& ins,
-                         RecomputeReport& report) {
+void offload_kept_inputs(Graph& g, const std::vector<RecomputeSegment>& segments, const Readers& readers,
+                         Insertions& ins, RecomputeReport& report) {
   const size_t forward = g.forward_size(), total = g.nodes().size();
   for (size_t k = 0; k < segments.size(); ++k) {
-    const Segment& s = segments[k];
+    const RecomputeSegment& s = segments[k];
     for (ValueId in : s.kept_inputs) {
       if (ins.replacement.count(in)) continue;
       size_t last_forward = 0, first_later = total;
@@ -248,11 +248,11 @@ RecomputeReport apply_recompute(Graph& g, const recipe::ActivationCheckpointingS
   ENGINE_CHECK(g.forward_size() > 0 && g.forward_size() < g.nodes().size(), "recompute runs after autodiff");
   const Readers readers = readers_of(g);
   const std::set<ValueId> overwritten = overwritten_by_loss(g);
-  std::vector<Segment> segments = choose_segments(g, policy);
-  for (Segment& s : segments) plan_segment(g, readers, overwritten, selective, s);
-  std::erase_if(segments, [](const Segment& s) { return s.recompute.empty(); });
+  std::vector<RecomputeSegment> segments = choose_segments(g, policy);
+  for (RecomputeSegment& s : segments) plan_segment(g, readers, overwritten, selective, s);
+  std::erase_if(segments, [](const RecomputeSegment& s) { return s.recompute.empty(); });
   std::stable_sort(segments.begin(), segments.end(),
-                   [](const Segment& a, const Segment& b) { return a.insert_at < b.insert_at; });
+                   [](const RecomputeSegment& a, const RecomputeSegment& b) { return a.insert_at < b.insert_at; });
   Insertions ins(g.nodes().size());
   clone_segments(g, segments, ins, report);
   if (policy.cpu_checkpointing && !selective) offload_kept_inputs(g, segments, readers, ins, report);

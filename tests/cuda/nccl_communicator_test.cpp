@@ -13,12 +13,10 @@
 #include "../collective_values.h"
 #include "core/device_info.h"
 #include "dist/nccl_communicator.h"
+#include "require_cuda_device.h"
 
 namespace engine {
 namespace {
-
-#define REQUIRE_CUDA_DEVICE() \
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device here: the NCCL communicator runs on a GPU machine"
 
 std::vector<std::byte> values(DType dtype, int tag, int64_t count) {
   return testing::collective_values(dtype, tag, count);
@@ -47,7 +45,7 @@ class DeviceBytes {
 class NcclCommunicatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    REQUIRE_CUDA_DEVICE();
+    REQUIRE_CUDA_DEVICE("the NCCL communicator's tests");
     bootstrap_ = make_local_communicator();
     comm_ = make_nccl_communicator(*bootstrap_, 0, CommunicatorOptions{.timeout_seconds = 60});
   }

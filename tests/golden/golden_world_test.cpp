@@ -19,7 +19,7 @@
 namespace engine {
 namespace {
 
-const std::filesystem::path kGoldens = std::filesystem::path(ENGINE_SOURCE_DIR) / "recipes/golden";
+const std::filesystem::path kGoldenDir = std::filesystem::path(ENGINE_SOURCE_DIR) / "recipes/golden";
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
@@ -37,12 +37,12 @@ void expect_same_trajectory(const GoldenFile& want, const GoldenFile& got, const
 }
 
 TEST(GoldenWorld, EveryZeroStageAtTwoRanksRecordedOneProcessAccumulatingTwoMicroBatches) {
-  const GoldenFile one_process = read_golden(kGoldens / "gpt_accumulation.golden.json");
+  const GoldenFile one_process = read_golden(kGoldenDir / "gpt_accumulation.golden.json");
   EXPECT_EQ(one_process.world_size, 1);
   EXPECT_EQ(one_process.trajectory.steps.size(), 25u);
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string name = "gpt_zero" + std::to_string(stage) + "_world2";
-    const GoldenFile golden = read_golden(kGoldens / (name + ".golden.json"));
+    const GoldenFile golden = read_golden(kGoldenDir / (name + ".golden.json"));
     EXPECT_EQ(golden.world_size, 2) << name;
     EXPECT_EQ(golden.band.steps.size(), golden.trajectory.steps.size()) << name << " has no band";
     expect_same_trajectory(one_process, golden, name);

@@ -21,10 +21,10 @@ namespace engine {
 namespace {
 
 // Two units' optimizer state; the gradients in fp32 and, apart, rounded to bf16.
-struct State {
+struct TwoUnitState {
   std::vector<std::vector<float>> w, g, m, v;
   std::vector<std::vector<uint16_t>> copy, g16;
-  State(const std::vector<int64_t>& sizes, std::mt19937& rng) {
+  TwoUnitState(const std::vector<int64_t>& sizes, std::mt19937& rng) {
     std::normal_distribution<float> normal;
     for (int64_t n : sizes) {
       auto fill = [&](float scale, bool positive = false) {
@@ -58,7 +58,7 @@ const std::vector<Segment> kSegments = {
 
 TEST(UpdateChunks, EverySegmentsElementsAreOneChunksWithTheSegmentsDecay) {
   std::mt19937 rng(3);
-  State state({70004, 100008}, rng);
+  TwoUnitState state({70004, 100008}, rng);
   for (const auto& [g_shift, grad] :
        {std::pair{0, DType::f32}, std::pair{1, DType::f32}, std::pair{0, DType::bf16}, std::pair{1, DType::bf16}}) {
     const std::vector<UpdateArrays> arrays = state.arrays(g_shift, grad);
@@ -150,8 +150,8 @@ TEST(UpdateChunks, TheTableGivesTheCpuOptimizersBits) {
       for (const bool momentum : {false, true}) {
         if (adamw && !momentum) continue;
         std::mt19937 rng(7);
-        State mine({70004, 100008}, rng);
-        State cpu = mine;
+        TwoUnitState mine({70004, 100008}, rng);
+        TwoUnitState cpu = mine;
         MultiTensorScalars s{};
         s.adamw[1] = adamw_scalars(adamw_config, 3e-4, 5, true);
         s.adamw[0] = adamw_scalars(adamw_config, 3e-4, 5, false);
@@ -209,8 +209,8 @@ TEST(UpdateChunks, TheTableGivesTheCpuOptimizersBits) {
 
 TEST(UpdateChunks, ASkippedDecisionLeavesEveryArrayAsItWas) {
   std::mt19937 rng(9);
-  State mine({70004, 100008}, rng);
-  const State before = mine;
+  TwoUnitState mine({70004, 100008}, rng);
+  const TwoUnitState before = mine;
   MultiTensorScalars s{};
   s.decision.skip = 1;
   run_table<true>(plan_update_chunks(kSegments, mine.arrays(0), 2), s);

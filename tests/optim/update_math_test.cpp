@@ -20,9 +20,9 @@ namespace {
 
 using update_isa::Isa;
 
-const int64_t kLengths[] = {1, 7, 16, 33, 1001, 65536 + 16 + 5};
+const int64_t kMathLengths[] = {1, 7, 16, 33, 1001, 65536 + 16 + 5};
 
-std::vector<Isa> paths() {
+std::vector<Isa> math_paths() {
   std::vector<Isa> out;
   for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
     if (update_isa::supported(isa)) out.push_back(isa);
@@ -52,7 +52,7 @@ std::vector<float> random_floats(int64_t n, std::mt19937& rng, float scale, bool
   return out;
 }
 
-void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+void expect_same_math_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t k = 0; k < a.size(); ++k)
     if (std::memcmp(&a[k], &b[k], sizeof(float)) != 0)
@@ -68,7 +68,7 @@ AdamWScalars example_adamw(bool decay, int64_t t) {
 }
 
 TEST(UpdateMath, AdamWElementGivesEveryPathsBits) {
-  for (int64_t n : kLengths)
+  for (int64_t n : kMathLengths)
     for (bool decay : {false, true})
       for (int64_t t : {1, 7, 1000}) {
         const AdamWScalars s = example_adamw(decay, t);
@@ -77,20 +77,20 @@ TEST(UpdateMath, AdamWElementGivesEveryPathsBits) {
                                  m0 = random_floats(n, rng, 1e-2f), v0 = random_floats(n, rng, 1e-4f, true);
         std::vector<float> w = w0, m = m0, v = v0;
         for (size_t k = 0; k < size_t(n); ++k) adamw_element(w[k], g[k], m[k], v[k], s);
-        for (Isa isa : paths()) {
+        for (Isa isa : math_paths()) {
           std::vector<float> wi = w0, mi = m0, vi = v0;
           update_isa::adamw(isa, wi.data(), g.data(), mi.data(), vi.data(), n, s);
           const std::string what = std::string(update_isa::name(isa)) + " n=" + std::to_string(n) +
                                    " t=" + std::to_string(t) + (decay ? " decay" : "");
-          expect_same_bits(w, wi, what + " w");
-          expect_same_bits(m, mi, what + " m");
-          expect_same_bits(v, vi, what + " v");
+          expect_same_math_bits(w, wi, what + " w");
+          expect_same_math_bits(m, mi, what + " m");
+          expect_same_math_bits(v, vi, what + " v");
         }
       }
 }
 
 TEST(UpdateMath, SgdElementGivesEveryPathsBits) {
-  for (int64_t n : kLengths)
+  for (int64_t n : kMathLengths)
     for (bool momentum : {false, true})
       for (bool nesterov : {false, true})
         for (bool first : {false, true})
@@ -101,14 +101,14 @@ TEST(UpdateMath, SgdElementGivesEveryPathsBits) {
                                      b0 = random_floats(n, rng, 1e-2f);
             std::vector<float> w = w0, b = b0;
             for (size_t k = 0; k < size_t(n); ++k) sgd_element(w[k], g[k], momentum ? &b[k] : nullptr, s);
-            for (Isa isa : paths()) {
+            for (Isa isa : math_paths()) {
               std::vector<float> wi = w0, bi = b0;
               update_isa::sgd(isa, wi.data(), g.data(), momentum ? bi.data() : nullptr, n, s);
               const std::string what = std::string(update_isa::name(isa)) + " n=" + std::to_string(n) +
                                        (momentum ? " momentum" : "") + (nesterov ? " nesterov" : "") +
                                        (first ? " first" : "") + (decay != 0 ? " decay" : "");
-              expect_same_bits(w, wi, what + " w");
-              expect_same_bits(b, bi, what + " buffer");
+              expect_same_math_bits(w, wi, what + " w");
+              expect_same_math_bits(b, bi, what + " buffer");
             }
           }
 }
