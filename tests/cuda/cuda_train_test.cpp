@@ -51,13 +51,13 @@ std::vector<std::string> with(std::vector<std::string> more) {
 }
 
 TEST(CudaTraining, GptFp32TracksTheCpuRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
 TEST(CudaTraining, GptFp32WithDropoutAndAccumulationTracksTheCpuRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.dropout=0.1", "train.gradient_accumulation_steps=2"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
@@ -70,7 +70,7 @@ TEST(CudaTraining, GptFp32WithDropoutAndAccumulationTracksTheCpuRun) {
 // At ZeRO-3 the plan's gathers and sums run between graphs of the kernels around them (one graph
 // per segment between two positions with actions), with the same bits.
 TEST(CudaTraining, GraphReplayEqualsEagerBitForBit) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   for (const std::string precision : {"fp32", "fp16", "bf16 distributed.zero_stage=3"}) {
     const bool segmented = precision.find("zero_stage=3") != std::string::npos;
     std::vector<std::string> overrides = with({"model.dropout=0.1", "train.gradient_accumulation_steps=2",
@@ -120,7 +120,7 @@ void train_steps_of_two(Session& session, int64_t steps) {
 // which the host does not wait for: no run has to enqueue its own inputs. The runs' results are
 // those of the CPU (the tests above), so no copy overtook the kernels still reading the last inputs.
 TEST(CudaTraining, EveryBatchIsStagedAheadOfItsRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const recipe::Recipe r = quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda"})).recipe;
   Session session(r);
   session.store.initialize(1);
@@ -135,7 +135,7 @@ TEST(CudaTraining, EveryBatchIsStagedAheadOfItsRun) {
 // for each micro-batch: 4 steps of 2 micro-batches, 4 uploads. Its bits are the resident run's
 // (CudaZero.EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits), so no run read stale ones.
 TEST(CudaTraining, AStagedRunUploadsTheParametersOnceAStep) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const recipe::Recipe r =
       quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda", "offload.optimizer=cpu"})).recipe;
   Session session(r);
@@ -154,7 +154,7 @@ TEST(CudaTraining, AStagedRunUploadsTheParametersOnceAStep) {
 // fp16 too: its overflow skips are decided on the device. The runs' results are the CPU's (the
 // tests above), so nothing was read before the device wrote it.
 TEST(CudaTraining, TheHostWaitsForTheDeviceOnceAStep) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   for (const char* precision : {"bf16", "fp16"}) {
     const recipe::Recipe r = quickstart(with({"train.gradient_accumulation_steps=2", "run.device=cuda",
                                               std::string("precision.mode=") + precision}))
@@ -178,7 +178,7 @@ TEST(CudaTraining, TheHostWaitsForTheDeviceOnceAStep) {
 // engine plan's device memory against what a GPU run allocates (the allocator's high-water mark),
 // on a model whose activations outweigh the fixed workspace: within 5%.
 TEST(CudaTraining, MeasuredDeviceMemoryIsThePlanWithinFivePercent) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   for (const char* mode : {"fp32", "bf16"}) {
     const recipe::Recipe r =
         quickstart(with({std::string("precision.mode=") + mode, "model.n_embd=256", "model.n_layer=4",
@@ -203,13 +203,13 @@ TEST(CudaTraining, MeasuredDeviceMemoryIsThePlanWithinFivePercent) {
 }
 
 TEST(CudaTraining, LlamaFp32TracksTheCpuRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.arch=llama", "model.kv_heads=2"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
 
 TEST(CudaTraining, GptFullRecomputeWithHostCheckpointsTracksTheCpuRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c =
       compare(with({"activation_checkpointing.policy=full", "activation_checkpointing.cpu_checkpointing=true"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
@@ -218,19 +218,19 @@ TEST(CudaTraining, GptFullRecomputeWithHostCheckpointsTracksTheCpuRun) {
 // bf16 rounds every activation to 8 bits of mantissa (2^-8 = 0.4%); a 20-step loss curve of this
 // model moves by a few of those between two correct bf16 implementations. The band: 2%.
 TEST(CudaTraining, GptBf16StaysWithinItsBand) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"precision.mode=bf16"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, LlamaBf16StaysWithinItsBand) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"model.arch=llama", "model.kv_heads=2", "precision.mode=bf16"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, EvaluationMatchesTheCpu) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   double loss[2];
   for (int device = 0; device < 2; ++device) {
     Session session(quickstart(with({device ? "run.device=cuda" : "run.device=cpu"})).recipe);
@@ -243,7 +243,7 @@ TEST(CudaTraining, EvaluationMatchesTheCpu) {
 // The step's sum kept in bf16 (precision.accumulation_dtype): the norm and the update read it in
 // bf16, widened in registers.
 TEST(CudaTraining, Bf16SummedInBf16StaysWithinItsBand) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(
       with({"precision.mode=bf16", "precision.accumulation_dtype=bf16", "train.gradient_accumulation_steps=2"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
@@ -258,7 +258,7 @@ TEST(CudaTraining, Bf16SummedInBf16StaysWithinItsBand) {
 // step skips its update and the unhooked step after it, which updates, must read its own sums, not
 // the copy the skipped step never read.
 TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const std::pair<const char*, std::vector<std::string>> cases[] = {
       {"bf16 summed in fp32", {"precision.mode=bf16", "precision.accumulation_dtype=fp32"}},
       {"bf16 summed in bf16", {"precision.mode=bf16", "precision.accumulation_dtype=bf16"}},
@@ -319,19 +319,19 @@ TEST(CudaTraining, StepsWithAndWithoutGradientHooksUpdateAlike) {
 }
 
 TEST(CudaTraining, Bf16WithAccumulationStaysWithinItsBand) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"precision.mode=bf16", "train.gradient_accumulation_steps=2"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, Fp16WithLossScalingStaysWithinItsBand) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"precision.mode=fp16"}), 20);
   EXPECT_LT(c.worst_loss, 2e-2);
 }
 
 TEST(CudaTraining, SgdWithMomentumTracksTheCpuRun) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   const Compared c = compare(with({"optimizer.type=sgd", "optimizer.lr=0.05", "optimizer.momentum=0.9"}), 20);
   EXPECT_LT(c.worst_loss, 1e-4);
 }
@@ -351,7 +351,7 @@ double train_final_loss(const std::filesystem::path& dir, const std::string& arg
 // on one device and resumed on the other ends where a straight run on the first does (fp32: the
 // devices agree to 1e-4, as above).
 TEST(CudaTraining, CheckpointsResumeAcrossDevices) {
-  REQUIRE_CUDA_DEVICE("the GPU training tests");
+  REQUIRE_CUDA_DEVICE();
   for (const auto& [first, second] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
     const TempDir straight("straight"), cut("cut");
     const double expected = train_final_loss(straight.path(), std::string("run.device=") + first);

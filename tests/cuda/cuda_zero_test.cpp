@@ -100,7 +100,7 @@ std::string two_rank_mpirun() {
 // One process: stage 0 resident (the device optimizer) against stages 2-3 (resident, the plan's
 // gathers and sums on the device) and every staged setting.
 TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero");
   for (const char* precision : kPrecisions) {
     const std::string common = std::string(precision) + " train.gradient_accumulation_steps=2 ";
@@ -135,7 +135,7 @@ TEST(CudaZero, EveryStageAndOffloadOnOneProcessGivesTheResidentRunsBits) {
 // 2 at stage 0 and 3, where the plan's reduce-scatters (and stage 3's gathers) go through it; and
 // accumulating 1 at stage 0, whose plan has no reductions (the micro-batch is reduced after it).
 TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero_collectives");
   for (const char* precision : kPrecisions) {
     for (const std::string accumulation : {"2", "1"}) {
@@ -168,7 +168,7 @@ TEST(CudaZero, DeviceCollectivesOnOneProcessGiveTheResidentRunsBits) {
 // partial sums gathered; stages 1-2 gather the parameters after the update, stage 3 where the plan
 // uses each unit; stages 2-3 reduce-scatter each unit during the backward).
 TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   const std::string launcher = "'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 ";
@@ -199,7 +199,7 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
 // partial sums and drops the padding blocks on the device); fp16 with a scale that overflows,
 // so the device's skip decisions are compared too.
 TEST(CudaZero, TwoResidentRanksAccumulatingGiveOneProcesssBits) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   const std::string launcher = "'" + mpirun + "' --allow-run-as-root --oversubscribe -n 2 ";
@@ -225,7 +225,7 @@ TEST(CudaZero, TwoResidentRanksAccumulatingGiveOneProcesssBits) {
 // it did not reach, and the job ends non-zero within distributed.timeout (plus the launcher's
 // teardown).
 TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   constexpr double kTimeout = 3.0, kTeardownSlack = 3.0;
@@ -248,7 +248,7 @@ TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
 // memory, not counted there). Stage 0's: CudaTraining.MeasuredDeviceMemory...
 // And `engine plan --fit --device-memory auto` reads the GPU's free memory.
 TEST(CudaZero, DeviceMemoryOfEveryZeroSettingIsThePlanWithinFivePercent) {
-  REQUIRE_CUDA_DEVICE("the GPU ZeRO tests");
+  REQUIRE_CUDA_DEVICE();
   const TempDir dir("cuda_zero_memory");
   const std::string nvme = "offload.nvme_path=" + (dir.path() / "swap").string();
   for (const std::string& setting : std::vector<std::string>{

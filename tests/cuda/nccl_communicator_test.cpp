@@ -45,7 +45,7 @@ class DeviceBytes {
 class NcclCommunicatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    REQUIRE_CUDA_DEVICE("the NCCL communicator's tests");
+    REQUIRE_CUDA_DEVICE();
     bootstrap_ = make_local_communicator();
     comm_ = make_nccl_communicator(*bootstrap_, 0, CommunicatorOptions{.timeout_seconds = 60});
   }
