@@ -129,6 +129,6 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gpt_lora_fp32", std::string(kGpt) + " lora.rank=4 lora.dropout=0.1"},
         Case{"llama_lora_bf16",
              std::string(kLlama) + " precision.mode=bf16 lora.rank=4 lora.target_modules=q_proj,v_proj,down_proj"}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+    [](const ::testing::TestParamInfo<Case>& case_info) { return case_info.param.name; });
 
 }  // namespace
