@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "core/convert.h"
 #include "core/error.h"
@@ -193,6 +194,15 @@ float* ParameterStore::grad(int index) const {
   return units_[size_t(p.unit)].opt_grad_ptr + p.offset;
 }
 
+std::pair<int64_t, int64_t> ParameterStore::kept_part(int index, int64_t first, int64_t count) const {
+  if (spec_.stage != 3) return {0, count};
+  const Param& p = graph_.params()[size_t(index)];
+  const auto u = size_t(p.unit);
+  const int64_t at = p.offset + first;
+  const int64_t lo = std::clamp(range_begin(u) - at, int64_t(0), count);
+  return {lo, std::clamp(range_begin(u) + range_size(u) - at, lo, count)};
+}
+
 void ParameterStore::set_param_part(int index, int64_t first, const float* values, int64_t count) {
   const Param& p = graph_.params()[size_t(index)];
   const auto u = size_t(p.unit);
@@ -310,11 +320,16 @@ void ParameterStore::initialize(uint64_t seed) {
       const int64_t count = std::min(kPart, n - first);
       const auto scale = float(p.init.std);
       if (p.init.kind == ParamInit::Kind::normal) {
+        // At stage 3 a rank keeps only its shard of a trained weight (set_param_part), so it draws
+        // only the values there: initialising takes 1/world of the whole model's draws per rank.
+        const std::pair<int64_t, int64_t> kept =
+            ref.frozen ? std::pair<int64_t, int64_t>{0, count} : kept_part(ref.index, first, count);
+        const int64_t lo = kept.first, hi = kept.second;
 #pragma omp parallel for schedule(static)
-        for (int64_t block = 0; block < (count + kBlock - 1) / kBlock; ++block) {
-          RandomStream stream(seed, RandomPurpose::init, position + 4 * uint64_t(block * kBlock));
-          for (int64_t k = block * kBlock; k < std::min(count, (block + 1) * kBlock); ++k)
-            values[size_t(k)] = scale * stream.normal();
+        for (int64_t block = 0; block < (hi - lo + kBlock - 1) / kBlock; ++block) {
+          const int64_t begin = lo + block * kBlock;
+          RandomStream stream(seed, RandomPurpose::init, position + 4 * uint64_t(begin));
+          for (int64_t k = begin; k < std::min(hi, begin + kBlock); ++k) values[size_t(k)] = scale * stream.normal();
         }
         position += 4 * uint64_t(count);
       } else if (p.init.kind == ParamInit::Kind::uniform) {

@@ -181,12 +181,12 @@ TEST(SharedMathAdd, AddKernelGivesTheSharedFunctionsBits) {
 
 // Random123's known-answer vectors for Philox4x32-10, and rng.h's philox4x32 equal to the shared one.
 TEST(SharedMathPhilox, KnownAnswersAndTheCpuGenerator) {
-  struct Case {
+  struct PhiloxCase {
     PhiloxWords counter;
     PhiloxKey key;
     PhiloxWords want;
   };
-  const Case cases[] = {
+  const PhiloxCase cases[] = {
       {{{0, 0, 0, 0}}, {{0, 0}}, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
       {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}},
        {{0xffffffffu, 0xffffffffu}},
@@ -195,7 +195,7 @@ TEST(SharedMathPhilox, KnownAnswersAndTheCpuGenerator) {
        {{0xa4093822u, 0x299f31d0u}},
        {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
   };
-  for (const Case& c : cases) {
+  for (const PhiloxCase& c : cases) {
     const PhiloxWords got = philox4x32_10(c.counter, c.key);
     for (int j = 0; j < 4; ++j) EXPECT_EQ(got.word[j], c.want.word[j]) << "word " << j;
   }
