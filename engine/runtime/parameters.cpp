@@ -194,9 +194,9 @@ float* ParameterStore::grad(int index) const {
   return units_[size_t(p.unit)].opt_grad_ptr + p.offset;
 }
 
-std::pair<int64_t, int64_t> ParameterStore::kept_part(int index, int64_t first, int64_t count) const {
-  if (spec_.stage != 3) return {0, count};
-  const Param& p = graph_.params()[size_t(index)];
+std::pair<int64_t, int64_t> ParameterStore::kept_part(Graph::WeightRef ref, int64_t first, int64_t count) const {
+  if (ref.frozen || spec_.stage != 3) return {0, count};  // frozen weights stay whole on every rank
+  const Param& p = graph_.params()[size_t(ref.index)];
   const auto u = size_t(p.unit);
   const int64_t at = p.offset + first;
   const int64_t lo = std::clamp(range_begin(u) - at, int64_t(0), count);
@@ -322,9 +322,7 @@ void ParameterStore::initialize(uint64_t seed) {
       if (p.init.kind == ParamInit::Kind::normal) {
         // At stage 3 a rank keeps only its shard of a trained weight (set_param_part), so it draws
         // only the values there: initialising takes 1/world of the whole model's draws per rank.
-        const std::pair<int64_t, int64_t> kept =
-            ref.frozen ? std::pair<int64_t, int64_t>{0, count} : kept_part(ref.index, first, count);
-        const int64_t lo = kept.first, hi = kept.second;
+        const auto [lo, hi] = kept_part(ref, first, count);
 #pragma omp parallel for schedule(static)
         for (int64_t block = 0; block < (hi - lo + kBlock - 1) / kBlock; ++block) {
           const int64_t begin = lo + block * kBlock;

@@ -155,9 +155,9 @@ class ParameterStore {
   // Weight `ref`, a tensor-parallel slice, from its init stream (the adapters' for a uniform one)
   // where its whole tensor starts at `position`; returns the position after the whole tensor.
   uint64_t initialize_slice(Graph::WeightRef ref, uint64_t seed, uint64_t position);
-  // Of elements [first, first + count) of Param `index`, the sub-range [lo, hi) (relative to first)
-  // that set_param_part keeps on this rank: all of it, except at stage 3 (the rank's shard).
-  std::pair<int64_t, int64_t> kept_part(int index, int64_t first, int64_t count) const;
+  // Of elements [first, first + count) of weight `ref`, the sub-range [lo, hi) (relative to first)
+  // that this rank keeps: all of it, except for a trained weight at stage 3 (the rank's shard).
+  std::pair<int64_t, int64_t> kept_part(Graph::WeightRef ref, int64_t first, int64_t count) const;
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
                               DType param, DType grad, size_t u);
   struct UnitBuffers {
