@@ -322,7 +322,9 @@ void ParameterStore::initialize(uint64_t seed) {
       if (p.init.kind == ParamInit::Kind::normal) {
         // At stage 3 a rank keeps only its shard of a trained weight (set_param_part), so it draws
         // only the values there: initialising takes 1/world of the whole model's draws per rank.
-        const auto [lo, hi] = kept_part(ref, first, count);
+        // Plain locals, not a structured binding: clang 14 cannot capture bindings into an OpenMP region.
+        const auto kept = kept_part(ref, first, count);
+        const int64_t lo = kept.first, hi = kept.second;
 #pragma omp parallel for schedule(static)
         for (int64_t block = 0; block < (hi - lo + kBlock - 1) / kBlock; ++block) {
           const int64_t begin = lo + block * kBlock;
