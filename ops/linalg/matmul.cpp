@@ -7,12 +7,12 @@ namespace engine::ops {
 
 namespace {
 
-struct Dims {
+struct ProductDims {
   int64_t batch, m, n, k;
 };
 
 // attrs.ints = {transpose_a, transpose_b}
-Dims dims_of(const Shape& a, const Shape& b, bool ta, bool tb) {
+ProductDims product_dims(const Shape& a, const Shape& b, bool ta, bool tb) {
   const size_t r = a.rank();
   int64_t batch = 1;
   for (size_t i = 0; i + 2 < r; ++i) batch *= a[i];
@@ -23,7 +23,7 @@ void matmul_cpu(const Node& node, const KernelContext& ctx) {
   const bool ta = node.attrs.ints[0] != 0, tb = node.attrs.ints[1] != 0;
   const Shape& as = ctx.shape(node.inputs[0]);
   const Shape& bs = ctx.shape(node.inputs[1]);
-  Dims d = dims_of(as, bs, ta, tb);
+  ProductDims d = product_dims(as, bs, ta, tb);
   const float* a = ctx.f32(node.inputs[0]);
   const float* b = ctx.f32(node.inputs[1]);
   float* c = ctx.f32(node.outputs[0]);
@@ -59,7 +59,7 @@ void matmul_grad(GradBuilder& gb, const Node& node) {
 }
 
 double matmul_flops(const Graph& g, const Node& n) {
-  Dims d = dims_of(g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.attrs.ints[0] != 0, n.attrs.ints[1] != 0);
+  ProductDims d = product_dims(g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.attrs.ints[0] != 0, n.attrs.ints[1] != 0);
   return 2.0 * double(d.batch) * double(d.m) * double(d.n) * double(d.k);
 }
 
@@ -78,7 +78,7 @@ ValueId matmul(Graph& g, ValueId a, ValueId b, bool transpose_a, bool transpose_
   if (as.rank() < 2 || as.rank() != bs.rank()) shape_error(name, "cannot multiply " + as.str() + " by " + bs.str());
   for (size_t i = 0; i + 2 < as.rank(); ++i)
     if (as[i] != bs[i]) shape_error(name, "batch dimensions differ: " + as.str() + " and " + bs.str());
-  Dims d = dims_of(as, bs, transpose_a, transpose_b);
+  ProductDims d = product_dims(as, bs, transpose_a, transpose_b);
   const size_t r = as.rank();
   int64_t kb = transpose_b ? bs[r - 1] : bs[r - 2];
   if (kb != d.k) shape_error(name, "inner dimensions differ: " + as.str() + " and " + bs.str());

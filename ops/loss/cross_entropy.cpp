@@ -15,12 +15,12 @@ namespace {
 
 // A row is streamed in chunks of at least this many logits (a widened 16-bit chunk stays in L1);
 // longer rows get longer chunks so that a row never has more than kMaxChunks.
-constexpr int64_t kChunk = 512;
+constexpr int64_t kMinLogitChunk = 512;
 constexpr int64_t kMaxChunks = 1024;
 
 int64_t chunk_length(int64_t vocab) {
   const int64_t needed = (vocab + kMaxChunks - 1) / kMaxChunks;
-  return std::max(kChunk, (needed + 15) / 16 * 16);
+  return std::max(kMinLogitChunk, (needed + 15) / 16 * 16);
 }
 
 // The read pass of one row, an online log-sum-exp. `work` holds the row's logits as floats (the
