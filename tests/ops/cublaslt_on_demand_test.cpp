@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <link.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -22,8 +23,11 @@ bool cublaslt_is_loaded() {
 }
 
 TEST(CudaBuild, CublasLtLoadsAtItsFirstCallNotWhenTheProgramStarts) {
-  // ctest runs this case in a process of its own, in which nothing has multiplied on a GPU.
-  EXPECT_FALSE(cublaslt_is_loaded()) << "the program loaded libcublasLt before anything called it";
+  // A fresh process (a "threadsafe" death test executes the program again up to this statement),
+  // since other cases of this program may have multiplied on a GPU already.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(cublaslt_is_loaded() ? 1 : 0), ::testing::ExitedWithCode(0), "")
+      << "the program loaded libcublasLt before anything called it";
   const size_t version = cublasLtGetVersion();
   EXPECT_EQ(version / 10000, size_t(CUBLAS_VER_MAJOR)) << "the library this build's <cublasLt.h> describes";
   EXPECT_TRUE(cublaslt_is_loaded());
