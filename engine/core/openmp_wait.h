@@ -14,7 +14,7 @@
 // A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as it is (and nothing is re-executed).
 // Nor is a process that will run one OpenMP thread (OMP_NUM_THREADS=1, or a rank whose share of the
 // cores is one): it has no idle thread to spin, and executing again would only pay the start-up
-// twice (about a tenth of a second of loading and initialising the libraries, per rank).
+// twice (loading and initialising the libraries: about 30 ms per rank).
 #pragma once
 
 #include <functional>
