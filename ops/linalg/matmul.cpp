@@ -59,7 +59,8 @@ void matmul_grad(GradBuilder& gb, const Node& node) {
 }
 
 double matmul_flops(const Graph& g, const Node& n) {
-  ProductDims d = product_dims(g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.attrs.ints[0] != 0, n.attrs.ints[1] != 0);
+  ProductDims d =
+      product_dims(g.value(n.inputs[0]).shape, g.value(n.inputs[1]).shape, n.attrs.ints[0] != 0, n.attrs.ints[1] != 0);
   return 2.0 * double(d.batch) * double(d.m) * double(d.n) * double(d.k);
 }
 
