@@ -417,7 +417,7 @@ int evaluate(const EvalArgs& args) {
     weights = weights_of(weights);  // a run directory: its final weights
   const int64_t batches = args.batches > 0 ? args.batches : r.train.eval_batches;
   Session session(r);
-  session.store.initialize(uint64_t(r.run.seed));
+  session.initialize(uint64_t(r.run.seed));
   // A LoRA recipe's adapters: from the weights when they hold them (a LoRA run's), else lora.init_from.
   if (!load_weights(weights, session.store, r.model.arch) && r.lora.rank > 0 && !r.lora.init_from.empty())
     load_adapters(r.lora.init_from, session.store, r);

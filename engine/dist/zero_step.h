@@ -15,6 +15,7 @@
 #pragma once
 
 #include <map>
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -76,6 +77,10 @@ class ZeroStep : public StepCommunication {
   void finish_update(bool refresh = true);
   // Stages 1-2 with several ranks: every rank's updated slice of the compute-dtype values, gathered.
   void gather_parameters();
+  // After ParameterStore::initialize(seed, true), where it drew only shards at stages 0-2: every
+  // rank's shard of the compute values (and of stage 0's fp32 masters where they are separate),
+  // gathered, so that each rank holds the whole model. A collective; nothing where nothing is missing.
+  void gather_drawn_shards();
   // The step's mean loss from each rank's per-micro-batch losses, summed in global micro-batch
   // order (micro-batch m of rank r is global micro-batch m * world + r), as one rank would.
   double mean_loss(const std::vector<double>& local_losses);
@@ -95,6 +100,8 @@ class ZeroStep : public StepCommunication {
   }
 
  private:
+  // Every rank's shard of each unit's compute-dtype values, gathered in place (stages 0-2).
+  void gather_compute_values(const std::string& what);
   std::vector<double> unit_gradient_norms_;
   std::vector<double> rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const;
   ParameterStore& store_;

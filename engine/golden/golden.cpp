@@ -104,7 +104,7 @@ Trajectory run_trajectory(const recipe::LoadedRecipe& original, const Trajectory
         "trains the same model: a pipeline to its bits, tensor parallelism within the tolerance docs/parallelism.md "
         "derives)");
   Session session(r, compile_step(r, comm ? comm->size() : 1), comm);
-  session.store.initialize(uint64_t(r.run.seed));
+  session.initialize(uint64_t(r.run.seed));
   if (!r.model.init_from.empty()) load_weights(r.model.init_from, session.store, r.model.arch);
   Trajectory trajectory;
   plugins.train_start();

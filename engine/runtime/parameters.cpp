@@ -194,13 +194,14 @@ float* ParameterStore::grad(int index) const {
   return units_[size_t(p.unit)].opt_grad_ptr + p.offset;
 }
 
-std::pair<int64_t, int64_t> ParameterStore::kept_part(Graph::WeightRef ref, int64_t first, int64_t count) const {
-  if (ref.frozen || spec_.stage != 3) return {0, count};  // frozen weights stay whole on every rank
+std::pair<int64_t, int64_t> ParameterStore::drawn_part(Graph::WeightRef ref, int64_t first, int64_t count,
+                                                       bool shards) const {
+  if (ref.frozen || !shards) return {0, count};  // frozen weights stay whole on every rank
   const Param& p = graph_.params()[size_t(ref.index)];
   const auto u = size_t(p.unit);
   const int64_t at = p.offset + first;
-  const int64_t lo = std::clamp(range_begin(u) - at, int64_t(0), count);
-  return {lo, std::clamp(range_begin(u) + range_size(u) - at, lo, count)};
+  const int64_t lo = std::clamp(layout_.begin(u) - at, int64_t(0), count);
+  return {lo, std::clamp(layout_.begin(u) + layout_.shard(u) - at, lo, count)};
 }
 
 void ParameterStore::set_param_part(int index, int64_t first, const float* values, int64_t count) {
@@ -297,7 +298,7 @@ void ParameterStore::retype(DType from, DType to) {
   refresh_copies();
 }
 
-void ParameterStore::initialize(uint64_t seed) {
+void ParameterStore::initialize(uint64_t seed, bool own_shard_only) {
   // One init stream, drawn in declaration order. Each normal takes four words of it (two 53-bit
   // uniforms), so draw j of a part starts at word position + 4 j: the stream is counter-based, and
   // threads fill blocks of a part from their own positions with the sequential stream's values.
@@ -306,6 +307,7 @@ void ParameterStore::initialize(uint64_t seed) {
   constexpr int64_t kPart = int64_t(1) << 20, kBlock = int64_t(1) << 14;
   std::vector<float> values(static_cast<size_t>(kPart));
   uint64_t position = 0, uniform_position = 0;
+  const bool shards = shards_drawn(own_shard_only);
   for (const Graph::WeightRef ref : graph_.weights()) {
     const Param& p = graph_.weight(ref);
     const int64_t n = graph_.value(p.value).shape.numel();
@@ -320,11 +322,12 @@ void ParameterStore::initialize(uint64_t seed) {
       const int64_t count = std::min(kPart, n - first);
       const auto scale = float(p.init.std);
       if (p.init.kind == ParamInit::Kind::normal) {
-        // At stage 3 a rank keeps only its shard of a trained weight (set_param_part), so it draws
-        // only the values there: initialising takes 1/world of the whole model's draws per rank.
+        // Where shards are drawn, only the values in this rank's shard: 1/world of the whole
+        // model's draws per rank. Elsewhere `values` holds what an earlier part left, which stage 3
+        // does not keep (set_param_part) and the gather of stages 0-2 overwrites.
         // Plain locals, not a structured binding: clang 14 cannot capture bindings into an OpenMP region.
-        const auto kept = kept_part(ref, first, count);
-        const int64_t lo = kept.first, hi = kept.second;
+        const auto drawn = drawn_part(ref, first, count, shards);
+        const int64_t lo = drawn.first, hi = drawn.second;
 #pragma omp parallel for schedule(static)
         for (int64_t block = 0; block < (hi - lo + kBlock - 1) / kBlock; ++block) {
           const int64_t begin = lo + block * kBlock;

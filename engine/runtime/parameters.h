@@ -65,7 +65,17 @@ class ParameterStore {
   // Fills every parameter and frozen weight from its ParamInit, drawing normals in declaration
   // order from the seed's init stream: the same seed gives the same model at every world size and
   // stage, and the same base model with or without LoRA adapters.
-  void initialize(uint64_t seed);
+  // At stage 3 a rank draws only its shard of each trained weight (it keeps nothing else). With
+  // `own_shard_only`, so does a rank of several at stages 0-2 where shards_drawn() says so: the rest
+  // of its compute values (and of stage 0's separate masters) is then undefined until every rank
+  // calls ZeroStep::gather_drawn_shards(). Session::initialize does both: 1/world of the draws.
+  void initialize(uint64_t seed, bool own_shard_only = false);
+  // Whether initialize(seed, own_shard_only) draws only this rank's shard of the trained weights:
+  // several ranks at stage 3, or with own_shard_only at stages 0-2, except stage 0 with offloaded
+  // masters (whole on every rank, and nothing gathers them).
+  bool shards_drawn(bool own_shard_only) const {
+    return spec_.world > 1 && (spec_.stage == 3 || (own_shard_only && !(spec_.stage == 0 && masters_offloaded_)));
+  }
   // Frozen weight `index` (Graph::frozen) from its full fp32 values, rounded to the compute dtype;
   // and back, widened to fp32.
   void set_frozen(int index, const float* values) { set_frozen_part(index, 0, values, frozen_numel(index)); }
@@ -156,8 +166,9 @@ class ParameterStore {
   // where its whole tensor starts at `position`; returns the position after the whole tensor.
   uint64_t initialize_slice(Graph::WeightRef ref, uint64_t seed, uint64_t position);
   // Of elements [first, first + count) of weight `ref`, the sub-range [lo, hi) (relative to first)
-  // that this rank keeps: all of it, except for a trained weight at stage 3 (the rank's shard).
-  std::pair<int64_t, int64_t> kept_part(Graph::WeightRef ref, int64_t first, int64_t count) const;
+  // that this rank draws: all of it, except for a trained weight where `shards` (shards_drawn()):
+  // the part in the rank's shard of its unit.
+  std::pair<int64_t, int64_t> drawn_part(Graph::WeightRef ref, int64_t first, int64_t count, bool shards) const;
   static UnitSizes unit_sizes(const ShardLayout& layout, const ShardingSpec& spec, const OffloadSpec& offload,
                               DType param, DType grad, size_t u);
   struct UnitBuffers {

@@ -483,6 +483,11 @@ void Session::ensure_device_current() {
   device_current_ = true;
 }
 
+void Session::initialize(uint64_t seed) {
+  store.initialize(seed, true);
+  zero.gather_drawn_shards();
+}
+
 void Session::host_changed() {
   device_current_ = false;
   host_current_ = true;  // what was written is the state now, whatever the device held

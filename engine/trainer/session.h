@@ -3,7 +3,7 @@
 // allocates parameters, gradients, optimizer state and the activation arena, once.
 //
 //   Session session(loaded.recipe, compile_step(loaded.recipe, comm->size()), comm.get());
-//   session.store.initialize(seed);
+//   session.initialize(seed);
 //   StepResult r = session.train_step(step, [&] { return loader.next(); });
 //   MemoryPlan memory = session.memory();
 //
@@ -165,6 +165,11 @@ class Session {
   // tensor-parallel one (dist/process_groups.h).
   Session(const recipe::Recipe& recipe, CompiledStep compiled, Communicator* comm = nullptr,
           Communicator* tensor_comm = nullptr, const PipelineLinks* pipeline_links = nullptr);
+
+  // The model's initial weights from `seed` (ParameterStore::initialize), on every rank: each rank
+  // of several draws its shard of each trained weight and the shards are gathered, the bits of
+  // one process drawing them all. A collective.
+  void initialize(uint64_t seed);
 
   // Forward and backward of one micro-batch (gradients accumulate); returns its mean loss.
   double train_micro_batch(const Batch& batch, int64_t step, int64_t micro, double loss_scale = 1.0);

@@ -206,7 +206,7 @@ class TrainingRun {
       throw UserError("gradient dumps need the whole gradient on one rank: distributed.zero_stage " +
                       std::to_string(r_.distributed.zero_stage) + " shards it over " + std::to_string(comm().size()) +
                       " ranks; dump at zero_stage 0 (the gradients are the same bits at every stage)");
-    session.store.initialize(uint64_t(r_.run.seed));
+    session.initialize(uint64_t(r_.run.seed));
     // A LoRA checkpoint holds the adapters and their optimizer state; the frozen base comes from
     // where the run started, as it did then, and is named by its digest before anything else.
     if (r_.lora.rank > 0) {
