@@ -157,10 +157,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Waits (within the timeout) for what is still in flight; a communicator that cannot drain is
-  // aborted rather than waited on, so a dead peer never hangs the process here.
+  // aborted rather than waited on, so a dead peer never hangs the process here. One already
+  // aborted (a failed operation, whose error is on its way up) is not waited on a second time.
   ~NcclCommunicator() override {
     try {
-      drain("the NCCL communicator's last operations");
+      if (shared_->comm) drain("the NCCL communicator's last operations");
     } catch (const std::exception&) {
     }
     if (shared_->comm) ncclCommDestroy(shared_->comm);

@@ -2,6 +2,7 @@
 // ops/<family>/<op>.cu; this file allocates, copies and sequences on one stream.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -152,6 +153,9 @@ class CudaRunner final : public DeviceRunner {
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, index), "device properties");
     name_ = prop.name;
+    // First: opening cuBLASLt (ops/linalg/cublaslt_on_demand.cpp) throws a UserError on a machine
+    // without it, before anything here needs releasing.
+    if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check_cuda(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "copy stream");
     check_cuda(cudaStreamCreateWithFlags(&download_stream_, cudaStreamNonBlocking), "download stream");
@@ -165,7 +169,6 @@ class CudaRunner final : public DeviceRunner {
     step_scalars_host_ = std::make_unique<PinnedBlock>(int64_t(sizeof(StepScalars)) * kScalarSlots, tally_);
     for (cudaEvent_t& sent : step_scalars_sent_)
       check_cuda(cudaEventCreateWithFlags(&sent, cudaEventDisableTiming), "event");
-    if (cublasLtCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw InternalError("cuBLASLt handle");
     workspace_ = DeviceBlock(kDeviceWorkspaceBytes, tally_, "the library workspace");
     const size_t units = graph.units().size();
     // Stage 3 gathers each unit's parameters into the arena, stages 2-3 write the gradients into
@@ -236,6 +239,7 @@ class CudaRunner final : public DeviceRunner {
       const Node& node = graph_.nodes()[index];
       if (node.op->cuda_workspace) workspace = std::max(workspace, node.op->cuda_workspace(graph_, node));
     }
+    workspace = arena_aligned(workspace);  // what a kernel carves from its end starts aligned too
     if (workspace > workspace_.bytes()) workspace_ = DeviceBlock(workspace, tally_, "the kernels' workspace");
     const int64_t scratch = cuda_scratch_bytes(graph_, plan);
     if (scratch > scratch_.bytes()) scratch_ = DeviceBlock(scratch, tally_, "the 16-bit casts' scratch");
@@ -428,10 +432,18 @@ class CudaRunner final : public DeviceRunner {
   // later copy is a DMA at full link speed rather than a staged pageable copy.
   void register_once(void* host, int64_t bytes) {
     if (!host || bytes <= 0 || std::find(registered_.begin(), registered_.end(), host) != registered_.end()) return;
-    if (cudaHostRegister(host, size_t(bytes), cudaHostRegisterDefault) == cudaSuccess)
+    const cudaError_t status = cudaHostRegister(host, size_t(bytes), cudaHostRegisterDefault);
+    if (status == cudaSuccess) {
       registered_.push_back(host);
-    else
-      cudaGetLastError();  // a pageable copy still works, only slower
+      return;
+    }
+    cudaGetLastError();  // a pageable copy still works, only slower: it blocks the host until it is done
+    if (!register_failure_said_)
+      spdlog::warn(
+          "page-locking {} bytes of the model's host state failed ({}): its copies are pageable, and each "
+          "blocks the host until it is done",
+          bytes, cudaGetErrorString(status));
+    register_failure_said_ = true;
   }
 
   // Each unit's parameters on the copy stream, once the last run's kernels are done reading the
@@ -828,6 +840,7 @@ class CudaRunner final : public DeviceRunner {
     std::vector<float> values;
   };
   std::map<int, KeptValue> kept_;
+  bool register_failure_said_ = false;
   std::vector<void*> registered_;
   std::deque<DeviceBlock> extra_;  // allocate()'s blocks
   bool resident_ = false;

@@ -80,15 +80,18 @@ ParameterStore::ParameterStore(const Graph& graph, ShardingSpec spec, const Offl
       offloaded_(offloaded) {
   ENGINE_CHECK(!(masters_offloaded_ || shard_offloaded_) || offloaded, "offloaded state needs its store");
   units_.resize(graph_.units().size());
+  // Each buffer on pages of its own: a GPU run registers them with the driver one by one
+  // (page-locked for its copies), and the driver refuses a page that is already registered.
+  const auto block = [](int64_t bytes) { return Buffer(bytes, bytes > 0 ? 4096 : Buffer::kDefaultAlignment); };
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitSizes sizes = unit_sizes(layout_, spec_, offload, param_dtype_, grad_dtype_, u);
     UnitBuffers& b = units_[u];
-    b.compute = Buffer(sizes.compute);
-    b.master = Buffer(sizes.master);
-    b.shard16 = Buffer(sizes.shard16);
-    b.micro_grad = Buffer(sizes.micro_grad);
-    b.grad_shard = Buffer(sizes.grad_shard);
-    b.opt_grad = Buffer(sizes.opt_grad);
+    b.compute = block(sizes.compute);
+    b.master = block(sizes.master);
+    b.shard16 = block(sizes.shard16);
+    b.micro_grad = block(sizes.micro_grad);
+    b.grad_shard = block(sizes.grad_shard);
+    b.opt_grad = block(sizes.opt_grad);
     b.master_ptr = sizes.master ? b.master.f32() : masters_offloaded_ ? nullptr : b.compute.f32() + range_begin(u);
     b.grad_shard_ptr = grad_alias_ ? b.micro_grad.data() : b.grad_shard.data();
     b.opt_grad_ptr = sizes.opt_grad ? b.opt_grad.f32() : reinterpret_cast<float*>(reduced_grad(u));

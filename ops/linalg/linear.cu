@@ -436,12 +436,13 @@ Product input_gradient_product(const Node& node, const KernelContext& ctx) {
   return p;
 }
 
-// Where a product's epilogue leaves `count` float sums: the workspace's last bytes (cuBLASLt has the
-// rest), or nullptr where the workspace is too small to split.
+// Where a product's epilogue leaves `count` float sums: the workspace's last 256-aligned bytes
+// (cuBLASLt has the rest; the workspace may be any size a kernel asked for), or nullptr where the
+// workspace is too small to split.
 float* split_sums(const KernelContext& ctx, Product& p, int64_t count) {
   const size_t sums_bytes = (size_t(count) * sizeof(float) + 255) / 256 * 256;
   if (ctx.workspace_bytes <= 2 * sums_bytes) return nullptr;
-  p.workspace_bytes = ctx.workspace_bytes - sums_bytes;
+  p.workspace_bytes = (ctx.workspace_bytes - sums_bytes) / 256 * 256;
   return reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + p.workspace_bytes);
 }
 

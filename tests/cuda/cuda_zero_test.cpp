@@ -55,6 +55,9 @@ Trajectory train(const std::string& launcher, const std::string& overrides, cons
   Trajectory t;
   t.output = command + "\n" + result.output;
   EXPECT_EQ(result.status, 0) << t.output;
+  // Every phase replays as CUDA graphs (stream_graphs_cuda.cpp warns where a capture fails and runs
+  // it eagerly, which would give the same bits and hide the failure).
+  EXPECT_EQ(t.output.find("cannot be captured as a CUDA graph"), std::string::npos) << t.output;
   std::ifstream metrics(dir / "run" / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);)
     t.steps.push_back(without_measurements(nlohmann::json::parse(line)).dump());
@@ -181,10 +184,12 @@ TEST(CudaZero, TwoRanksOnOneGpuAtEveryStageGiveOneProcesssBits) {
       const Trajectory two =
           train(launcher,
                 std::string(precision) +
-                    " train.gradient_accumulation_steps=1 distributed.zero_stage=" + std::to_string(stage),
+                    " train.gradient_accumulation_steps=1 distributed.gpu_collectives=staged distributed.zero_stage=" +
+                    std::to_string(stage),
                 dir.path() / ("two" + std::to_string(stage)));
       EXPECT_NE(two.output.find("2 ranks"), std::string::npos) << two.output;
-      // Resident, reducing through the staged communicator (NCCL refuses a shared GPU).
+      // Resident, reducing through the staged communicator (what auto picks where the ranks share
+      // the GPU, NCCL refusing that; named, so that a machine with two GPUs runs the same test).
       EXPECT_NE(two.output.find("reduced on the device through page-locked host memory"), std::string::npos)
           << two.output;
       expect_same(two, one, std::string(precision) + " world 2 stage " + std::to_string(stage));
@@ -223,14 +228,16 @@ TEST(CudaZero, TwoResidentRanksAccumulatingGiveOneProcesssBits) {
 // collectives on the host communicator; and resident ones at stages 0 and 3, whose device
 // collectives stage through it), a rank stopped mid-step is named by the other with the collective
 // it did not reach, and the job ends non-zero within distributed.timeout (plus the launcher's
-// teardown).
+// teardown). The resident runs name the staged communicator, as auto picks it for a shared GPU, so
+// that a machine with two GPUs checks the same wording.
 TEST(CudaZero, AStoppedRankIsNamedWithinTheTimeout) {
   REQUIRE_CUDA_DEVICE();
   const std::string mpirun = two_rank_mpirun();
   if (mpirun.empty()) GTEST_SKIP() << "mpirun (" << configured_mpirun() << ") does not start two ranks here";
   constexpr double kTimeout = 3.0, kTeardownSlack = 3.0;
   for (const char* stage :
-       {"distributed.zero_stage=2 offload.optimizer=cpu", "distributed.zero_stage=0", "distributed.zero_stage=3"}) {
+       {"distributed.zero_stage=2 offload.optimizer=cpu", "distributed.zero_stage=0 distributed.gpu_collectives=staged",
+        "distributed.zero_stage=3 distributed.gpu_collectives=staged"}) {
     const RankSignalOutcome o =
         signal_rank_mid_training({mpirun, ENGINE_BINARY, ENGINE_SOURCE_DIR "/recipes/quickstart.yaml",
                                   std::string("run.device=cuda ") + stage, kTimeout},

@@ -6,8 +6,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "../collective_values.h"
@@ -94,7 +96,12 @@ TEST_F(NcclCommunicatorTest, CollectivesAreOrderedAgainstTheCallersStream) {
       after(std::vector<std::byte>(data.size()));
   std::vector<std::byte> pinned_copy = data;
   ASSERT_EQ(cudaHostRegister(pinned_copy.data(), pinned_copy.size(), cudaHostRegisterDefault), cudaSuccess);
-  // The caller's stream writes the source; the reduce-scatter must read it after that write.
+  // The caller's stream writes the source; the reduce-scatter must read it after that write. The
+  // stream is held 100 ms first (a host function on it), so that a collective that did not wait for
+  // the stream would run long before the write, whatever the host's own delays.
+  ASSERT_EQ(cudaLaunchHostFunc(
+                stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr),
+            cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(source.data(), pinned_copy.data(), data.size(), cudaMemcpyHostToDevice, stream),
             cudaSuccess);
   Work work = comm_->reduce_scatter(source.data(), shard.data(), count, DType::f32, Reduction::overwrite,
