@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include <cudnn_frontend.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "cuda_convert.h"
@@ -191,13 +192,8 @@ struct Built {
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, DType, bool, bool>;
 
-const Built& built_for(const SdpaProblem& p, int device) {
-  static std::mutex mutex;
-  static std::map<Key, std::unique_ptr<Built>> cache;
-  const Key key{device, p.batch, p.time, p.heads, p.kv_heads, p.head_size, p.type, p.backward, p.deterministic};
-  std::lock_guard<std::mutex> guard(mutex);
-  auto& slot = cache[key];
-  if (slot) return *slot;
+// Validates and builds the graph of `p` for the device's handle; throws where cuDNN cannot.
+std::unique_ptr<Built> build(const SdpaProblem& p, int device) {
   auto built = std::make_unique<Built>();
   try {
     DeviceHandle& h = handle_for(device);
@@ -210,13 +206,41 @@ const Built& built_for(const SdpaProblem& p, int device) {
     check_fe(g.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), p, "build_plans");
     check_fe(g.get_workspace_size(built->workspace), p, "get_workspace_size");
   } catch (const InternalError&) {
-    cache.erase(key);
     throw;
   } catch (const std::exception& e) {  // the frontend throws for a library it cannot load
-    cache.erase(key);
     fail(p, "building the graph", e.what());
   }
-  slot = std::move(built);
+  return built;
+}
+
+// The built graph of `p`, once per (device, problem). A backward that may sum in any order
+// (run.deterministic: false) and that cuDNN cannot build for the shape runs the deterministic one,
+// said once: the stricter guarantee, not a failed run.
+const Built& built_for(const SdpaProblem& p, int device) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Built>> cache;
+  const Key key{device, p.batch, p.time, p.heads, p.kv_heads, p.head_size, p.type, p.backward, p.deterministic};
+  std::lock_guard<std::mutex> guard(mutex);
+  auto& slot = cache[key];
+  if (slot) return *slot;
+  try {
+    slot = build(p, device);
+  } catch (const InternalError& e) {
+    if (!p.backward || p.deterministic) {
+      cache.erase(key);
+      throw;
+    }
+    SdpaProblem ordered = p;
+    ordered.deterministic = true;
+    try {
+      slot = build(ordered, device);
+    } catch (...) {
+      cache.erase(key);
+      throw;
+    }
+    spdlog::warn("cuDNN has no unordered attention backward for this shape ({}); it runs the deterministic one",
+                 e.what());
+  }
   return *slot;
 }
 
