@@ -3,7 +3,8 @@
 # bf16, batch 32 x 1024, AdamW) or a Llama of 1.1B (bench/llama-1b-gpu.yaml: bf16, batch 8 x 2048,
 # GQA, SwiGLU, RoPE, AdamW) trained by this engine, by PyTorch eager (bf16 autocast, SDPA, fused
 # AdamW) and by torch.compile of the same model. Prints tokens/s, MFU (model FLOPs per token:
-# 6 N + 6 L T C, N the parameters the products use, over the card's dense bf16 peak, 989 TFLOP/s
+# 6 N + 6 L T C, N the parameters as llm.c counts GPT-2's (all of them) and torchtitan a Llama's
+# (all but the input embedding), over the card's dense bf16 peak, 989 TFLOP/s
 # for an H100/H200 SXM, and over its measured cuBLASLt rate) and peak memory (the engine's with its
 # plan), then the engine's ten most expensive ops (telemetry.op_table, timed with CUDA events).
 #
@@ -27,7 +28,8 @@ case $model in
     ;;
   llama)
     recipe=bench/llama-1b-gpu.yaml title="Llama 1.1B (GQA 32/4, SwiGLU 5632, RoPE)" arch=llama
-    vocab=32000 context=2048 layers=22 heads=32 width=2048 batch=8 kv_heads=4 ffn=5632 torch_extra=(4 5632)
+    vocab=32000 context=2048 layers=22 heads=32 width=2048 batch=8 kv_heads=4 ffn=5632
+    torch_extra=("$kv_heads" "$ffn")
     kv=$((kv_heads * width / heads))
     # Every parameter but the input embedding, a lookup (as torchtitan counts a Llama's).
     counted_params=$((vocab * width + layers * (width * (width + 2 * kv) + width * width + 3 * width * ffn + 2 * width) + width))
@@ -48,36 +50,46 @@ PY
 # Timed without the op table (its events cost the step a little), then without the GPU plan's
 # fusions (run.fusions=false: what they gain), then with cuDNN's unordered attention backward
 # (run.deterministic=false: what the bit-for-bit promise costs), then once more with the op table.
-# The first run must succeed; a variant or a peer that fails shows its log's end and a rate of 0,
-# so the rows that ran still print.
+# A run or a peer that fails shows its log's end and a rate of 0, so the rows that ran still print
+# (where the engine's first run fails, its variants are not run, the peers are, and the script
+# exits 1 at the end). Each rate is also said on stderr as it is measured, for a run cut short.
 engine_run() {  # label directory overrides... -> the run's median tokens/s (0: it failed)
   local label=$1 dir=$2
   shift 2
+  local rate=0
   if "${engine[@]}" train "$recipe" "train.steps=$steps" run.output_dir="$dir" "$@" > "$out/engine-$label.log" 2>&1; then
-    median_rate "$dir/$name/metrics.jsonl" || echo 0  # no timed step (STEPS <= 3), or no metrics
+    rate=$(median_rate "$dir/$name/metrics.jsonl" || echo 0)  # no timed step (STEPS <= 3), or no metrics
     rm -f "$dir/$name/model.safetensors"  # the exported weights (4.4 GB for the Llama): not needed here
   else
     tail -20 "$out/engine-$label.log" >&2
-    echo 0
   fi
+  echo "gpu_step.sh: engine ($label): $rate tokens/s" >&2
+  echo "$rate"
 }
-peak_of() { grep -o 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-$1.log" | head -1 | sed 's/device memory peak //' || true; }
+peak_of() { grep -so 'device memory peak [0-9.]* [KMGT]*B' "$out/engine-$1.log" | head -1 | sed 's/device memory peak //' || true; }
 engine_rate=$(engine_run main "$out/main")
-[ "$engine_rate" != 0 ] || { echo "gpu_step.sh: the engine's run failed" >&2; exit 1; }
-unfused_rate=$(engine_run unfused "$out/unfused" run.fusions=false)
-unordered_rate=$(engine_run unordered "$out/unordered" run.deterministic=false)
-engine_run op-table "$out/op-table" telemetry.op_table=true > /dev/null
+status=0 unfused_rate=0 unordered_rate=0
+if [ "$engine_rate" = 0 ]; then
+  echo "gpu_step.sh: the engine's run failed; its variants are not run, PyTorch's are" >&2
+  status=1
+else
+  unfused_rate=$(engine_run unfused "$out/unfused" run.fusions=false)
+  unordered_rate=$(engine_run unordered "$out/unordered" run.deterministic=false)
+  engine_run op-table "$out/op-table" telemetry.op_table=true > /dev/null
+fi
 engine_peak=$(peak_of main) unfused_peak=$(peak_of unfused) unordered_peak=$(peak_of unordered)
 run_torch() {
   (cd bench && "$python" pytorch_lm_cuda.py $arch $vocab $context $layers $heads $width $batch "$steps" "$1" \
     ${torch_extra[@]+"${torch_extra[@]}"}) \
     2> "$out/torch_$1.log" || { tail -20 "$out/torch_$1.log" >&2; printf 'tokens_per_second=0\npeak_memory_bytes=0\n'; }
 }
-eager=$(run_torch eager)
-compiled=$(run_torch compile)
 value() { sed -n "s/^$1=//p" <<< "$2"; }
+eager=$(run_torch eager)
+echo "gpu_step.sh: pytorch eager: $(value tokens_per_second "$eager") tokens/s" >&2
+compiled=$(run_torch compile)
+echo "gpu_step.sh: torch.compile: $(value tokens_per_second "$compiled") tokens/s" >&2
 # The card's measured bf16 matmul rate, as the engine's run printed it ("MFU against N GFLOP/s").
-measured=$(grep -o 'MFU against [0-9.]* GFLOP/s' "$out/engine-main.log" | head -1 | grep -o '[0-9.]*' | head -1)
+measured=$(grep -o 'MFU against [0-9.]* GFLOP/s' "$out/engine-main.log" | head -1 | grep -o '[0-9.]*' | head -1 || true)
 row() {  # name tokens/s peak
   python3 -c "import sys; r=float(sys.argv[2]); m=float('${measured:-0}')*1e9 or float('nan'); f=r*$flops_per_token; print(f'| {sys.argv[1]:<22} | {r/1e3:9.1f}K | {100*f/989e12:5.1f}% | {100*f/m:11.1f}% | {sys.argv[3]:>12} |')" "$@"
 }
@@ -94,5 +106,6 @@ row "pytorch torch.compile" "$(value tokens_per_second "$compiled")" "$(gib "$(v
 echo "(peak memory in GB of 2^30 bytes; a rate of 0: that run failed, its log's end is above)"
 echo
 echo "engine: the ten most expensive ops"
-sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | sed -n 1,12p  # its title, the header, ten ops
+[ -f "$out/engine-op-table.log" ] && sed -n '/^op table/,/^$/p' "$out/engine-op-table.log" | sed -n 1,12p  # title, header, ten ops
 grep -E '^(host time per step|device memory peak)' "$out/engine-main.log" || true
+exit "$status"

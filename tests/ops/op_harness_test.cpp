@@ -508,6 +508,18 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
     xent.weighted = false;
     all.push_back(xent);
   }
+  // A Llama's width (2048 columns): in bf16 and fp16 the CUDA norm backward's widest
+  // register kernel (eight 16-byte packs a lane), which the narrower cases never reach.
+  const int64_t llama_rows = pick(3, 9), llama_c = 2048;
+  all.push_back(
+      {"rmsnorm (2048 columns)",
+       {Shape{llama_rows, llama_c}, Shape{llama_c}},
+       {},
+       0,
+       [](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rmsnorm(g, p[0], p[1], 1e-5, "rms"); },
+       [=](const std::vector<Tensor>& x, const auto&) {
+         return ref_norm(x[0], x[1], nullptr, llama_rows, llama_c, true, 1e-5);
+       }});
   return all;
 }
 
@@ -614,6 +626,7 @@ std::vector<Case> fusion_cases(std::mt19937& shape_rng) {
   all.push_back(projection("projection onto a residual, layernorm (packed rows)", false, pick(1, 40), pick(1, 13),
                            8 * pick(1, 40)));
   all.push_back(projection("projection onto a residual, rmsnorm", true, pick(1, 40), pick(1, 13), pick(2, 70)));
+  all.push_back(residual("residual: h + rmsnorm(h) (2048 columns)", true, pick(2, 9), 2048));
   return all;
 }
 
