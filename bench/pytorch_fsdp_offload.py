@@ -9,6 +9,7 @@ gradients and AdamW's state in pinned host memory, the optimizer step on the CPU
 
 Prints tokens_per_second=<value> and peak_memory_bytes=<value> (the GPU's)."""
 import os
+import socket
 import sys
 import time
 
@@ -20,9 +21,12 @@ from pytorch_gpt_model import GPT
 
 vocab, context, layers, heads, width, batch, steps = (int(a) for a in sys.argv[1:8])
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", "29517")
-dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
+if "MASTER_PORT" not in os.environ:  # a free port: an earlier run cut short may still hold a fixed one
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(probe.getsockname()[1])
 torch.cuda.set_device(0)
+dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
 torch.manual_seed(0)
 model = GPT(vocab, context, layers, heads, width, checkpoint=True)
 policy = dict(offload_policy=CPUOffloadPolicy(pin_memory=True),
