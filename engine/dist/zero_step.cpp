@@ -276,16 +276,18 @@ void ZeroStep::finish_update(bool refresh) {
 void ZeroStep::gather_parameters() {
   const int stage = store_.sharding().stage;
   if (store_.layout().world() == 1 || stage == 0 || stage == 3) return;
-  gather_compute_values("updated parameters");
+  gather_whole_units([&](size_t u) { return store_.compute(u); }, int64_t(dtype_size(store_.param_dtype())),
+                     "updated parameters");
 }
 
-void ZeroStep::gather_compute_values(const std::string& what) {
+void ZeroStep::gather_whole_units(const std::function<std::byte*(size_t)>& whole, int64_t element,
+                                  const std::string& what) {
   const ShardLayout& layout = store_.layout();
-  const int64_t element = int64_t(dtype_size(store_.param_dtype()));
   std::vector<Work> works;
   for (size_t u = 0; u < layout.units(); ++u) {
-    std::byte* whole = store_.compute(u);
-    works.push_back(comm_.all_gather(whole + layout.begin(u) * element, whole, layout.shard(u) * element,
+    std::byte* unit = whole(u);
+    if (!unit) continue;
+    works.push_back(comm_.all_gather(unit + layout.begin(u) * element, unit, layout.shard(u) * element,
                                      "all-gather of " + unit_label(store_, int(u)) + "'s " + what));
   }
   for (Work& w : works) w.wait();
@@ -293,17 +295,16 @@ void ZeroStep::gather_compute_values(const std::string& what) {
 
 void ZeroStep::gather_drawn_shards() {
   if (store_.sharding().stage == 3 || !store_.shards_drawn(true)) return;
-  gather_compute_values("initial weights");
+  gather_whole_units([&](size_t u) { return store_.compute(u); }, int64_t(dtype_size(store_.param_dtype())),
+                     "initial weights");
   if (store_.sharding().stage != 0) return;
-  const ShardLayout& layout = store_.layout();
-  std::vector<Work> works;
-  for (size_t u = 0; u < layout.units(); ++u) {
-    float* masters = store_.master(u);                                         // whole at stage 0
-    if (reinterpret_cast<std::byte*>(masters) == store_.compute(u)) continue;  // fp32: the values just gathered
-    works.push_back(comm_.all_gather(masters + layout.begin(u), masters, layout.shard(u) * 4,
-                                     "all-gather of " + unit_label(store_, int(u)) + "'s initial weights"));
-  }
-  for (Work& w : works) w.wait();
+  // Stage 0's masters are whole too; in fp32 they are the compute values just gathered.
+  gather_whole_units(
+      [&](size_t u) {
+        auto* masters = reinterpret_cast<std::byte*>(store_.master(u));
+        return masters == store_.compute(u) ? nullptr : masters;
+      },
+      4, "initial weights");
 }
 
 double ZeroStep::mean_loss(const std::vector<double>& local_losses) {

@@ -14,6 +14,7 @@
 //   zero.finish_update();                     // 16-bit copies, parameters gathered
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -100,8 +101,9 @@ class ZeroStep : public StepCommunication {
   }
 
  private:
-  // Every rank's shard of each unit's compute-dtype values, gathered in place (stages 0-2).
-  void gather_compute_values(const std::string& what);
+  // Each unit's rank shards of a whole-unit buffer, `whole(u)` (null: none for that unit), of
+  // `element`-byte values, gathered in place.
+  void gather_whole_units(const std::function<std::byte*(size_t)>& whole, int64_t element, const std::string& what);
   std::vector<double> unit_gradient_norms_;
   std::vector<double> rank_major_to_unit_major(const std::vector<double>& all, size_t per_rank) const;
   ParameterStore& store_;
