@@ -368,6 +368,15 @@ std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {
          {"mlp_bias", false},
          {"tie_word_embeddings", m.tie_embeddings},
          {"torch_dtype", torch_dtype}};
+    if (m.rope_scaling == recipe::RopeScalingType::linear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rope_factor}};
+    } else if (m.rope_scaling == recipe::RopeScalingType::llama3) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", m.rope_factor},
+                           {"low_freq_factor", m.rope_low_freq_factor},
+                           {"high_freq_factor", m.rope_high_freq_factor},
+                           {"original_max_position_embeddings", m.rope_original_context_length}};
+    }
   } else {
     throw UserError("model.arch mlp has no Hugging Face class: no config.json can describe it");
   }

@@ -35,6 +35,15 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
   auto norm_weight = [&](const std::string& name, int unit) {
     return tp.whole(name, Shape{C}, unit, ParamInit::ones(), false);
   };
+  const ops::RopeFrequencies rope{
+      .theta = m.rope_theta,
+      .scaling = m.rope_scaling == recipe::RopeScalingType::linear   ? ops::RopeScaling::linear
+                 : m.rope_scaling == recipe::RopeScalingType::llama3 ? ops::RopeScaling::llama3
+                                                                     : ops::RopeScaling::none,
+      .factor = m.rope_factor,
+      .low_freq_factor = m.rope_low_freq_factor,
+      .high_freq_factor = m.rope_high_freq_factor,
+      .original_context = double(m.rope_original_context_length)};
   const std::vector<std::pair<int64_t, int64_t>> qkv_blocks{{0, C}, {C, C + KVC}, {C + KVC, C + 2 * KVC}},
       mlp_block{{0, F}};
 
@@ -63,7 +72,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
     qkv = lora.adapt(qkv, normed, p, "self_attn.q_proj", 0, C, unit);
     qkv = lora.adapt(qkv, normed, p, "self_attn.k_proj", C, KVC, unit);
     qkv = lora.adapt(qkv, normed, p, "self_attn.v_proj", C + KVC, KVC, unit);
-    qkv = ops::rotary(g, qkv, m.n_head / T, m.rope_theta, p + "self_attn.rotary", KV / T, model.positions);
+    qkv = ops::rotary(g, qkv, m.n_head / T, rope, p + "self_attn.rotary", KV / T, model.positions);
     ValueId a = ops::causal_attention(g, qkv, m.n_head / T, p + "self_attn", KV / T, model.positions);
     ValueId o = tp.leave(ops::linear(g, a, o_w, kNoValue, p + "self_attn.o_proj"), kNoValue, p + "self_attn");
     x = ops::add(g, x, lora.adapt_row(o, a, p, "self_attn.o_proj", C, unit), p + "residual_1");

@@ -33,6 +33,7 @@ struct RunSection {
 
 enum class Arch { gpt, llama, mlp };
 enum class Activation { relu, gelu, silu };
+enum class RopeScalingType { none, linear, llama3 };
 
 struct ModelSection {
   Arch arch;
@@ -44,15 +45,21 @@ struct ModelSection {
   std::optional<int64_t> ffn_dim;  // gpt, llama: hidden width of the MLP block (auto: resolved)
   // llama: key/value heads, each shared by n_head / kv_heads query heads (auto: resolved to n_head)
   std::optional<int64_t> kv_heads;
-  double dropout;         // gpt
-  bool bias;              // gpt
-  double norm_eps;        // gpt, llama
-  double rope_theta;      // llama
-  bool tie_embeddings;    // gpt, llama
-  int64_t input_dim;      // mlp
-  int64_t hidden_dim;     // mlp
-  int64_t num_classes;    // mlp
-  Activation activation;  // mlp
+  double dropout;     // gpt
+  bool bias;          // gpt
+  double norm_eps;    // gpt, llama
+  double rope_theta;  // llama
+  // llama: Hugging Face's rope_scaling (ops/nn/rotary_math.h says what each type does)
+  RopeScalingType rope_scaling;
+  double rope_factor;                    // linear, llama3
+  double rope_low_freq_factor;           // llama3
+  double rope_high_freq_factor;          // llama3
+  int64_t rope_original_context_length;  // llama3
+  bool tie_embeddings;                   // gpt, llama
+  int64_t input_dim;                     // mlp
+  int64_t hidden_dim;                    // mlp
+  int64_t num_classes;                   // mlp
+  Activation activation;                 // mlp
   double init_std;
   std::filesystem::path init_from;  // empty: random initialisation
 };

@@ -50,6 +50,31 @@ void resolve_run_name(RuleContext& c) {
   if (c.r.run.name.empty()) c.r.run.name = c.loaded.path.stem().string();
 }
 
+std::ostream& operator<<(std::ostream& out, RopeScalingType type) {
+  return out << (type == RopeScalingType::linear ? "linear" : type == RopeScalingType::llama3 ? "llama3" : "none");
+}
+
+// config.json's rope_scaling (rope_type, or the older type): linear and llama3 fill the model's
+// rope_* keys; none, or rope_type default, leaves the recipe's (a run may stretch a model's context
+// itself); any other type is refused.
+template <class Adopt, class Refuse>
+void adopt_rope_scaling(const nlohmann::json& scaling, ModelSection& m, Adopt& adopt, Refuse& refuse) {
+  if (scaling.is_null()) return;
+  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  if (type == "default") return;
+  if (type != "linear" && type != "llama3") return refuse("rope_scaling of rope_type " + type);
+  adopt("rope_scaling", "rope_scaling.rope_type", m.rope_scaling,
+        type == "linear" ? RopeScalingType::linear : RopeScalingType::llama3);
+  adopt("rope_factor", "rope_scaling.factor", m.rope_factor, scaling.at("factor").get<double>());
+  if (type != "llama3") return;
+  adopt("rope_low_freq_factor", "rope_scaling.low_freq_factor", m.rope_low_freq_factor,
+        scaling.at("low_freq_factor").get<double>());
+  adopt("rope_high_freq_factor", "rope_scaling.high_freq_factor", m.rope_high_freq_factor,
+        scaling.at("high_freq_factor").get<double>());
+  adopt("rope_original_context_length", "rope_scaling.original_max_position_embeddings", m.rope_original_context_length,
+        scaling.at("original_max_position_embeddings").get<int64_t>());
+}
+
 // A Hugging Face model directory as model.init_from: its config.json's sizes fill the model
 // section (GPT-2 and Llama families), a size the recipe gives that contradicts it is an error
 // naming both, and a configuration the engine's model cannot express is refused.
@@ -141,7 +166,7 @@ void adopt_pretrained_config(RuleContext& c) {
       if (j.value("hidden_act", "silu") != "silu") refuse("hidden_act " + j.value("hidden_act", std::string()));
       if (j.value("attention_bias", false)) refuse("attention_bias true");
       if (j.value("mlp_bias", false)) refuse("mlp_bias true");
-      if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) refuse("rope_scaling");
+      adopt_rope_scaling(j.value("rope_scaling", nlohmann::json()), m, adopt, refuse);
       if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"].get<int64_t>() * heads != width)
         refuse("head_dim " + j["head_dim"].dump() + " other than hidden_size / num_attention_heads");
     }
@@ -176,6 +201,18 @@ void check_attention_shape(RuleContext& c) {
     c.error({"model.kv_heads", "model.n_head"},
             "kv_heads " + str(*m.kv_heads) + " does not divide n_head " + str(m.n_head),
             {"each key/value head is shared by n_head / kv_heads query heads"});
+}
+
+// llama3 interpolates between two wavelengths, the high-frequency bound being the shorter.
+void check_rope_scaling(RuleContext& c) {
+  const ModelSection& m = c.r.model;
+  if (m.arch != Arch::llama || m.rope_scaling != RopeScalingType::llama3) return;
+  if (m.rope_high_freq_factor <= m.rope_low_freq_factor)
+    c.error({"model.rope_high_freq_factor", "model.rope_low_freq_factor"},
+            (std::ostringstream() << "rope_high_freq_factor " << m.rope_high_freq_factor
+                                  << " is not above rope_low_freq_factor " << m.rope_low_freq_factor)
+                .str(),
+            {"llama3 interpolates between the two wavelengths they set (Llama 3.1: 1 and 4)"});
 }
 
 void check_model_matches_data(RuleContext& c) {
@@ -516,6 +553,7 @@ void apply_rules(LoadedRecipe& loaded, DiagnosticSink& sink, const std::set<std:
       {{"model"}, adopt_pretrained_config},
       {{"model"}, resolve_model_auto},
       {{"model"}, check_attention_shape},
+      {{"model"}, check_rope_scaling},
       {{"model", "data"}, check_model_matches_data},
       {{"model", "data"}, resolve_data_auto},
       {{"train", "distributed"}, resolve_batch},

@@ -18,13 +18,13 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
   const int64_t heads = node.attrs.ints[0], kv_heads = node.attrs.ints[1];
   const int64_t batch = s[0], time = s[1], row = s[2], hd = row / (heads + 2 * kv_heads), half = hd / 2;
   const int64_t rotated = (heads + kv_heads) * hd;  // q and k heads side by side, then v
-  double theta = node.attrs.floats[0];
+  const RopeFrequencies frequencies = rope_frequencies(node.attrs);
   const bool accumulate = ctx.accumulates(node, 0);
   const InputRows in = input_rows(ctx, node.inputs[0], row);
   const OutputRows out = output_rows(ctx, node.outputs[0], row, accumulate);
   const int32_t* ids = node.inputs.size() > 1 ? ctx.i32(node.inputs[1]) : nullptr;  // packed documents
   std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = std::pow(theta, -2.0 * double(i) / double(hd));
+  for (int64_t i = 0; i < half; ++i) inv_freq[size_t(i)] = rope_inverse_frequency(frequencies, i, hd);
 #pragma omp parallel
   {
     std::vector<float> in_buffer = in.buffer(), out_buffer = out.buffer();
@@ -82,8 +82,17 @@ const OpDef kRotaryBackward{.name = "rotary_backward",
                             .native_16bit = kWidenedRows,
                             .cuda_16bit = "16-bit values read and written directly, fp32 arithmetic"};
 
-ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::string& name, int64_t kv_heads,
-               ValueId positions) {
+RopeFrequencies rope_frequencies(const Attrs& attrs) {
+  return RopeFrequencies{.theta = attrs.floats[0],
+                         .scaling = RopeScaling(attrs.ints[2]),
+                         .factor = attrs.floats[1],
+                         .low_freq_factor = attrs.floats[2],
+                         .high_freq_factor = attrs.floats[3],
+                         .original_context = attrs.floats[4]};
+}
+
+ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, const RopeFrequencies& frequencies, const std::string& name,
+               int64_t kv_heads, ValueId positions) {
   const Shape& s = g.value(qkv).shape;
   const QkvLayout layout = qkv_layout(s, n_head, kv_heads, name);  // the layout causal_attention reads
   kv_heads = layout.kv_heads;
@@ -95,7 +104,15 @@ ValueId rotary(Graph& g, ValueId qkv, int64_t n_head, double theta, const std::s
       shape_error(name, "position ids must be (B, T) int32");
     inputs.push_back(positions);
   }
-  g.add_node(Node{&kRotary, inputs, {y}, Attrs{{n_head, kv_heads}, {theta}}, false, false, name});
+  const RopeFrequencies& f = frequencies;
+  g.add_node(Node{&kRotary,
+                  inputs,
+                  {y},
+                  Attrs{{n_head, kv_heads, int64_t(f.scaling)},
+                        {f.theta, f.factor, f.low_freq_factor, f.high_freq_factor, f.original_context}},
+                  false,
+                  false,
+                  name});
   return y;
 }
 

@@ -8,16 +8,18 @@
 // per copied v element. direction -1 rotates back (the backward).
 #include "cuda_kernels.h"
 #include "cuda_util.cuh"
+#include "nn/rotary.h"
 
 namespace engine::cuda {
 
 namespace {
 
 __global__ void angle_table_kernel(float* cosines, float* sines,  // (T, half)
-                                   int64_t time, int64_t half, int64_t hd, double theta, float direction) {
+                                   int64_t time, int64_t half, int64_t hd, ops::RopeFrequencies frequencies,
+                                   float direction) {
   for (int64_t k = thread_index(); k < time * half; k += thread_stride()) {
     const int64_t t = k / half, i = k % half;
-    const double inv_freq = pow(theta, -2.0 * double(i) / double(hd));
+    const double inv_freq = ops::rope_inverse_frequency(frequencies, i, hd);
     const double angle = double(t) * inv_freq;
     cosines[k] = float(cos(angle));
     sines[k] = direction * float(sin(angle));
@@ -67,8 +69,8 @@ void rotate(const Node& node, const KernelContext& ctx, float direction) {
   if (half > 0) {
     auto* cosines = static_cast<float*>(ctx.workspace);
     float* sines = cosines + time * half;
-    angle_table_kernel<<<blocks_for(time * half), kThreads, 0, stream(ctx)>>>(cosines, sines, time, half, hd,
-                                                                              node.attrs.floats[0], direction);
+    angle_table_kernel<<<blocks_for(time * half), kThreads, 0, stream(ctx)>>>(
+        cosines, sines, time, half, hd, ops::rope_frequencies(node.attrs), direction);
     check_launch("angle_table_kernel");
     with_float_type(ctx, {node.inputs[0], node.outputs[0]}, [&](auto tag) {
       using T = typename decltype(tag)::type;

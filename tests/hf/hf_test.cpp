@@ -1,13 +1,14 @@
 // Hugging Face checkpoints as the starting point, with transformers as the client: tiny random
-// GPT-2 and Llama models (tied and untied heads, GQA; saved in fp32, bf16, fp16 and as shards) made
-// by save_pretrained (make_models.py, run with .venv-hf's transformers), trained by the engine from
-// their directories with sizes from config.json alone: the first step's loss equals transformers'
-// on the same tokens within 1e-6 relative; `engine export` to a directory loads back into
-// transformers with the engine's loss. A recipe that contradicts config.json, or a config the
-// engine cannot express, is refused naming the key and the file. Text and JSONL become token files
-// with a tokenizer's own ids (scripts/prepare-tokens).
+// GPT-2 and Llama models (tied and untied heads, GQA, Llama 3.1's and linear rope_scaling; saved in
+// fp32, bf16, fp16 and as shards) made by save_pretrained (make_models.py, run with .venv-hf's
+// transformers), trained by the engine from their directories with sizes from config.json alone:
+// the first step's loss equals transformers' on the same tokens within 1e-6 relative; `engine
+// export` to a directory loads back into transformers with the engine's loss. A recipe that contradicts config.json, or
+// a config the engine cannot express, is refused naming the key and the file. Text and JSONL become token files with a
+// tokenizer's own ids (scripts/prepare-tokens).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -62,7 +63,7 @@ class HuggingFace : public ::testing::Test {
 TEST_F(HuggingFace, EveryModelDirectoryTrainsFromTransformersLoss) {
   std::ifstream in(dir_->path() / "reference.json");
   const nlohmann::json reference = nlohmann::json::parse(in);
-  ASSERT_EQ(reference.size(), 5u);
+  ASSERT_EQ(reference.size(), 7u);
   for (auto it = reference.begin(); it != reference.end(); ++it) {
     const std::string name = it.key(), arch = it.value().at("arch");
     const ShellResult run = train(name, arch);
@@ -74,6 +75,8 @@ TEST_F(HuggingFace, EveryModelDirectoryTrainsFromTransformersLoss) {
     std::getline(metrics, first);
     const double loss = nlohmann::json::parse(first).at("loss"), want = it.value().at("loss");
     EXPECT_NEAR(loss, want, 1e-6 * want) << name << ": the engine's first loss against transformers'";
+    if (it.value().contains("loss_unscaled"))  // rope_scaling moves the loss far beyond the tolerance
+      EXPECT_GT(std::abs(it.value().at("loss_unscaled").get<double>() - want), 1e-3 * want) << name;
   }
 }
 
@@ -81,8 +84,10 @@ TEST_F(HuggingFace, EveryModelDirectoryTrainsFromTransformersLoss) {
 // weights with format: pt): no missing, unexpected or mis-shaped keys, and transformers' loss of the
 // exported model (trained one step) equals the engine's second step's loss on the same windows.
 TEST_F(HuggingFace, AnExportedDirectoryLoadsInTransformersWithTheEnginesLoss) {
-  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2_tied_fp32", "gpt"}, {"llama_gqa_untied_fp32", "llama"}, {"llama_tied_fp16", "llama"}}) {
+  for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{{"gpt2_tied_fp32", "gpt"},
+                                                                                   {"llama_gqa_untied_fp32", "llama"},
+                                                                                   {"llama_tied_fp16", "llama"},
+                                                                                   {"llama_rope_llama3", "llama"}}) {
     ASSERT_EQ(train(name, arch, "run.name=one_" + name).status, 0) << name;
     const ShellResult two = train(name, arch, "train.steps=2 run.name=two_" + name);
     ASSERT_EQ(two.status, 0) << two.output;
@@ -116,6 +121,10 @@ TEST_F(HuggingFace, ARecipeThatContradictsConfigJsonIsRefusedNamingBoth) {
   const ShellResult tied = train("llama_gqa_untied_fp32", "llama", "model.tie_embeddings=true");
   EXPECT_EQ(tied.status, 2) << tied.output;
   EXPECT_NE(tied.output.find("tie_word_embeddings"), std::string::npos) << tied.output;
+  const ShellResult factor = train("llama_rope_llama3", "llama", "model.rope_scaling=llama3 model.rope_factor=2");
+  EXPECT_EQ(factor.status, 2) << factor.output;
+  EXPECT_NE(factor.output.find("model.rope_factor is 2 but"), std::string::npos) << factor.output;
+  EXPECT_NE(factor.output.find("config.json says rope_scaling.factor = 8"), std::string::npos) << factor.output;
   const ShellResult arch = train("llama_gqa_untied_fp32", "gpt");
   EXPECT_EQ(arch.status, 2) << arch.output;
   EXPECT_NE(arch.output.find("set model.arch: llama"), std::string::npos) << arch.output;
@@ -129,11 +138,12 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
   std::ifstream in(model / "config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   in.close();
-  config["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  config["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};  // NTK scaling, by the sequence's length
   std::ofstream(model / "config.json") << config.dump();
   const ShellResult scaled = train("llama_scaled", "llama");
   EXPECT_EQ(scaled.status, 2) << scaled.output;
-  EXPECT_NE(scaled.output.find("rope_scaling, which this engine's llama does not have"), std::string::npos)
+  EXPECT_NE(scaled.output.find("rope_scaling of rope_type dynamic, which this engine's llama does not have"),
+            std::string::npos)
       << scaled.output;
   config.erase("rope_scaling");
   config["model_type"] = "mistral";

@@ -6,7 +6,8 @@ on fixed tokens as transformers computes it: what tests/hf/hf_test.cpp starts th
 
 Writes OUT_DIR/<name>/ (config.json and safetensors, from save_pretrained) for each model below,
 OUT_DIR/tokens.bin (raw uint16: two windows of SEQ tokens and the one after) and
-OUT_DIR/reference.json ({name: {"arch": gpt|llama, "loss": mean cross-entropy over both windows}}).
+OUT_DIR/reference.json ({name: {"arch": gpt|llama, "loss": mean cross-entropy over both windows}};
+a model with rope_scaling also has "loss_unscaled", the loss of its weights without it).
 The loss is computed in fp32 from the weights as saved (a bf16 model's rounded weights, widened)."""
 import json
 import os
@@ -31,11 +32,27 @@ def gpt2(tied):
     return GPT2LMHeadModel(config)
 
 
-def llama(tied, kv_heads):
+def llama(tied, kv_heads, rope_scaling=None, initializer_range=0.02, positions=32):
     config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=32,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied)
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied,
+                         rope_scaling=rope_scaling, initializer_range=initializer_range)
     return LlamaForCausalLM(config)
+
+
+def loss_of(model):
+    with torch.no_grad():
+        logits = model(windows).logits[:, :SEQ, :]
+        return float(torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), windows[:, 1:].reshape(-1)))
+
+
+# Rescaled rotary frequencies (Llama 3.1's rope_type llama3, and linear interpolation). The weights
+# are drawn wide (std 0.3) so that attention is sharp and the positions' angles move the loss; with
+# heads of 8 the frequencies' wavelengths are 6.3, 63, 628 and 6283 positions, and an original
+# context of 64 (of 512 positions) keeps the first, interpolates the second and stretches the others.
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+LINEAR = {"rope_type": "linear", "factor": 4.0}
 
 
 models = {
@@ -44,6 +61,8 @@ models = {
     "llama_gqa_untied_fp32": ("llama", llama(False, 2), torch.float32, None),
     "llama_gqa_untied_sharded": ("llama", llama(False, 2), torch.float32, "40KB"),
     "llama_tied_fp16": ("llama", llama(True, 4), torch.float16, None),
+    "llama_rope_llama3": ("llama", llama(False, 2, LLAMA3, 0.3, 512), torch.float32, None),
+    "llama_rope_linear": ("llama", llama(True, 2, LINEAR, 0.3), torch.float32, None),
 }
 reference = {}
 for name, (arch, model, dtype, shard) in models.items():
@@ -51,10 +70,11 @@ for name, (arch, model, dtype, shard) in models.items():
     model = model.to(dtype)
     model.save_pretrained(directory, safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
     model = model.float().eval()
-    with torch.no_grad():
-        logits = model(windows).logits[:, :SEQ, :]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), windows[:, 1:].reshape(-1))
-    reference[name] = {"arch": arch, "loss": float(loss), "tied": bool(model.config.tie_word_embeddings)}
+    reference[name] = {"arch": arch, "loss": loss_of(model), "tied": bool(model.config.tie_word_embeddings)}
+    if getattr(model.config, "rope_scaling", None):  # the same weights without the rescaling: what the scaling moves
+        plain = LlamaForCausalLM(LlamaConfig(**{**model.config.to_dict(), "rope_scaling": None}))
+        plain.load_state_dict(model.state_dict())
+        reference[name]["loss_unscaled"] = loss_of(plain.float().eval())
 with open(os.path.join(out, "reference.json"), "w") as f:
     json.dump(reference, f, indent=1)
 print(json.dumps(reference))

@@ -97,19 +97,31 @@ Tensor ref_attention(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t
   return out;
 }
 
-Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, int64_t KV, double theta) {
+// The rotation itself, at the frequencies nn/rotary_math.h gives (checked against transformers'
+// by tests/hf/hf_test.cpp).
+Tensor ref_rotary(const Tensor& qkv, int64_t B, int64_t T, int64_t C, int64_t H, int64_t KV,
+                  const ops::RopeFrequencies& frequencies) {
   const int64_t hd = C / H, half = hd / 2, row = C + 2 * KV * hd;
   Tensor y = qkv;
   for (int64_t bt = 0; bt < B * T; ++bt)
     for (int64_t h = 0; h < H + KV; ++h)  // the q heads, then the k heads
       for (int64_t i = 0; i < half; ++i) {
-        double angle = double(bt % T) * std::pow(theta, -2.0 * double(i) / double(hd));
+        double angle = double(bt % T) * ops::rope_inverse_frequency(frequencies, i, hd);
         size_t a = size_t(bt * row + h * hd + i), b = a + size_t(half);
         y[a] = qkv[a] * std::cos(angle) - qkv[b] * std::sin(angle);
         y[b] = qkv[a] * std::sin(angle) + qkv[b] * std::cos(angle);
       }
   return y;
 }
+
+// Llama 3.1's rescaling with a short original context, so that a head of 6 has a kept, an
+// interpolated and a stretched frequency (wavelengths 6.3, 135 and 2918 against 64 and 256).
+const ops::RopeFrequencies kLlama3Scaled{.theta = 10000.0,
+                                         .scaling = ops::RopeScaling::llama3,
+                                         .factor = 8.0,
+                                         .low_freq_factor = 1.0,
+                                         .high_freq_factor = 4.0,
+                                         .original_context = 256.0};
 
 }  // namespace
 
@@ -313,20 +325,21 @@ std::vector<Case> cases(std::mt19937& shape_rng) {
                    return ops::causal_attention(g, qkv, LH, "attn", LKV);
                  },
                  [=](const std::vector<Tensor>& x, const auto&) { return ref_attention(x[0], 2, LT, LC, LH, LKV); }});
+  all.push_back({"rotary",
+                 {Shape{B, T, 3 * C}},
+                 {},
+                 0,
+                 [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], H, {}, "rope"); },
+                 [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, H, {}); }});
   all.push_back(
-      {"rotary",
-       {Shape{B, T, 3 * C}},
-       {},
-       0,
-       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], H, 10000.0, "rope"); },
-       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, C, H, H, 10000.0); }});
-  all.push_back(
-      {"rotary (grouped-query)",
+      {"rotary (grouped-query, llama3 scaling)",
        {Shape{B, T, GC + 2 * KV * hd}},
        {},
        0,
-       [=](Graph& g, const std::vector<ValueId>& p, ValueId) { return ops::rotary(g, p[0], GH, 10000.0, "rope", KV); },
-       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, GC, GH, KV, 1e4); }});
+       [=](Graph& g, const std::vector<ValueId>& p, ValueId) {
+         return ops::rotary(g, p[0], GH, kLlama3Scaled, "rope", KV);
+       },
+       [=](const std::vector<Tensor>& x, const auto&) { return ref_rotary(x[0], B, T, GC, GH, KV, kLlama3Scaled); }});
   all.push_back({"softmax",
                  {Shape{rows, c}},
                  {},
@@ -644,7 +657,7 @@ TEST(OpBuilders, KeyValueHeadsMustDivideTheHeads) {
     ValueId qkv = g.add_input("qkv", Shape{1, 2, 14}, DType::f32);
     try {
       if (rotary)
-        ops::rotary(g, qkv, 3, 10000.0, "rope", 2);
+        ops::rotary(g, qkv, 3, {}, "rope", 2);
       else
         ops::causal_attention(g, qkv, 3, "attn", 2);
       ADD_FAILURE() << (rotary ? "rotary" : "causal_attention") << " accepted 3 heads over 2 key/value heads";

@@ -154,6 +154,36 @@ TEST(Rules, KvHeadsMustDivideHeads) {
   EXPECT_EQ(gpt_errors[0].key, "model.kv_heads");
 }
 
+// llama3's rope scaling interpolates between two wavelengths: the high-frequency bound must be the
+// shorter one. Its keys belong to rope_scaling llama3 (the factor to linear too), and to llama.
+TEST(Rules, RopeScalingKeysFollowTheirType) {
+  const std::string llama =
+      "model: {arch: llama, vocab_size: 64, context_length: 32, n_layer: 1, n_head: 2, n_embd: 16,\n"
+      "        rope_scaling: llama3, rope_low_freq_factor: 4, rope_high_freq_factor: 2}\n"
+      "data: {source: synthetic_markov}\ntrain: {steps: 1, micro_batch_size: 1}\n";
+  auto errors = recipe(llama).errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].key, "model.rope_high_freq_factor");
+  EXPECT_NE(errors[0].message.find("rope_high_freq_factor 2 is not above rope_low_freq_factor 4"), std::string::npos)
+      << errors[0].message;
+  Files fits = recipe(llama);
+  fits.overrides = {"model.rope_high_freq_factor=8", "model.rope_factor=32"};
+  const ModelSection model = fits.load().recipe.model;
+  EXPECT_EQ(model.rope_scaling, RopeScalingType::llama3);
+  EXPECT_EQ(model.rope_factor, 32.0);
+  EXPECT_EQ(model.rope_original_context_length, 8192);  // Llama 3.1's, by default
+  Files linear = recipe(llama);
+  linear.overrides = {"model.rope_scaling=linear"};
+  auto linear_errors = linear.errors();
+  ASSERT_FALSE(linear_errors.empty());
+  EXPECT_EQ(linear_errors[0].key, "model.rope_low_freq_factor");
+  Files gpt = recipe(std::string(kModel) + "train: {steps: 1, micro_batch_size: 1}\n");
+  gpt.overrides = {"model.rope_scaling=linear"};
+  auto gpt_errors = gpt.errors();
+  ASSERT_EQ(gpt_errors.size(), 1u);
+  EXPECT_EQ(gpt_errors[0].key, "model.rope_scaling");
+}
+
 TEST(Rules, NesterovNeedsMomentum) {
   auto errors = recipe(
                     "model: {arch: mlp}\ndata: {source: classification}\ntrain: {steps: 1, micro_batch_size: 1}\n"

@@ -78,6 +78,42 @@ void declare_model(Schema& schema) {
       .above(0)
       .only_when("arch", {"llama"})
       .help("Base of the rotary embedding frequencies.");
+  model.key("rope_scaling", &ModelSection::rope_scaling)
+      .choices(
+          {{"none", RopeScalingType::none}, {"linear", RopeScalingType::linear}, {"llama3", RopeScalingType::llama3}})
+      .def(RopeScalingType::none)
+      .only_when("arch", {"llama"})
+      .help(
+          "Rescaling of the rotary frequencies for a context longer than the model was trained at, as Hugging "
+          "Face's rope_scaling (rope_type) and a model directory's config.json give it: none; linear (position "
+          "interpolation: every frequency divided by rope_factor); llama3 (Llama 3.1 and 3.2: wavelengths under "
+          "rope_original_context_length / rope_high_freq_factor kept, those over rope_original_context_length / "
+          "rope_low_freq_factor divided by rope_factor, those between interpolated). With model.init_from a model "
+          "directory, the rope_* keys the recipe gives (with this one) must agree with its config.json.");
+  // A recipe that restates a model directory's rope_* values names its rope_scaling type too.
+  const std::vector<std::string> scaled{"linear", "llama3"};
+  model.key("rope_factor", &ModelSection::rope_factor)
+      .def(8.0)
+      .min(1)
+      .only_when("rope_scaling", scaled)
+      .help("How many times longer the context is than the one the model was trained at (Llama 3.1: 8, 3.2: 32).");
+  model.key("rope_low_freq_factor", &ModelSection::rope_low_freq_factor)
+      .def(1.0)
+      .above(0)
+      .only_when("rope_scaling", {"llama3"})
+      .help("llama3: wavelengths over rope_original_context_length / this are divided by rope_factor.");
+  model.key("rope_high_freq_factor", &ModelSection::rope_high_freq_factor)
+      .def(4.0)
+      .above(0)
+      .only_when("rope_scaling", {"llama3"})
+      .help("llama3: wavelengths under rope_original_context_length / this are kept; above rope_low_freq_factor.");
+  model.key("rope_original_context_length", &ModelSection::rope_original_context_length)
+      .def(8192)
+      .min(1)
+      .only_when("rope_scaling", {"llama3"})
+      .unit("tokens")
+      .limit(1 << 24)
+      .help("llama3: the context length the model was trained at (original_max_position_embeddings).");
   model.key("tie_embeddings", &ModelSection::tie_embeddings)
       .def(true)
       .only_when("arch", transformers)
