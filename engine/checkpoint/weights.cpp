@@ -1,6 +1,7 @@
 #include "checkpoint/weights.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -327,6 +328,22 @@ bool is_adapter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
+namespace {
+
+// The model_type of the Hugging Face directory a run started from ("" where it started elsewhere).
+std::string source_model_type(const std::filesystem::path& init_from) {
+  const std::filesystem::path file = init_from / "config.json";
+  if (init_from.empty() || !std::filesystem::is_regular_file(file)) return "";
+  try {
+    std::ifstream in(file);
+    return nlohmann::json::parse(in).value("model_type", "");
+  } catch (const nlohmann::json::exception&) {
+    return "";  // the run read it at start; a file changed since then describes nothing of this model
+  }
+}
+
+}  // namespace
+
 std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {
   const char* torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   nlohmann::json j;
@@ -368,6 +385,13 @@ std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {
          {"mlp_bias", false},
          {"tie_word_embeddings", m.tie_embeddings},
          {"torch_dtype", torch_dtype}};
+    if (source_model_type(m.init_from) == "mistral") {  // Mistral without a sliding window, as it came
+      j["model_type"] = "mistral";
+      j["architectures"] = {"MistralForCausalLM"};
+      j["sliding_window"] = nullptr;
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+    }
     if (m.rope_scaling == recipe::RopeScalingType::linear) {
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rope_factor}};
     } else if (m.rope_scaling == recipe::RopeScalingType::llama3) {

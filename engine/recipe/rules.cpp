@@ -93,12 +93,13 @@ void adopt_pretrained_config(RuleContext& c) {
     return;
   }
   const std::string type = j.value("model_type", "");
-  const std::optional<Arch> arch = type == "gpt2"    ? std::optional(Arch::gpt)
-                                   : type == "llama" ? std::optional(Arch::llama)
-                                                     : std::nullopt;
+  // Mistral is Llama's architecture; without a sliding window its attention is Llama's too.
+  const std::optional<Arch> arch = type == "gpt2"                         ? std::optional(Arch::gpt)
+                                   : type == "llama" || type == "mistral" ? std::optional(Arch::llama)
+                                                                          : std::nullopt;
   if (!arch) {
     c.error({"model.init_from"}, file.string() + ": model_type '" + type +
-                                     "' is not an architecture this engine trains (gpt2 and llama are)");
+                                     "' is not an architecture this engine trains (gpt2, llama and mistral are)");
     return;
   }
   if (m.arch != *arch) {
@@ -167,6 +168,10 @@ void adopt_pretrained_config(RuleContext& c) {
       if (j.value("attention_bias", false)) refuse("attention_bias true");
       if (j.value("mlp_bias", false)) refuse("mlp_bias true");
       adopt_rope_scaling(j.value("rope_scaling", nlohmann::json()), m, adopt, refuse);
+      const nlohmann::json window = j.value("sliding_window", nlohmann::json());
+      if (type == "mistral" && !window.is_null() && window.get<int64_t>() < m.context_length)
+        refuse("sliding_window " + window.dump() + " (attention over the last " + window.dump() +
+               " positions only, shorter than max_position_embeddings)");
       if (j.contains("head_dim") && !j["head_dim"].is_null() && j["head_dim"].get<int64_t>() * heads != width)
         refuse("head_dim " + j["head_dim"].dump() + " other than hidden_size / num_attention_heads");
     }

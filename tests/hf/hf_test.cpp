@@ -1,6 +1,6 @@
 // Hugging Face checkpoints as the starting point, with transformers as the client: tiny random
-// GPT-2 and Llama models (tied and untied heads, GQA, Llama 3.1's and linear rope_scaling; saved in
-// fp32, bf16, fp16 and as shards) made by save_pretrained (make_models.py, run with .venv-hf's
+// GPT-2, Llama and Mistral models (tied and untied heads, GQA, Llama 3.1's and linear rope_scaling;
+// saved in fp32, bf16, fp16 and as shards) made by save_pretrained (make_models.py, run with .venv-hf's
 // transformers), trained by the engine from their directories with sizes from config.json alone:
 // the first step's loss equals transformers' on the same tokens within 1e-6 relative; `engine
 // export` to a directory loads back into transformers with the engine's loss. A recipe that contradicts config.json, or
@@ -63,7 +63,7 @@ class HuggingFace : public ::testing::Test {
 TEST_F(HuggingFace, EveryModelDirectoryTrainsFromTransformersLoss) {
   std::ifstream in(dir_->path() / "reference.json");
   const nlohmann::json reference = nlohmann::json::parse(in);
-  ASSERT_EQ(reference.size(), 7u);
+  ASSERT_EQ(reference.size(), 8u);
   for (auto it = reference.begin(); it != reference.end(); ++it) {
     const std::string name = it.key(), arch = it.value().at("arch");
     const ShellResult run = train(name, arch);
@@ -87,7 +87,8 @@ TEST_F(HuggingFace, AnExportedDirectoryLoadsInTransformersWithTheEnginesLoss) {
   for (const auto& [name, arch] : std::vector<std::pair<std::string, std::string>>{{"gpt2_tied_fp32", "gpt"},
                                                                                    {"llama_gqa_untied_fp32", "llama"},
                                                                                    {"llama_tied_fp16", "llama"},
-                                                                                   {"llama_rope_llama3", "llama"}}) {
+                                                                                   {"llama_rope_llama3", "llama"},
+                                                                                   {"mistral_fp32", "llama"}}) {
     ASSERT_EQ(train(name, arch, "run.name=one_" + name).status, 0) << name;
     const ShellResult two = train(name, arch, "train.steps=2 run.name=two_" + name);
     ASSERT_EQ(two.status, 0) << two.output;
@@ -101,6 +102,11 @@ TEST_F(HuggingFace, AnExportedDirectoryLoadsInTransformersWithTheEnginesLoss) {
         "'" ENGINE_BINARY "' export " + (dir_->path() / "runs" / ("one_" + name)).string() + " " + exported.string(),
         kSource);
     ASSERT_EQ(exported_run.status, 0) << exported_run.output;
+    std::ifstream exported_config(exported / "config.json");
+    EXPECT_EQ(nlohmann::json::parse(exported_config).value("model_type", ""), name.starts_with("mistral") ? "mistral"
+                                                                              : arch == "gpt"             ? "gpt2"
+                                                                                                          : "llama")
+        << name << ": the source's model_type";
     const ShellResult loaded = run_shell("'" + kPython.string() + "' tests/hf/loss_of.py " + exported.string() + " " +
                                              (dir_->path() / "tokens.bin").string() + " 16 2>/dev/null",
                                          kSource);
@@ -147,10 +153,17 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
       << scaled.output;
   config.erase("rope_scaling");
   config["model_type"] = "mistral";
+  config["sliding_window"] = 8;
+  std::ofstream(model / "config.json") << config.dump();
+  const ShellResult window = train("llama_scaled", "llama");
+  EXPECT_EQ(window.status, 2) << window.output;
+  EXPECT_NE(window.output.find("sliding_window 8 (attention over the last 8 positions only"), std::string::npos)
+      << window.output;
+  config["model_type"] = "qwen2";
   std::ofstream(model / "config.json") << config.dump();
   const ShellResult other = train("llama_scaled", "llama");
   EXPECT_EQ(other.status, 2) << other.output;
-  EXPECT_NE(other.output.find("model_type 'mistral' is not an architecture this engine trains"), std::string::npos)
+  EXPECT_NE(other.output.find("model_type 'qwen2' is not an architecture this engine trains"), std::string::npos)
       << other.output;
 }
 

@@ -14,7 +14,8 @@ import os
 import sys
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM)
 
 SEQ = 16
 out = sys.argv[1]
@@ -40,6 +41,13 @@ def llama(tied, kv_heads, rope_scaling=None, initializer_range=0.02, positions=3
     return LlamaForCausalLM(config)
 
 
+def mistral():  # without a sliding window (Mistral 7B v0.2 on): Llama's architecture
+    config = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                           rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=None, initializer_range=0.3)
+    return MistralForCausalLM(config)
+
+
 def loss_of(model):
     with torch.no_grad():
         logits = model(windows).logits[:, :SEQ, :]
@@ -63,6 +71,7 @@ models = {
     "llama_tied_fp16": ("llama", llama(True, 4), torch.float16, None),
     "llama_rope_llama3": ("llama", llama(False, 2, LLAMA3, 0.3, 512), torch.float32, None),
     "llama_rope_linear": ("llama", llama(True, 2, LINEAR, 0.3), torch.float32, None),
+    "mistral_fp32": ("llama", mistral(), torch.float32, None),
 }
 reference = {}
 for name, (arch, model, dtype, shard) in models.items():
