@@ -23,11 +23,23 @@ struct FilePart {
   // The tensor's shape in the file; a part of a parameter that is not a matrix keeps its shape.
   std::vector<int64_t> file_shape(const Shape& parameter) const {
     if (transposed) return {cols, rows};
-    return parameter.rank() == 2 ? std::vector<int64_t>{rows, cols} : parameter.dims;
+    if (parameter.rank() == 2) return {rows, cols};
+    return parameter.rank() == 1 ? std::vector<int64_t>{rows} : parameter.dims;
   }
 };
 
-std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, recipe::Arch arch) {
+// The width of q in a fused qkv projection: its weight's columns (n_embd), which its bias alone does
+// not say.
+int64_t fused_q_width(const Graph& graph, const std::string& weight_name) {
+  for (const Graph::WeightRef ref : graph.weights()) {
+    const Param& p = graph.weight(ref);
+    if (p.name == weight_name) return (p.slice.split() ? p.slice.logical : graph.value(p.value).shape)[1];
+  }
+  throw InternalError(weight_name + " is missing beside its bias");
+}
+
+// The file tensors of one parameter of `graph` (whose shape, whole, is `shape`).
+std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, recipe::Arch arch, const Graph& graph) {
   if (arch == recipe::Arch::gpt) {
     for (const char* suffix : {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
       if (name.ends_with(suffix)) return {{.name = name, .rows = shape[0], .cols = shape[1], .transposed = true}};
@@ -40,6 +52,14 @@ std::vector<FilePart> file_parts(const std::string& name, const Shape& shape, re
     return {{.name = prefix + "q_proj.weight", .first_row = 0, .rows = c, .cols = c},
             {.name = prefix + "k_proj.weight", .first_row = c, .rows = kv, .cols = c},
             {.name = prefix + "v_proj.weight", .first_row = c + kv, .rows = kv, .cols = c}};
+  }
+  const std::string fused_bias = "self_attn.qkv_proj.bias";
+  if (arch == recipe::Arch::llama && name.ends_with(fused_bias)) {
+    const std::string prefix = name.substr(0, name.size() - fused_bias.size()) + "self_attn.";
+    const int64_t c = fused_q_width(graph, prefix + "qkv_proj.weight"), kv = (shape[0] - c) / 2;
+    return {{.name = prefix + "q_proj.bias", .first_row = 0, .rows = c, .cols = 1},
+            {.name = prefix + "k_proj.bias", .first_row = c, .rows = kv, .cols = 1},
+            {.name = prefix + "v_proj.bias", .first_row = c + kv, .rows = kv, .cols = 1}};
   }
   const int64_t rows = shape.rank() == 0 ? 1 : shape[0];
   return {{.name = name, .rows = rows, .cols = rows == 0 ? 0 : shape.numel() / rows}};
@@ -179,7 +199,7 @@ std::vector<SafeTensor> hugging_face_tensors(const Graph& graph, recipe::Arch ar
     const Shape& shape = p.slice.split() ? p.slice.logical : graph.value(p.value).shape;
     const float* values = data(ref);
     if (!values) continue;  // a weight without the value asked for (a frozen weight's gradient)
-    for (const FilePart& part : file_parts(p.name, shape, arch)) {
+    for (const FilePart& part : file_parts(p.name, shape, arch, graph)) {
       SafeTensor t{.name = part.name,
                    .dtype = DType::f32,
                    .shape = part.file_shape(shape),
@@ -246,7 +266,7 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
     const Shape& shape = p.slice.split() ? p.slice.logical : g.value(p.value).shape;
     loaded.push_back(ref);
     std::vector<float>& data = values.emplace_back(size_t(shape.numel()));
-    for (const FilePart& part : file_parts(p.name, shape, arch)) {
+    for (const FilePart& part : file_parts(p.name, shape, arch, g)) {
       expected[part.name] = int(loaded.size() - 1);
       const std::vector<int64_t> want = part.file_shape(shape);
       auto it = renamed.find(part.name);
@@ -281,7 +301,8 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
     for (const Graph::WeightRef ref : whole->weights()) {
       const Param& p = whole->weight(ref);
       if (here.count(p.name) || (set == WeightSet::adapters && !is_adapter(p.name))) continue;
-      for (const FilePart& part : file_parts(p.name, whole->value(p.value).shape, arch)) elsewhere.insert(part.name);
+      for (const FilePart& part : file_parts(p.name, whole->value(p.value).shape, arch, *whole))
+        elsewhere.insert(part.name);
     }
   auto anywhere = [&](const std::string& name) { return expected.count(name) || elsewhere.count(name); };
   // An adapter's file holds adapters only: anything else in it (a module PEFT saved whole, as its
@@ -385,7 +406,13 @@ std::string hugging_face_config(const recipe::ModelSection& m, DType dtype) {
          {"mlp_bias", false},
          {"tie_word_embeddings", m.tie_embeddings},
          {"torch_dtype", torch_dtype}};
-    if (source_model_type(m.init_from) == "mistral") {  // Mistral without a sliding window, as it came
+    if (m.qkv_bias) {  // Llama with q, k and v biases is Qwen2
+      j["model_type"] = "qwen2";
+      j["architectures"] = {"Qwen2ForCausalLM"};
+      j["use_sliding_window"] = false;
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+    } else if (source_model_type(m.init_from) == "mistral") {  // Mistral without a sliding window, as it came
       j["model_type"] = "mistral";
       j["architectures"] = {"MistralForCausalLM"};
       j["sliding_window"] = nullptr;

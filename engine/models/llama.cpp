@@ -1,10 +1,11 @@
 // Llama: token embedding, pre-RMSNorm blocks of rotary causal self-attention (grouped-query when
-// kv_heads < n_head) and a SwiGLU MLP, no biases, a final RMSNorm and an LM head (tied to the
-// embedding when tie_embeddings).
+// kv_heads < n_head) and a SwiGLU MLP, no biases (but q, k and v's with qkv_bias, as Qwen2), a
+// final RMSNorm and an LM head (tied to the embedding when tie_embeddings).
 //
 // The q, k and v projections are one fused parameter, self_attn.qkv_proj.weight, rows
 // [q (n_embd) | k (kv_heads x head_size) | v (kv_heads x head_size)], so a block runs one matmul
-// for all three; checkpoint/weights.cpp splits it into Hugging Face's q_proj, k_proj and v_proj.
+// for all three; checkpoint/weights.cpp splits it (and self_attn.qkv_proj.bias) into Hugging Face's
+// q_proj, k_proj and v_proj.
 #include <cmath>
 
 #include "elementwise/add.h"
@@ -59,6 +60,9 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
     int unit = g.add_unit("layers." + std::to_string(l), true);
     ValueId ln1 = norm_weight(p + "input_layernorm.weight", unit);
     ValueId qkv_w = tp.column(p + "self_attn.qkv_proj.weight", qkv_blocks, C, unit, ParamInit::normal(std));
+    ValueId qkv_b = m.qkv_bias
+                        ? tp.column(p + "self_attn.qkv_proj.bias", qkv_blocks, 0, unit, ParamInit::zeros(), false)
+                        : kNoValue;
     ValueId o_w = tp.row(p + "self_attn.o_proj.weight", C, C, unit, ParamInit::normal(residual_std));
     ValueId ln2 = norm_weight(p + "post_attention_layernorm.weight", unit);
     ValueId gate_w = tp.column(p + "mlp.gate_proj.weight", mlp_block, C, unit, ParamInit::normal(std));
@@ -68,7 +72,7 @@ ModelGraph build_llama(const recipe::Recipe& recipe, int64_t batch, int64_t sequ
     // An adapter of a column-parallel layer reads the normalised input before the group's copy.
     ValueId normed = ops::rmsnorm(g, x, ln1, m.norm_eps, p + "input_layernorm");
     ValueId h = tp.enter(normed, p + "self_attn");
-    ValueId qkv = ops::linear(g, h, qkv_w, kNoValue, p + "self_attn.qkv_proj");
+    ValueId qkv = ops::linear(g, h, qkv_w, qkv_b, p + "self_attn.qkv_proj");
     qkv = lora.adapt(qkv, normed, p, "self_attn.q_proj", 0, C, unit);
     qkv = lora.adapt(qkv, normed, p, "self_attn.k_proj", C, KVC, unit);
     qkv = lora.adapt(qkv, normed, p, "self_attn.v_proj", C + KVC, KVC, unit);

@@ -49,6 +49,7 @@ struct ModelSection {
   bool bias;          // gpt
   double norm_eps;    // gpt, llama
   double rope_theta;  // llama
+  bool qkv_bias;      // llama: biases on the q, k and v projections (Qwen2)
   // llama: Hugging Face's rope_scaling (ops/nn/rotary_math.h says what each type does)
   RopeScalingType rope_scaling;
   double rope_factor;                    // linear, llama3

@@ -93,13 +93,16 @@ void adopt_pretrained_config(RuleContext& c) {
     return;
   }
   const std::string type = j.value("model_type", "");
-  // Mistral is Llama's architecture; without a sliding window its attention is Llama's too.
-  const std::optional<Arch> arch = type == "gpt2"                         ? std::optional(Arch::gpt)
-                                   : type == "llama" || type == "mistral" ? std::optional(Arch::llama)
-                                                                          : std::nullopt;
+  // Mistral and Qwen2 are Llama's architecture (Qwen2 with biases on q, k and v); without a sliding
+  // window their attention is Llama's too.
+  const bool llama_like = type == "llama" || type == "mistral" || type == "qwen2";
+  const std::optional<Arch> arch = type == "gpt2" ? std::optional(Arch::gpt)
+                                   : llama_like   ? std::optional(Arch::llama)
+                                                  : std::nullopt;
   if (!arch) {
-    c.error({"model.init_from"}, file.string() + ": model_type '" + type +
-                                     "' is not an architecture this engine trains (gpt2, llama and mistral are)");
+    c.error({"model.init_from"},
+            file.string() + ": model_type '" + type +
+                "' is not an architecture this engine trains (gpt2, llama, mistral and qwen2 are)");
     return;
   }
   if (m.arch != *arch) {
@@ -166,6 +169,9 @@ void adopt_pretrained_config(RuleContext& c) {
       adopt("tie_embeddings", "tie_word_embeddings", m.tie_embeddings, j.value("tie_word_embeddings", false));
       if (j.value("hidden_act", "silu") != "silu") refuse("hidden_act " + j.value("hidden_act", std::string()));
       if (j.value("attention_bias", false)) refuse("attention_bias true");
+      adopt("qkv_bias", type == "qwen2" ? "(Qwen2's q, k and v biases)" : "(no q, k or v biases)", m.qkv_bias,
+            type == "qwen2");
+      if (j.value("use_sliding_window", false)) refuse("use_sliding_window true");
       if (j.value("mlp_bias", false)) refuse("mlp_bias true");
       adopt_rope_scaling(j.value("rope_scaling", nlohmann::json()), m, adopt, refuse);
       const nlohmann::json window = j.value("sliding_window", nlohmann::json());

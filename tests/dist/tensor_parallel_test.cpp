@@ -87,6 +87,10 @@ TEST(TensorParallel, LlamaWithGroupedQueryAttentionSplitTrainsTheOneProcessModel
       train(with(kLlama, "distributed.tensor_parallel=2 distributed.zero_stage=3 activation_checkpointing.policy=full"),
             4, (dir / "t2d2").string()),
       train(accumulated, 1, (dir / "w1a2").string()), kLlamaLr, "T=2 x D=2, ZeRO stage 3, recompute");
+  // Qwen2's q, k and v biases, split with their projections' rows.
+  const std::string biased = with(kLlama, "model.qkv_bias=true");
+  expect_close_fp32(train(with(biased, "distributed.tensor_parallel=2"), 2, (dir / "b2").string()),
+                    train(biased, 1, (dir / "b1").string()), kLlamaLr, "T=2 with q, k and v biases");
 }
 
 TEST(TensorParallel, Bf16SplitRunsStayWithinBf16sOwnDistanceFromFp32) {

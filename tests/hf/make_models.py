@@ -7,15 +7,16 @@ on fixed tokens as transformers computes it: what tests/hf/hf_test.cpp starts th
 Writes OUT_DIR/<name>/ (config.json and safetensors, from save_pretrained) for each model below,
 OUT_DIR/tokens.bin (raw uint16: two windows of SEQ tokens and the one after) and
 OUT_DIR/reference.json ({name: {"arch": gpt|llama, "loss": mean cross-entropy over both windows}};
-a model with rope_scaling also has "loss_unscaled", the loss of its weights without it).
-The loss is computed in fp32 from the weights as saved (a bf16 model's rounded weights, widened)."""
+a model with rope_scaling or q, k and v biases also has "loss_plain", the loss of its weights
+without them).
+The loss is computed in fp32 from the directory as saved (a bf16 model's rounded weights, widened)."""
 import json
 import os
 import sys
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM)
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 SEQ = 16
 out = sys.argv[1]
@@ -48,6 +49,18 @@ def mistral():  # without a sliding window (Mistral 7B v0.2 on): Llama's archite
     return MistralForCausalLM(config)
 
 
+def qwen2():  # Llama's architecture with biases on q, k and v, drawn here (transformers starts them at 0)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, initializer_range=0.3)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.bias.normal_(0.0, 0.5)
+    return model
+
+
 def loss_of(model):
     with torch.no_grad():
         logits = model(windows).logits[:, :SEQ, :]
@@ -72,18 +85,28 @@ models = {
     "llama_rope_llama3": ("llama", llama(False, 2, LLAMA3, 0.3, 512), torch.float32, None),
     "llama_rope_linear": ("llama", llama(True, 2, LINEAR, 0.3), torch.float32, None),
     "mistral_fp32": ("llama", mistral(), torch.float32, None),
+    "qwen2_tied_bf16": ("llama", qwen2(), torch.bfloat16, None),
 }
 reference = {}
 for name, (arch, model, dtype, shard) in models.items():
     directory = os.path.join(out, name)
     model = model.to(dtype)
     model.save_pretrained(directory, safe_serialization=True, **({"max_shard_size": shard} if shard else {}))
-    model = model.float().eval()
+    # Read back as a user's from_pretrained does, in fp32: the rotary buffers are computed afresh
+    # (model.float() would keep the ones model.to(dtype) rounded to 16 bits).
+    model = AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32).eval()
     reference[name] = {"arch": arch, "loss": loss_of(model), "tied": bool(model.config.tie_word_embeddings)}
-    if getattr(model.config, "rope_scaling", None):  # the same weights without the rescaling: what the scaling moves
+    # The loss without the feature a model is here for: how far that feature moves it.
+    if getattr(model.config, "rope_scaling", None):
         plain = LlamaForCausalLM(LlamaConfig(**{**model.config.to_dict(), "rope_scaling": None}))
         plain.load_state_dict(model.state_dict())
-        reference[name]["loss_unscaled"] = loss_of(plain.float().eval())
+        reference[name]["loss_plain"] = loss_of(plain.float().eval())
+    if arch == "llama" and model.config.model_type == "qwen2":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    projection.bias.zero_()
+        reference[name]["loss_plain"] = loss_of(model)
 with open(os.path.join(out, "reference.json"), "w") as f:
     json.dump(reference, f, indent=1)
 print(json.dumps(reference))

@@ -73,6 +73,12 @@ void declare_model(Schema& schema) {
       .above(0)
       .only_when("arch", transformers)
       .help("Epsilon of LayerNorm/RMSNorm.");
+  model.key("qkv_bias", &ModelSection::qkv_bias)
+      .def(false)
+      .only_when("arch", {"llama"})
+      .help(
+          "Biases on the query, key and value projections (Qwen2 and Qwen2.5 have them; a model directory's "
+          "model_type says). The output projection and the MLP stay without.");
   model.key("rope_theta", &ModelSection::rope_theta)
       .def(10000.0)
       .above(0)
