@@ -65,10 +65,9 @@ bool load_weight_set(SafetensorsFile file, const std::filesystem::path& path, Pa
 bool is_adapter(const std::string& name);
 
 // The config.json transformers' from_pretrained reads beside the weights, for a gpt (GPT2LMHeadModel)
-// or llama (LlamaForCausalLM; Qwen2ForCausalLM with qkv_bias; MistralForCausalLM for a run that
-// started from a Mistral) model section; a UserError for
-// what transformers' class cannot express (an mlp, a GPT without biases). `dtype`: the weights' type, config.json's
-// torch_dtype.
+// or llama model section (LlamaForCausalLM; Qwen2ForCausalLM with qkv_bias; MistralForCausalLM for
+// a run that started from a Mistral); a UserError for what transformers' classes cannot express (an
+// mlp, a GPT without biases). `dtype`: the weights' type, config.json's torch_dtype.
 std::string hugging_face_config(const recipe::ModelSection& model, DType dtype = DType::f32);
 
 // The file tensors, in Hugging Face's names and layouts, of one value per weight: `data(ref)` is

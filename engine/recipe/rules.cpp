@@ -76,8 +76,9 @@ void adopt_rope_scaling(const nlohmann::json& scaling, ModelSection& m, Adopt& a
 }
 
 // A Hugging Face model directory as model.init_from: its config.json's sizes fill the model
-// section (GPT-2 and Llama families), a size the recipe gives that contradicts it is an error
-// naming both, and a configuration the engine's model cannot express is refused.
+// section (GPT-2, and the Llama family: Llama, Mistral, Qwen2), a size the recipe gives that
+// contradicts it is an error naming both, and a configuration the engine's model cannot express is
+// refused.
 void adopt_pretrained_config(RuleContext& c) {
   namespace fs = std::filesystem;
   ModelSection& m = c.r.model;
@@ -169,10 +170,10 @@ void adopt_pretrained_config(RuleContext& c) {
       adopt("tie_embeddings", "tie_word_embeddings", m.tie_embeddings, j.value("tie_word_embeddings", false));
       if (j.value("hidden_act", "silu") != "silu") refuse("hidden_act " + j.value("hidden_act", std::string()));
       if (j.value("attention_bias", false)) refuse("attention_bias true");
+      if (j.value("mlp_bias", false)) refuse("mlp_bias true");
       adopt("qkv_bias", type == "qwen2" ? "(Qwen2's q, k and v biases)" : "(no q, k or v biases)", m.qkv_bias,
             type == "qwen2");
       if (j.value("use_sliding_window", false)) refuse("use_sliding_window true");
-      if (j.value("mlp_bias", false)) refuse("mlp_bias true");
       adopt_rope_scaling(j.value("rope_scaling", nlohmann::json()), m, adopt, refuse);
       const nlohmann::json window = j.value("sliding_window", nlohmann::json());
       if (type == "mistral" && !window.is_null() && window.get<int64_t>() < m.context_length)
