@@ -144,35 +144,24 @@ TEST_F(HuggingFace, AConfigTheEngineCannotExpressIsRefused) {
   std::ifstream in(model / "config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   in.close();
+  // Each configuration below is written over the model's config.json and refused, naming it.
+  const auto expect_refused = [&](const std::string& wording) {
+    std::ofstream(model / "config.json") << config.dump();
+    const ShellResult run = train("llama_scaled", "llama");
+    EXPECT_EQ(run.status, 2) << run.output;
+    EXPECT_NE(run.output.find(wording), std::string::npos) << run.output;
+  };
   config["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};  // NTK scaling, by the sequence's length
-  std::ofstream(model / "config.json") << config.dump();
-  const ShellResult scaled = train("llama_scaled", "llama");
-  EXPECT_EQ(scaled.status, 2) << scaled.output;
-  EXPECT_NE(scaled.output.find("rope_scaling of rope_type dynamic, which this engine's llama does not have"),
-            std::string::npos)
-      << scaled.output;
+  expect_refused("rope_scaling of rope_type dynamic, which this engine's llama does not have");
   config.erase("rope_scaling");
   config["model_type"] = "mistral";
   config["sliding_window"] = 8;
-  std::ofstream(model / "config.json") << config.dump();
-  const ShellResult window = train("llama_scaled", "llama");
-  EXPECT_EQ(window.status, 2) << window.output;
-  EXPECT_NE(window.output.find("sliding_window 8 (attention over the last 8 positions only"), std::string::npos)
-      << window.output;
+  expect_refused("sliding_window 8 (attention over the last 8 positions only");
   config["model_type"] = "qwen2";
   config["use_sliding_window"] = true;
-  std::ofstream(model / "config.json") << config.dump();
-  const ShellResult qwen_window = train("llama_scaled", "llama");
-  EXPECT_EQ(qwen_window.status, 2) << qwen_window.output;
-  EXPECT_NE(qwen_window.output.find("use_sliding_window true, which this engine's qwen2 does not have"),
-            std::string::npos)
-      << qwen_window.output;
+  expect_refused("use_sliding_window true, which this engine's qwen2 does not have");
   config["model_type"] = "gemma";
-  std::ofstream(model / "config.json") << config.dump();
-  const ShellResult other = train("llama_scaled", "llama");
-  EXPECT_EQ(other.status, 2) << other.output;
-  EXPECT_NE(other.output.find("model_type 'gemma' is not an architecture this engine trains"), std::string::npos)
-      << other.output;
+  expect_refused("model_type 'gemma' is not an architecture this engine trains");
 }
 
 // Instruction data: with a loss mask, the engine's first loss is transformers' cross-entropy with
